@@ -1,0 +1,89 @@
+"""`/api/v1`: the JSON API. Every handler parses parameters, calls a query function, returns JSON."""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Blueprint, current_app, jsonify, request
+from sqlalchemy import text
+
+from .. import __version__
+from . import queries
+from .params import ParamError, parse_filters, parse_trace_id, parse_window
+
+log = logging.getLogger(__name__)
+
+bp = Blueprint("api_v1", __name__, url_prefix="/api/v1")
+
+
+def _reader():
+    return current_app.extensions["modalscope"]["reader"]
+
+
+@bp.errorhandler(ParamError)
+def _bad_param(exc: ParamError):
+    return jsonify({"error": exc.message, "parameter": exc.parameter}), 400
+
+
+@bp.get("/health")
+def health():
+    reader = _reader()
+    try:
+        with reader.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        store = "ok"
+    except Exception as exc:  # noqa: BLE001 - reported, not raised: a health check answers
+        log.warning("health check: store unreachable: %s", exc)
+        store = "unreachable"
+    body = {"status": "ok" if store == "ok" else "degraded", "version": __version__,
+            "store": store, "database": reader.engine.dialect.name}
+    return jsonify(body), (200 if store == "ok" else 503)
+
+
+@bp.get("/pairs")
+def pairs():
+    return jsonify(queries.pairs(_reader(), parse_window(request.args), parse_filters(request.args)))
+
+
+@bp.get("/input-types")
+def input_types():
+    return jsonify(queries.input_types(_reader(), parse_window(request.args), parse_filters(request.args)))
+
+
+@bp.get("/stages")
+def stages():
+    group_by = request.args.get("group_by", "input_type") or None
+    if group_by not in (None, "input_type", "none"):
+        raise ParamError("group_by", "group_by must be input_type or none")
+    return jsonify(queries.stages(_reader(), parse_window(request.args), parse_filters(request.args),
+                                  group_by=None if group_by == "none" else group_by))
+
+
+@bp.get("/traces/<trace_id>")
+def trace(trace_id: str):
+    tid = parse_trace_id(trace_id)
+    detail = queries.trace_detail(_reader(), tid)
+    if detail is None:
+        return jsonify({"error": f"trace {tid} not found", "parameter": "trace_id"}), 404
+    return jsonify(detail)
+
+
+@bp.app_errorhandler(404)
+def _not_found(exc):
+    if request.path.startswith("/api/"):
+        return jsonify({"error": "not found"}), 404
+    return exc
+
+
+@bp.app_errorhandler(405)
+def _not_allowed(exc):
+    if request.path.startswith("/api/"):
+        return jsonify({"error": "method not allowed"}), 405
+    return exc
+
+
+@bp.app_errorhandler(500)
+def _server_error(exc):
+    if request.path.startswith("/api/"):
+        return jsonify({"error": "internal error; see the server log"}), 500
+    return exc

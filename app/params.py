@@ -1,0 +1,121 @@
+"""Query-string parsing shared by the API and the pages: time windows and filters.
+
+Times are RFC 3339 or unix seconds; ``range=15m|1h|24h|7d`` (any ``<n>s|m|h|d``) means
+"the last n units up to ``end`` (default now)". Bad values raise ``ParamError`` naming the
+parameter, which the API turns into a 400.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Mapping
+
+from ..models.reader import Filters
+
+DEFAULT_RANGE = "1h"
+_RANGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_HEX32 = re.compile(r"^[0-9a-fA-F]{32}$")
+FILTER_NAMES = ("service", "caller", "callee", "stage", "input_type")
+MAX_FILTER_LEN = 1024
+
+
+class ParamError(ValueError):
+    def __init__(self, parameter: str, message: str) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+        self.message = message
+
+
+def parse_duration(value: str, parameter: str = "range") -> float:
+    m = _RANGE.match(value or "")
+    if not m:
+        raise ParamError(parameter, f"{parameter} must look like 15m, 1h, 24h or 7d, not {value!r}")
+    seconds = float(m.group(1)) * _UNIT[m.group(2)]
+    if seconds <= 0 or seconds > 400 * 86400:
+        raise ParamError(parameter, f"{parameter} must be between 1s and 400d")
+    return seconds
+
+
+def parse_time(value: str, parameter: str) -> int:
+    """RFC 3339 or unix seconds -> unix nanoseconds."""
+    v = value.strip()
+    try:
+        seconds = float(v)
+    except ValueError:
+        pass
+    else:
+        if not (0 <= seconds < 1e11):
+            raise ParamError(parameter, f"{parameter} is out of range: {value!r}")
+        return int(round(seconds * 1e9))
+    try:
+        dt = datetime.fromisoformat(v.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ParamError(parameter, f"{parameter} must be RFC 3339 (2026-11-30T14:05:00Z) or unix seconds, not {value!r}") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return int(dt.timestamp() * 1e9)
+
+
+@dataclass(frozen=True)
+class Window:
+    start_ns: int
+    end_ns: int
+
+    @property
+    def seconds(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+
+def parse_window(args: Mapping[str, str], now_ns: int | None = None) -> Window:
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    end = parse_time(args["end"], "end") if args.get("end") else now_ns
+    if args.get("range"):
+        if args.get("start"):
+            raise ParamError("range", "give either range or start, not both")
+        start = end - int(parse_duration(args["range"]) * 1e9)
+    elif args.get("start"):
+        start = parse_time(args["start"], "start")
+    else:
+        start = end - int(parse_duration(DEFAULT_RANGE) * 1e9)
+    if start >= end:
+        raise ParamError("end", "end must be after start")
+    return Window(start, end)
+
+
+def parse_filters(args: Mapping[str, str]) -> Filters:
+    values = {}
+    for name in FILTER_NAMES:
+        v = args.get(name)
+        if v is None or v == "":
+            continue
+        if len(v) > MAX_FILTER_LEN:
+            raise ParamError(name, f"{name} is longer than {MAX_FILTER_LEN} characters")
+        values[name] = v
+    return Filters(**values)
+
+
+def parse_trace_id(value: str) -> str:
+    if not _HEX32.match(value or "") or set(value) == {"0"}:
+        raise ParamError("trace_id", "trace_id must be 32 hexadecimal digits")
+    return value.lower()
+
+
+def parse_int(args: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    raw = args.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        v = int(raw)
+    except ValueError:
+        raise ParamError(name, f"{name} must be an integer") from None
+    if not lo <= v <= hi:
+        raise ParamError(name, f"{name} must be between {lo} and {hi}")
+    return v
+
+
+def rfc3339(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -1,0 +1,53 @@
+"""decode -> tag -> write: what every source (receivers, importer, poller, demo) goes through."""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future
+
+from sqlalchemy import Engine
+
+from ..settings import Settings
+from .records import SpanRecord
+from .settle import Settler
+from .stages import StageRules, load_rules
+from .writer import BatchWriter, WriterClosed, WriterFull
+
+log = logging.getLogger(__name__)
+
+__all__ = ["IngestPipeline", "WriterClosed", "WriterFull"]
+
+
+class IngestPipeline:
+    """Owns the writer thread and the settler thread of one process.
+
+    ``accept(records)`` tags the records' stages and queues them; the returned future
+    resolves once they are committed (raise ``WriterFull`` when the queue is at capacity).
+    """
+
+    def __init__(self, engine: Engine, settings: Settings, rules: StageRules | None = None,
+                 *, settle: bool = True, settle_interval: float = 0.5) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.rules = rules if rules is not None else load_rules(settings.rules_path or None)
+        self.writer = BatchWriter(engine, max_queue_spans=settings.max_queue_spans)
+        self.settler = Settler(engine, settings.settle_seconds, interval=settle_interval) if settle else None
+
+    def start(self) -> "IngestPipeline":
+        self.writer.start()
+        if self.settler is not None:
+            self.settler.start()
+        return self
+
+    def accept(self, records: list[SpanRecord]) -> Future:
+        self.rules.tag(records)
+        return self.writer.submit(records)
+
+    def retry_after(self) -> float:
+        return self.writer.retry_after()
+
+    def close(self) -> None:
+        """Write everything queued, then settle what is due, then stop."""
+        self.writer.close()
+        if self.settler is not None:
+            self.settler.stop(final=True)

@@ -1,0 +1,406 @@
+"""Settling: fold idle traces into the trace table and the rollups.
+
+A trace settles once no new span has arrived for ``MODALSCOPE_SETTLE_SECONDS`` (Tempo's
+``trace_idle_period``). Settling reads the trace's spans, computes what needs the whole
+trace (root, duration, input type, self times, service pairs) and adds the trace's
+contributions to the per-minute rollups. It stores exactly what it added, so when a late
+span re-opens the trace the next settle subtracts the old contributions and adds the new:
+every span counts once, however its trace arrived.
+
+Contributions, each one histogram entry in one (series, minute):
+
+* ``op``     (service, span name, stage, input type): the span's duration
+* ``pair``   (caller, callee, input type): a CLIENT span's duration
+* ``trace``  (root service, input type): the trace's duration
+* ``tstage`` (stage, input type): the trace's total self time in that stage
+
+Several settlers may run (one per ingest process): on PostgreSQL each claims trace rows
+with ``FOR UPDATE SKIP LOCKED``; SQLite serialises them with ``BEGIN IMMEDIATE``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+from sqlalchemy import Connection, Engine, bindparam, delete, select, tuple_
+from sqlalchemy.exc import DBAPIError, IntegrityError
+
+from ..models import Rollup, Series, Span, Trace
+from ..models import sketch
+from ..models.dialect import insert_ignore, supports_skip_locked
+from .records import KIND_CLIENT, STATUS_ERROR, SpanRecord
+from .traces import find_root, input_type_of, self_times, service_pairs, trace_duration_ns, trace_error
+
+log = logging.getLogger(__name__)
+
+NS_PER_MINUTE = 60_000_000_000
+
+CONTRIB_DTYPE = np.dtype([("series", "<i4"), ("minute", "<i4"), ("value", "<i8"), ("err", "u1")])
+
+# Dimension order of a series key.
+SERIES_FIELDS = ("kind", "service", "name", "stage", "input_type", "caller", "callee")
+
+
+def series_key(kind: str, service: str = "", name: str = "", stage: str = "", input_type: str = "",
+               caller: str = "", callee: str = "") -> tuple[str, ...]:
+    return (kind, service, name, stage, input_type, caller, callee)
+
+
+def series_hash(key: tuple[str, ...]) -> str:
+    return hashlib.sha256("\x1f".join(key).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class SeriesRegistry:
+    """Maps series keys to ids, creating rows on first use; ids are cached once committed."""
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple[str, ...], int] = {}
+        self._lock = threading.Lock()
+
+    def resolve(self, conn: Connection, keys: Iterable[tuple[str, ...]]) -> dict[tuple[str, ...], int]:
+        out: dict[tuple[str, ...], int] = {}
+        missing = []
+        with self._lock:
+            for k in keys:
+                sid = self._ids.get(k)
+                if sid is None:
+                    missing.append(k)
+                else:
+                    out[k] = sid
+        if missing:
+            by_hash = {series_hash(k): k for k in missing}
+            conn.execute(
+                insert_ignore(conn, Series.__table__, ["key_hash"]),
+                [dict(zip(SERIES_FIELDS, k), key_hash=h) for h, k in by_hash.items()],
+            )
+            hashes = list(by_hash)
+            for i in range(0, len(hashes), 500):
+                chunk = hashes[i : i + 500]
+                for sid, h in conn.execute(select(Series.id, Series.key_hash).where(Series.key_hash.in_(chunk))):
+                    out[by_hash[h]] = sid
+        return out
+
+    def remember(self, resolved: dict[tuple[str, ...], int]) -> None:
+        with self._lock:
+            if len(self._ids) > 200_000:
+                self._ids.clear()
+            self._ids.update(resolved)
+
+    def forget(self) -> None:
+        with self._lock:
+            self._ids.clear()
+
+
+_REGISTRY = SeriesRegistry()
+
+
+def _loads(text: str | None):
+    return json.loads(text) if text else {}
+
+
+def load_trace_spans(conn: Connection, trace_ids: Sequence[str]) -> dict[str, list[SpanRecord]]:
+    """Spans of these traces, as records; attributes are parsed only where settling reads them."""
+    out: dict[str, list[SpanRecord]] = {t: [] for t in trace_ids}
+    cols = (Span.trace_id, Span.span_id, Span.parent_span_id, Span.service, Span.name, Span.kind,
+            Span.stage, Span.start_ns, Span.duration_ns, Span.status, Span.attributes)
+    for i in range(0, len(trace_ids), 500):
+        chunk = trace_ids[i : i + 500]
+        for row in conn.execute(select(*cols).where(Span.trace_id.in_(chunk))):
+            tid, sid, parent, service, name, kind, stage, start, dur, status, attrs = row
+            # Roots, clients and spans naming an input type are the only ones whose attributes
+            # settling reads; skipping the rest keeps settling cheap.
+            if parent is None or kind == KIND_CLIENT or "mm.input_type" in attrs:
+                attributes = _loads(attrs)
+            else:
+                attributes = {}
+            out[tid].append(SpanRecord(
+                trace_id=tid, span_id=sid, parent_span_id=parent, service=service, name=name,
+                kind=kind, start_ns=start, end_ns=start + dur, status=status,
+                attributes=attributes, stage=stage,
+            ))
+    return out
+
+
+@dataclass
+class SettledTrace:
+    trace_id: str
+    root_service: str | None
+    root_name: str | None
+    start_ns: int
+    duration_ns: int
+    span_count: int
+    error: bool
+    input_type: str
+    contributions: list[tuple[tuple[str, ...], int, int, int]]  # (series key, minute, value_ns, err)
+
+
+def summarize_trace(trace_id: str, spans: list[SpanRecord]) -> SettledTrace:
+    """Pure: everything a settled trace stores, from its spans."""
+    # Duplicate span ids cannot be stored, but be safe for callers passing raw input.
+    root = find_root(spans)
+    input_type = input_type_of(spans)
+    start_ns = min(s.start_ns for s in spans)
+    duration = trace_duration_ns(spans)
+    error = trace_error(spans)
+    contribs: list[tuple[tuple[str, ...], int, int, int]] = []
+    for s in spans:
+        contribs.append((
+            series_key("op", s.service, s.name, s.stage or "other", input_type),
+            s.start_ns // NS_PER_MINUTE, s.end_ns - s.start_ns, int(s.status == STATUS_ERROR),
+        ))
+    by_id = {s.span_id: s for s in spans}
+    for span_id, (caller, callee) in service_pairs(spans).items():
+        s = by_id[span_id]
+        contribs.append((
+            series_key("pair", input_type=input_type, caller=caller, callee=callee),
+            s.start_ns // NS_PER_MINUTE, s.end_ns - s.start_ns, int(s.status == STATUS_ERROR),
+        ))
+    trace_minute = (root.start_ns if root is not None else start_ns) // NS_PER_MINUTE
+    root_service = root.service if root is not None else None
+    contribs.append((series_key("trace", service=root_service or "", input_type=input_type),
+                     trace_minute, duration, int(error)))
+    stage_time: dict[str, int] = {}
+    selfs = self_times(spans)
+    for s in spans:
+        st = s.stage or "other"
+        stage_time[st] = stage_time.get(st, 0) + selfs.get(s.span_id, 0)
+    for st, total in sorted(stage_time.items()):
+        contribs.append((series_key("tstage", service=root_service or "", stage=st, input_type=input_type),
+                         trace_minute, total, 0))
+    return SettledTrace(
+        trace_id=trace_id,
+        root_service=root_service,
+        root_name=root.name if root is not None else None,
+        start_ns=root.start_ns if root is not None else start_ns,
+        duration_ns=duration,
+        span_count=len(spans),
+        error=error,
+        input_type=input_type,
+        contributions=contribs,
+    )
+
+
+def _pack(contribs: list[tuple[int, int, int, int]]) -> bytes:
+    arr = np.array(contribs, dtype=CONTRIB_DTYPE) if contribs else np.zeros(0, CONTRIB_DTYPE)
+    return arr.tobytes()
+
+
+def _unpack(blob: bytes | None) -> np.ndarray:
+    return np.frombuffer(blob, dtype=CONTRIB_DTYPE) if blob else np.zeros(0, CONTRIB_DTYPE)
+
+
+def apply_contributions(conn: Connection, series: np.ndarray, minutes: np.ndarray,
+                        values: np.ndarray, errs: np.ndarray, signs: np.ndarray) -> int:
+    """Add (sign +1) or subtract (-1) histogram entries to the rollup rows; returns rows touched."""
+    if len(series) == 0:
+        return 0
+    group = (series.astype(np.int64) << 32) | minutes.astype(np.int64)
+    keys = sketch.keys_of(values)
+    # Per (series, minute): count, errors and sum deltas.
+    uniq, inv = np.unique(group, return_inverse=True)
+    d_count = np.bincount(inv, weights=signs, minlength=len(uniq)).astype(np.int64)
+    d_err = np.bincount(inv, weights=signs * errs, minlength=len(uniq)).astype(np.int64)
+    d_sum = np.zeros(len(uniq), dtype=np.int64)
+    np.add.at(d_sum, inv, signs.astype(np.int64) * values.astype(np.int64))
+    # Per (series, minute, bucket): count deltas.
+    cell = inv.astype(np.int64) * sketch.NUM_KEYS + keys
+    cells, cell_inv = np.unique(cell, return_inverse=True)
+    cell_counts = np.bincount(cell_inv, weights=signs, minlength=len(cells)).astype(np.int64)
+    cell_group = cells // sketch.NUM_KEYS
+    cell_key = cells % sketch.NUM_KEYS
+    bounds = np.searchsorted(cell_group, np.arange(len(uniq) + 1))
+
+    pairs = [(int(g & 0xFFFFFFFF), int(g >> 32)) for g in uniq]  # (minute, series_id)
+    existing: dict[tuple[int, int], Rollup] = {}
+    lock = supports_skip_locked(conn)
+    for i in range(0, len(pairs), 400):
+        chunk = sorted(pairs[i : i + 400])
+        q = select(Rollup).where(tuple_(Rollup.minute, Rollup.series_id).in_(chunk)).order_by(
+            Rollup.minute, Rollup.series_id)
+        if lock:
+            q = q.with_for_update()
+        for r in conn.execute(q).mappings():
+            existing[(r["minute"], r["series_id"])] = r
+    inserts = []
+    updates = []
+    deletes = []
+    for gi, (minute, sid) in enumerate(pairs):
+        ks = cell_key[bounds[gi] : bounds[gi + 1]]
+        cs = cell_counts[bounds[gi] : bounds[gi + 1]]
+        old = existing.get((minute, sid))
+        if old is None:
+            dense = np.zeros(sketch.NUM_KEYS, dtype=np.int64)
+            count, err, total = 0, 0, 0
+        else:
+            dense = np.zeros(sketch.NUM_KEYS, dtype=np.int64)
+            ok, oc = sketch.decode(old["sketch"])
+            dense[ok] = oc
+            count, err, total = old["count"], old["error_count"], old["sum_ns"]
+        np.add.at(dense, ks, cs)
+        np.clip(dense, 0, None, out=dense)
+        count += int(d_count[gi])
+        err += int(d_err[gi])
+        total += int(d_sum[gi])
+        row = {"minute": minute, "series_id": sid, "count": max(count, 0), "error_count": max(err, 0),
+               "sum_ns": max(total, 0), "sketch": sketch.encode_dense(dense)}
+        if old is None:
+            if count > 0:
+                inserts.append(row)
+        elif count <= 0:
+            deletes.append((minute, sid))
+        else:
+            updates.append(row)
+    if inserts:
+        conn.execute(Rollup.__table__.insert(), inserts)
+    if updates:
+        t = Rollup.__table__
+
+        conn.execute(
+            t.update()
+            .where(t.c.minute == bindparam("b_minute"), t.c.series_id == bindparam("b_series_id"))
+            .values(count=bindparam("count"), error_count=bindparam("error_count"),
+                    sum_ns=bindparam("sum_ns"), sketch=bindparam("sketch")),
+            [{"b_minute": u["minute"], "b_series_id": u["series_id"], "count": u["count"],
+              "error_count": u["error_count"], "sum_ns": u["sum_ns"], "sketch": u["sketch"]} for u in updates],
+        )
+    for i in range(0, len(deletes), 400):
+        conn.execute(delete(Rollup).where(tuple_(Rollup.minute, Rollup.series_id).in_(deletes[i : i + 400])))
+    return len(pairs)
+
+
+def settle_batch(conn: Connection, trace_ids: Sequence[str] | None, *, due_before_ns: int | None,
+                 limit: int, now_ns: int, registry: SeriesRegistry) -> tuple[int, dict]:
+    """Settle up to ``limit`` pending traces inside the caller's transaction."""
+    q = select(Trace.trace_id, Trace.contributions).where(Trace.pending.is_(True))
+    if trace_ids is not None:
+        q = q.where(Trace.trace_id.in_(list(trace_ids)))
+    if due_before_ns is not None:
+        q = q.where(Trace.last_seen_ns <= due_before_ns)
+    q = q.order_by(Trace.last_seen_ns).limit(limit)
+    if supports_skip_locked(conn):
+        q = q.with_for_update(skip_locked=True)
+    rows = conn.execute(q).all()
+    if not rows:
+        return 0, {}
+    ids = [r[0] for r in rows]
+    old = [_unpack(r[1]) for r in rows]
+    spans = load_trace_spans(conn, ids)
+
+    settled = [summarize_trace(t, spans[t]) for t in ids if spans[t]]
+    keys = {c[0] for st in settled for c in st.contributions}
+    resolved = registry.resolve(conn, keys)
+
+    new_blobs: dict[str, bytes] = {}
+    parts = [o for o in old if len(o)]
+    for st in settled:
+        packed = [(resolved[k], m, v, e) for (k, m, v, e) in st.contributions]
+        new_blobs[st.trace_id] = _pack(packed)
+    new_arr = [_unpack(b) for b in new_blobs.values()]
+    old_all = np.concatenate(parts) if parts else np.zeros(0, CONTRIB_DTYPE)
+    new_all = np.concatenate(new_arr) if new_arr else np.zeros(0, CONTRIB_DTYPE)
+    both = np.concatenate([old_all, new_all])
+    signs = np.concatenate([-np.ones(len(old_all)), np.ones(len(new_all))])
+    apply_contributions(conn, both["series"], both["minute"], both["value"], both["err"].astype(np.float64), signs)
+
+    if settled:
+        t = Trace.__table__
+
+        conn.execute(
+            t.update().where(t.c.trace_id == bindparam("b_trace_id")).values(
+                root_service=bindparam("root_service"), root_name=bindparam("root_name"),
+                start_ns=bindparam("start_ns"), duration_ns=bindparam("duration_ns"),
+                span_count=bindparam("span_count"), error=bindparam("error"),
+                input_type=bindparam("input_type"), pending=False, settled_ns=now_ns,
+                contributions=bindparam("contributions"),
+            ),
+            [{"b_trace_id": st.trace_id, "root_service": st.root_service, "root_name": st.root_name,
+              "start_ns": st.start_ns, "duration_ns": st.duration_ns, "span_count": st.span_count,
+              "error": st.error, "input_type": st.input_type, "contributions": new_blobs[st.trace_id]}
+             for st in settled],
+        )
+    empty = [t for t in ids if not spans[t]]
+    if empty:  # a trace row whose spans were all deleted by retention
+        conn.execute(delete(Trace).where(Trace.trace_id.in_(empty)))
+    return len(ids), resolved
+
+
+def settle(engine: Engine, *, settle_seconds: float = 5.0, trace_ids: Sequence[str] | None = None,
+           force: bool = False, limit: int = 2000, now_ns: int | None = None,
+           registry: SeriesRegistry | None = None, max_batches: int | None = None, progress=None) -> int:
+    """Settle pending traces that have been idle ``settle_seconds`` (all of them with ``force``).
+
+    Returns the number of traces settled. ``trace_ids`` restricts it to those traces.
+    """
+    registry = registry or _REGISTRY
+    total = 0
+    batches = 0
+    ids = list(trace_ids) if trace_ids is not None else None
+    while True:
+        now = time.time_ns() if now_ns is None else now_ns
+        due = None if force else now - int(settle_seconds * 1e9)
+        chunk = None
+        if ids is not None:
+            if not ids:
+                break
+            chunk, ids = ids[:limit], ids[limit:]
+        for attempt in range(5):
+            try:
+                with engine.begin() as conn:
+                    n, resolved = settle_batch(conn, chunk, due_before_ns=due, limit=limit,
+                                               now_ns=now, registry=registry)
+                registry.remember(resolved)
+                break
+            except (IntegrityError, DBAPIError) as exc:
+                # Two settlers created the same rollup row, or a deadlock: retry the batch.
+                if attempt == 4:
+                    raise
+                log.debug("settle retry after %s", exc.__class__.__name__)
+                time.sleep(0.05 * (attempt + 1))
+        total += n
+        batches += 1
+        if progress is not None and n:
+            progress(n)
+        if chunk is None and n < limit:
+            break
+        if max_batches is not None and batches >= max_batches:
+            break
+    return total
+
+
+class Settler:
+    """Background thread settling idle traces every ``interval`` seconds."""
+
+    def __init__(self, engine: Engine, settle_seconds: float, interval: float = 0.5) -> None:
+        self.engine = engine
+        self.settle_seconds = settle_seconds
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="modalscope-settler", daemon=True)
+        self.settled = 0
+
+    def start(self) -> "Settler":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.settled += settle(self.engine, settle_seconds=self.settle_seconds, max_batches=20)
+            except Exception:  # noqa: BLE001 - keep settling; the next pass retries
+                log.exception("settling failed")
+
+    def stop(self, final: bool = True) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        if final:
+            try:
+                self.settled += settle(self.engine, settle_seconds=self.settle_seconds)
+            except Exception:  # noqa: BLE001
+                log.exception("final settle failed")

@@ -1,0 +1,237 @@
+"""The writer: idempotent span inserts with group commit, and the queue receivers wait on.
+
+Receivers hand decoded, tagged ``SpanRecord`` lists to ``BatchWriter.submit``; one writer
+thread drains the queue, writes several requests in one transaction (group commit) and
+resolves each request's future only after the commit, so an acknowledgement always means
+"stored". ``(trace_id, span_id)`` is unique and inserts skip duplicates, so a resent or
+doubly-sourced span changes nothing. Each new span marks its trace ``pending``; settling
+(``ingest/settle.py``) folds pending traces into the rollups once they go idle.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from sqlalchemy import Engine
+
+from ..models import Span, Trace
+from ..models.dialect import insert_ignore, upsert
+from .records import SpanRecord
+
+log = logging.getLogger(__name__)
+
+
+class WriterFull(Exception):
+    """The queue is at capacity: callers answer 429/503 (HTTP) or UNAVAILABLE (gRPC)."""
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__(f"writer queue full, retry after {retry_after:.0f}s")
+        self.retry_after = retry_after
+
+
+class WriterClosed(Exception):
+    """The writer is shutting down and takes nothing more."""
+
+
+def _clean(text: str) -> str:
+    # PostgreSQL text cannot hold NUL; everything else is stored as sent (and escaped on output).
+    return text.replace("\x00", "\ufffd") if "\x00" in text else text
+
+
+def _json(value) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def span_row(r: SpanRecord) -> dict:
+    attrs = _json(r.attributes) if r.attributes else "{}"
+    return {
+        "trace_id": r.trace_id,
+        "span_id": r.span_id,
+        "parent_span_id": r.parent_span_id,
+        "service": _clean(r.service),
+        "name": _clean(r.name),
+        "kind": r.kind,
+        "stage": r.stage or "other",
+        "start_ns": r.start_ns,
+        "duration_ns": r.end_ns - r.start_ns if r.end_ns > r.start_ns else 0,
+        "status": r.status,
+        "status_message": _clean(r.status_message),
+        "source": r.source,
+        "instance": None if (i := r.resource.get("service.instance.id")) is None else _clean(str(i)),
+        "scope": _clean(r.scope),
+        "attributes": _clean(attrs),
+        "resource": _clean(_json(r.resource)) if r.resource else "{}",
+        "events": _clean(_json(r.events)) if r.events else None,
+    }
+
+
+@dataclass
+class WriteResult:
+    received: int
+    inserted: int  # new spans; resent ones are not counted
+
+
+def write_spans(engine: Engine, records: Sequence[SpanRecord], now_ns: int | None = None) -> WriteResult:
+    """Insert spans (skipping ones already stored) and mark their traces pending, atomically."""
+    if not records:
+        return WriteResult(0, 0)
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    rows = [span_row(r) for r in records]
+    trace_ids = sorted({r.trace_id for r in records})
+    with engine.begin() as conn:
+        result = conn.execute(insert_ignore(conn, Span.__table__, ["trace_id", "span_id"]), rows)
+        inserted = result.rowcount if result.rowcount is not None and result.rowcount >= 0 else len(rows)
+        if inserted:
+            # Sorted ids: concurrent writers lock trace rows in one order (no deadlocks).
+            conn.execute(
+                upsert(conn, Trace.__table__, ["trace_id"], ["pending", "last_seen_ns"]),
+                [{"trace_id": t, "pending": True, "last_seen_ns": now_ns, "start_ns": 0,
+                  "duration_ns": 0, "span_count": 0, "error": False, "input_type": "unknown"}
+                 for t in trace_ids],
+            )
+    return WriteResult(len(rows), inserted)
+
+
+class BatchWriter:
+    """A thread that writes queued requests in batches and acknowledges after commit."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        max_queue_spans: int = 200_000,
+        max_batch_spans: int = 20_000,
+        max_wait: float = 0.02,
+        on_written=None,
+    ) -> None:
+        self.engine = engine
+        self.max_queue_spans = max_queue_spans
+        self.max_batch_spans = max_batch_spans
+        self.max_wait = max_wait
+        self.on_written = on_written
+        self._queue: queue.Queue = queue.Queue()
+        self._queued_spans = 0
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="modalscope-writer", daemon=True)
+        self.spans_written = 0
+        self.spans_received = 0
+        self.batches = 0
+        self._recent_rate = 0.0
+
+    def start(self) -> "BatchWriter":
+        self._thread.start()
+        return self
+
+    # -- producer side ----------------------------------------------------------------
+    def retry_after(self) -> float:
+        """Seconds a refused client should wait: time to drain the queue at the recent rate."""
+        rate = max(self._recent_rate, 1000.0)
+        return float(min(30, max(1, math.ceil(self._queued_spans / rate))))
+
+    def submit(self, records: list[SpanRecord]) -> Future:
+        fut: Future = Future()
+        if not records:
+            fut.set_result(WriteResult(0, 0))
+            return fut
+        with self._lock:
+            if self._closed:
+                raise WriterClosed("writer is shutting down")
+            # One oversized request may always enter an empty queue; otherwise respect the cap.
+            if self._queued_spans and self._queued_spans + len(records) > self.max_queue_spans:
+                raise WriterFull(self.retry_after())
+            self._queued_spans += len(records)
+        self._queue.put((records, fut))
+        return fut
+
+    def write(self, records: list[SpanRecord], timeout: float | None = None) -> WriteResult:
+        return self.submit(records).result(timeout)
+
+    @property
+    def queued_spans(self) -> int:
+        return self._queued_spans
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop taking work, write what is queued, and stop the thread."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    # -- writer thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        stop = False
+        while not stop:
+            item = self._queue.get()
+            if item is None:
+                break
+            batch = [item]
+            n = len(item[0])
+            deadline = time.monotonic() + self.max_wait
+            while n < self.max_batch_spans:
+                timeout = deadline - time.monotonic()
+                try:
+                    nxt = self._queue.get(timeout=max(0.0, timeout)) if timeout > 0 else self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+                n += len(nxt[0])
+            self._write_batch(batch, n)
+        # Drain anything that raced the close.
+        rest = []
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                rest.append(item)
+        if rest:
+            self._write_batch(rest, sum(len(r) for r, _ in rest))
+
+    def _write_batch(self, batch: list, n: int) -> None:
+        t0 = time.monotonic()
+        records = [r for recs, _ in batch for r in recs]
+        try:
+            result = write_spans(self.engine, records)
+        except Exception as exc:  # a failed commit acknowledges nothing
+            log.exception("writing %d spans failed", n)
+            # Retry request by request so one poisoned request cannot sink its neighbours.
+            for recs, fut in batch:
+                try:
+                    fut.set_result(write_spans(self.engine, recs))
+                except Exception as exc2:  # noqa: BLE001 - reported to the caller
+                    fut.set_exception(exc2)
+            del exc
+        else:
+            for recs, fut in batch:
+                fut.set_result(WriteResult(len(recs), -1))
+            self.spans_written += result.inserted
+        finally:
+            with self._lock:
+                self._queued_spans -= n
+            self.spans_received += n
+            self.batches += 1
+            elapsed = max(time.monotonic() - t0, 1e-6)
+            self._recent_rate = 0.8 * self._recent_rate + 0.2 * (n / elapsed) if self._recent_rate else n / elapsed
+        if self.on_written is not None:
+            try:
+                self.on_written(n)
+            except Exception:  # noqa: BLE001
+                log.exception("on_written hook failed")

@@ -1,0 +1,3 @@
+from modalscope.cli import main
+
+raise SystemExit(main())

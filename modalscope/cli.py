@@ -1,0 +1,247 @@
+"""The `modalscope` command: one entry point, one clear line on every failure."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+
+from . import __version__
+
+log = logging.getLogger("modalscope")
+
+
+class CommandError(Exception):
+    """A failure the user can act on; printed as one line, exit status 2."""
+
+
+def _settings():
+    from .settings import Settings
+
+    return Settings.from_env()
+
+
+def _open_store(settings, *, create: bool = True):
+    from .models.engine import make_engine
+    from .models.schema import ensure_schema
+
+    ensure_schema(settings.database_url, create=create)
+    return make_engine(settings.database_url, write=True)
+
+
+def _rules(settings):
+    from .ingest.stages import load_rules
+
+    return load_rules(settings.rules_path or None)
+
+
+def _progress(total: int | None, desc: str, unit: str = "it", unit_scale: bool = False):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit_scale, file=sys.stderr,
+                dynamic_ncols=True, mininterval=0.5, disable=None if sys.stderr.isatty() else False)
+
+
+# -- commands -----------------------------------------------------------------------------
+def cmd_db_upgrade(args) -> int:
+    from .models.migrate import upgrade
+    from .models.engine import make_engine
+    from .models.schema import current_revision
+
+    settings = _settings()
+    make_engine(settings.database_url).dispose()  # validates the URL and directory first
+    upgrade(settings.database_url)
+    engine = make_engine(settings.database_url)
+    print(f"database at revision {current_revision(engine)}")
+    engine.dispose()
+    return 0
+
+
+def cmd_import(args) -> int:
+    from .ingest.importer import import_files
+
+    settings = _settings()
+    rules = _rules(settings)  # a bad rules file stops us before anything is written
+    engine = _open_store(settings)
+    total = sum(os.path.getsize(p) for p in args.files if os.path.isfile(p))
+    bar = _progress(total, "importing", unit="B", unit_scale=True)
+    try:
+        report = import_files(engine, args.files, rules, progress=bar.update)
+    finally:
+        bar.close()
+        engine.dispose()
+    for line in report.skipped:
+        print(line, file=sys.stderr)
+    print(report.summary())
+    return 1 if report.skipped else 0
+
+
+def cmd_retag(args) -> int:
+    from .ingest.retag import retag
+
+    settings = _settings()
+    rules = _rules(settings)
+    engine = _open_store(settings, create=False)
+    try:
+        bar = _progress(None, "retagging", unit=" spans", unit_scale=True)
+        changed, traces = retag(engine, rules, progress=bar.update)
+        bar.close()
+    finally:
+        engine.dispose()
+    print(f"retagged: {changed} spans changed stage; {traces} traces re-settled")
+    return 0
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+
+    def handler(signum, frame):
+        stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    while not stop.wait(1.0):
+        pass
+
+
+def start_receivers(settings, engine, rules=None):
+    """Start the pipeline and both OTLP receivers; returns a stop() callable."""
+    from .ingest.otlp_grpc import serve_grpc
+    from .ingest.otlp_http import create_ingest_app, serve_http
+    from .ingest.pipeline import IngestPipeline
+
+    pipeline = IngestPipeline(engine, settings, rules).start()
+    http_server = grpc_server = None
+    try:
+        http_server = serve_http(create_ingest_app(pipeline, settings), settings.bind, settings.otlp_http_port)
+        grpc_server = serve_grpc(pipeline, settings, settings.bind, settings.otlp_grpc_port)
+    except BaseException:
+        if http_server is not None:
+            http_server.shutdown()
+        pipeline.close()
+        raise
+
+    def stop() -> None:
+        grpc_server.stop(grace=5).wait(10)
+        http_server.shutdown()
+        pipeline.close()
+
+    return stop
+
+
+def cmd_ingest_otlp(args) -> int:
+    settings = _settings()
+    rules = _rules(settings)
+    engine = _open_store(settings)
+    stop = start_receivers(settings, engine, rules)
+    print(f"OTLP/HTTP on http://{settings.bind}:{settings.otlp_http_port}/v1/traces, "
+          f"OTLP/gRPC on {settings.bind}:{settings.otlp_grpc_port}; "
+          f"store {engine.url.render_as_string()}; Ctrl-C stops", flush=True)
+    try:
+        _wait_for_signal()
+    finally:
+        print("stopping: writing what was received ...", file=sys.stderr, flush=True)
+        stop()
+        engine.dispose()
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from werkzeug.serving import make_server
+
+    from .app import create_app
+
+    settings = _settings()
+    engine = _open_store(settings)
+    engine.dispose()
+    app = create_app(settings)
+    port = args.port or settings.port
+    try:
+        server = make_server(settings.bind, port, app, threaded=True)
+    except OSError as exc:
+        raise CommandError(f"cannot listen on {settings.bind}:{port} (dashboard): {exc.strerror or exc}") from None
+    print(f"modalscope {__version__} at http://{settings.bind}:{port}/ (development server; "
+          "use gunicorn in production); Ctrl-C stops", flush=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        _wait_for_signal()
+    finally:
+        server.shutdown()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="modalscope", description="Trace explorer for multimodal inference latency.")
+    p.add_argument("--version", action="version", version=f"modalscope {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("serve", help="the dashboard and /api/v1 (development server)")
+    s.add_argument("--port", type=int, default=None, help="default: MODALSCOPE_PORT (8050)")
+    s.set_defaults(func=cmd_serve)
+
+    s = sub.add_parser("ingest", help="receive or pull spans")
+    isub = s.add_subparsers(dest="source", required=True, metavar="SOURCE")
+    o = isub.add_parser("otlp", help="OTLP/HTTP (:4318) and OTLP/gRPC (:4317) receivers")
+    o.set_defaults(func=cmd_ingest_otlp)
+
+    s = sub.add_parser("import", help="import OTLP JSON / JSON lines / protobuf files")
+    s.add_argument("files", nargs="+", metavar="FILE")
+    s.set_defaults(func=cmd_import)
+
+    s = sub.add_parser("retag", help="re-apply the stage rules to stored spans and rebuild the rollups")
+    s.set_defaults(func=cmd_retag)
+
+    s = sub.add_parser("db", help="database maintenance")
+    dsub = s.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    u = dsub.add_parser("upgrade", help="migrate the database to the current schema")
+    u.set_defaults(func=cmd_db_upgrade)
+    return p
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else exc.__class__.__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.DEBUG if os.environ.get("MODALSCOPE_DEBUG") == "1" else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    args = build_parser().parse_args(argv)
+    from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+    from .ingest.stages import RulesError
+    from .models.engine import DatabaseURLError
+    from .models.schema import SchemaError
+    from .settings import SettingsError
+
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except (CommandError, DatabaseURLError, SchemaError, SettingsError, RulesError) as exc:
+        print(f"modalscope: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except DBAPIError as exc:
+        print(f"modalscope: error: database: {_one_line(exc.orig or exc)}", file=sys.stderr)
+        return 2
+    except SQLAlchemyError as exc:
+        print(f"modalscope: error: database: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"modalscope: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - never a traceback; MODALSCOPE_DEBUG=1 shows it
+        if os.environ.get("MODALSCOPE_DEBUG") == "1":
+            raise
+        print(f"modalscope: error: unexpected {exc.__class__.__name__}: {_one_line(exc)} "
+              "(MODALSCOPE_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,118 @@
+"""Every setting modalscope reads, as one documented constant each (the opentelemetry-python way).
+
+Settings come from the environment (``MODALSCOPE_*``). ``Settings.from_env()`` reads them
+once; the app factory and commands accept a ``Settings`` so tests can pass their own.
+README.md documents every variable listed here; ``tests/test_settings.py`` checks that.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from typing import Mapping
+
+# name: (default, one-line description) — README's settings table is generated from, and
+# checked against, this mapping.
+DOCUMENTED: dict[str, tuple[str, str]] = {
+    "MODALSCOPE_DATABASE_URL": ("sqlite:///modalscope.db", "SQLAlchemy URL of the store: `sqlite:///path.db` (embedded, WAL) or `postgresql+psycopg://user@host/db`."),
+    "MODALSCOPE_RULES": ("", "Path of a TOML stage-rules file replacing the built-in rules (`ingest/default_rules.toml` is the template)."),
+    "MODALSCOPE_OTLP_HTTP_PORT": ("4318", "Port of the OTLP/HTTP receiver (`POST /v1/traces`)."),
+    "MODALSCOPE_OTLP_GRPC_PORT": ("4317", "Port of the OTLP/gRPC receiver (`TraceService/Export`)."),
+    "MODALSCOPE_PORT": ("8050", "Port of the dashboard and `/api/v1`."),
+    "MODALSCOPE_BIND": ("127.0.0.1", "Address the receivers and dashboard listen on; `0.0.0.0` to accept traffic from other hosts (the Docker image sets it)."),
+    "MODALSCOPE_CLOUD_TRACE_ENDPOINT": ("", "`host:port` of a Cloud Trace API stand-in, reached in plaintext with anonymous credentials (emulators, tests)."),
+    "MODALSCOPE_CLOUD_MONITORING_ENDPOINT": ("", "`host:port` of a Cloud Monitoring API stand-in, plaintext, anonymous."),
+    "GOOGLE_CLOUD_PROJECT": ("", "Default Google Cloud project for `ingest cloud-trace` and `export-metrics`."),
+    "MODALSCOPE_AUTH_TOKEN": ("", "When set, the dashboard and `/api/v1` (except `/api/v1/health`) require `Authorization: Bearer <token>` or a login session."),
+    "MODALSCOPE_INGEST_TOKEN": ("", "When set, OTLP ingest requires `Authorization: Bearer <token>` (gRPC metadata `authorization`)."),
+    "MODALSCOPE_SECRET_KEY": ("", "Key that signs session cookies and shared embed/image links."),
+    "MODALSCOPE_EMBED_ORIGINS": ("", "Origins allowed to frame `/embed/*` (comma- or space-separated); unset: same origin only."),
+    "MODALSCOPE_RETENTION_DAYS": ("7", "Raw spans older than this many days are deleted; rollups are kept."),
+    "MODALSCOPE_SETTLE_SECONDS": ("5", "A trace idle this long is settled: input type, self times, pairs and rollups computed (corrected if a late span arrives)."),
+    "MODALSCOPE_MAX_REQUEST_BYTES": ("20971520", "Largest OTLP request accepted, in bytes, checked before and after decompression (default 20 MiB)."),
+    "MODALSCOPE_MAX_QUEUE_SPANS": ("200000", "Spans the writer holds before receivers answer 429/UNAVAILABLE with a retry delay."),
+    "MODALSCOPE_DEBUG": ("0", "`1` turns on Dash's debug mode (debugger, dev tools); never in production."),
+}
+
+
+class SettingsError(ValueError):
+    """A setting has a value we cannot use; the message names the variable."""
+
+
+def _int(env: Mapping[str, str], name: str, minimum: int = 0) -> int:
+    raw = env.get(name) or DOCUMENTED[name][0]
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise SettingsError(f"{name}={value} must be at least {minimum}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, minimum: float = 0.0) -> float:
+    raw = env.get(name) or DOCUMENTED[name][0]
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number") from None
+    if value < minimum:
+        raise SettingsError(f"{name}={value} must be at least {minimum}")
+    return value
+
+
+def _str(env: Mapping[str, str], name: str) -> str:
+    return env.get(name) or DOCUMENTED[name][0]
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str = DOCUMENTED["MODALSCOPE_DATABASE_URL"][0]
+    rules_path: str = ""
+    otlp_http_port: int = 4318
+    otlp_grpc_port: int = 4317
+    port: int = 8050
+    bind: str = "127.0.0.1"
+    cloud_trace_endpoint: str = ""
+    cloud_monitoring_endpoint: str = ""
+    google_cloud_project: str = ""
+    auth_token: str = ""
+    ingest_token: str = ""
+    secret_key: str = ""
+    embed_origins: tuple[str, ...] = field(default_factory=tuple)
+    retention_days: float = 7.0
+    settle_seconds: float = 5.0
+    max_request_bytes: int = 20 * 1024 * 1024
+    max_queue_spans: int = 200_000
+    debug: bool = False
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        env = os.environ if env is None else env
+        origins = _str(env, "MODALSCOPE_EMBED_ORIGINS").replace(",", " ").split()
+        return cls(
+            database_url=_str(env, "MODALSCOPE_DATABASE_URL"),
+            rules_path=_str(env, "MODALSCOPE_RULES"),
+            otlp_http_port=_int(env, "MODALSCOPE_OTLP_HTTP_PORT"),
+            otlp_grpc_port=_int(env, "MODALSCOPE_OTLP_GRPC_PORT"),
+            port=_int(env, "MODALSCOPE_PORT"),
+            bind=_str(env, "MODALSCOPE_BIND"),
+            cloud_trace_endpoint=_str(env, "MODALSCOPE_CLOUD_TRACE_ENDPOINT"),
+            cloud_monitoring_endpoint=_str(env, "MODALSCOPE_CLOUD_MONITORING_ENDPOINT"),
+            google_cloud_project=_str(env, "GOOGLE_CLOUD_PROJECT"),
+            auth_token=_str(env, "MODALSCOPE_AUTH_TOKEN"),
+            ingest_token=_str(env, "MODALSCOPE_INGEST_TOKEN"),
+            secret_key=_str(env, "MODALSCOPE_SECRET_KEY"),
+            embed_origins=tuple(origins),
+            retention_days=_float(env, "MODALSCOPE_RETENTION_DAYS"),
+            settle_seconds=_float(env, "MODALSCOPE_SETTLE_SECONDS"),
+            max_request_bytes=_int(env, "MODALSCOPE_MAX_REQUEST_BYTES", minimum=1024),
+            max_queue_spans=_int(env, "MODALSCOPE_MAX_QUEUE_SPANS", minimum=1),
+            debug=_str(env, "MODALSCOPE_DEBUG").lower() in ("1", "true", "yes", "on"),
+        )
+
+    def with_(self, **changes) -> "Settings":
+        return replace(self, **changes)
+
+
+__all__ = ["DOCUMENTED", "Settings", "SettingsError", "fields"]

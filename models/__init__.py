@@ -1,0 +1,148 @@
+"""SQLAlchemy 2.0 typed models of the store.
+
+Four tables carry everything:
+
+* ``spans`` — raw spans, unique on ``(trace_id, span_id)``; kept ``MODALSCOPE_RETENTION_DAYS``.
+* ``traces`` — one row a trace, written when the trace settles; ``pending`` marks traces
+  with spans not yet folded into the rollups.
+* ``series`` + ``rollups`` — per minute and series (operation, service pair, input type,
+  per-trace stage time), a log-bucketed latency histogram with count, error count and sum.
+* ``cursors`` — ingest watermarks and leases (Cloud Trace poller, metrics exporter).
+
+User-supplied strings (service and span names) are unbounded ``String`` columns: a length
+limit would make PostgreSQL refuse a whole batch for one hostile name.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    SmallInteger,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_N_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# SQLite only aliases ROWID (fast inserts) for a column declared exactly INTEGER.
+BigId = BigInteger().with_variant(Integer, "sqlite")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Span(Base):
+    __tablename__ = "spans"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    trace_id: Mapped[str] = mapped_column(String(32))
+    span_id: Mapped[str] = mapped_column(String(16))
+    parent_span_id: Mapped[str | None] = mapped_column(String(16))
+    service: Mapped[str] = mapped_column(String)
+    name: Mapped[str] = mapped_column(String)
+    kind: Mapped[int] = mapped_column(SmallInteger)  # OTLP SpanKind numbering
+    stage: Mapped[str] = mapped_column(String(16))
+    start_ns: Mapped[int] = mapped_column(BigInteger)
+    duration_ns: Mapped[int] = mapped_column(BigInteger)
+    status: Mapped[int] = mapped_column(SmallInteger)  # 0 unset, 1 ok, 2 error
+    status_message: Mapped[str] = mapped_column(Text, default="")
+    source: Mapped[str] = mapped_column(String(16))
+    instance: Mapped[str | None] = mapped_column(String)  # resource service.instance.id
+    scope: Mapped[str] = mapped_column(String, default="")
+    attributes: Mapped[str] = mapped_column(Text)  # JSON object
+    resource: Mapped[str] = mapped_column(Text)  # JSON object
+    events: Mapped[str | None] = mapped_column(Text)  # JSON list or NULL
+
+    __table_args__ = (
+        UniqueConstraint("trace_id", "span_id"),
+        Index(None, "start_ns"),
+    )
+
+
+class Trace(Base):
+    __tablename__ = "traces"
+
+    trace_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    root_service: Mapped[str | None] = mapped_column(String)
+    root_name: Mapped[str | None] = mapped_column(String)
+    start_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    duration_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    span_count: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[bool] = mapped_column(Boolean, default=False)
+    input_type: Mapped[str] = mapped_column(String(16), default="unknown")
+    # Settling: a receiver sets pending and last_seen_ns; the settler folds the trace into
+    # the rollups once it has been idle MODALSCOPE_SETTLE_SECONDS and clears pending.
+    pending: Mapped[bool] = mapped_column(Boolean, default=True)
+    last_seen_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    settled_ns: Mapped[int | None] = mapped_column(BigInteger)
+    # Exactly what the last settle added to the rollups, so a late span's re-settle can
+    # subtract it: packed (series_id, minute, value_ns, error) records.
+    contributions: Mapped[bytes | None] = mapped_column(LargeBinary)
+
+    __table_args__ = (
+        Index(None, "start_ns"),
+        Index(None, "pending", "last_seen_ns"),
+    )
+
+
+class Series(Base):
+    """One latency series: its kind and the dimensions that name it ('' when not used)."""
+
+    __tablename__ = "series"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    # sha256 of the dimension tuple: unique without indexing unbounded strings.
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    kind: Mapped[str] = mapped_column(String(16))  # op | pair | trace | tstage
+    service: Mapped[str] = mapped_column(String, default="")
+    name: Mapped[str] = mapped_column(String, default="")
+    stage: Mapped[str] = mapped_column(String(16), default="")
+    input_type: Mapped[str] = mapped_column(String(16), default="")
+    caller: Mapped[str] = mapped_column(String, default="")
+    callee: Mapped[str] = mapped_column(String, default="")
+
+
+class Rollup(Base):
+    """Per minute and series: count, errors, sum and a log-bucketed histogram (models/sketch.py)."""
+
+    __tablename__ = "rollups"
+
+    minute: Mapped[int] = mapped_column(Integer, primary_key=True)  # unix time // 60
+    series_id: Mapped[int] = mapped_column(ForeignKey("series.id"), primary_key=True)
+    count: Mapped[int] = mapped_column(BigInteger, default=0)
+    error_count: Mapped[int] = mapped_column(BigInteger, default=0)
+    sum_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    sketch: Mapped[bytes] = mapped_column(LargeBinary)
+
+    __table_args__ = (Index(None, "series_id", "minute"),)
+
+
+class Cursor(Base):
+    """A named watermark and, optionally, a lease on it (one active poller per project)."""
+
+    __tablename__ = "cursors"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    position: Mapped[int] = mapped_column(BigInteger, default=0)
+    holder: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    updated_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    info: Mapped[str | None] = mapped_column(Text)  # JSON
+
+
+__all__ = ["Base", "Span", "Trace", "Series", "Rollup", "Cursor", "NAMING_CONVENTION"]

@@ -1,0 +1,140 @@
+"""Shared fixtures: every storage test runs on SQLite and on PostgreSQL.
+
+PostgreSQL comes from ``MODALSCOPE_TEST_POSTGRES`` (default: the local server,
+``postgresql://postgres@127.0.0.1:5432/postgres``). Each run migrates one template database
+and clones it per test (``CREATE DATABASE ... TEMPLATE``), dropping every clone and the
+template afterwards. Without a reachable server the PostgreSQL half is skipped with the
+reason — unless ``MODALSCOPE_REQUIRE_POSTGRES=1`` (``.ci/run`` sets it), which fails instead.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+from modalscope.models.engine import make_engine
+from modalscope.models.migrate import upgrade
+
+PG_ADMIN_URL = os.environ.get("MODALSCOPE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+REQUIRE_PG = os.environ.get("MODALSCOPE_REQUIRE_POSTGRES") == "1"
+RUN_ID = uuid.uuid4().hex[:10]
+
+
+def _pg_connect(dbname: str | None = None):
+    import psycopg
+
+    conninfo = PG_ADMIN_URL.replace("postgresql+psycopg://", "postgresql://")
+    kwargs = {"autocommit": True, "connect_timeout": 3}
+    if dbname:
+        kwargs["dbname"] = dbname
+    return psycopg.connect(conninfo, **kwargs)
+
+
+def _pg_url(dbname: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(PG_ADMIN_URL).set(drivername="postgresql+psycopg", database=dbname).render_as_string(
+        hide_password=False
+    )
+
+
+class _Postgres:
+    def __init__(self) -> None:
+        self.error: str | None = None
+        self.template: str | None = None
+        self.created: list[str] = []
+
+    def ensure_template(self) -> str:
+        if self.template is None and self.error is None:
+            try:
+                with _pg_connect() as conn:
+                    name = f"modalscope_test_{RUN_ID}_tmpl"
+                    conn.execute(f'CREATE DATABASE "{name}"')
+                self.created.append(name)
+                upgrade(_pg_url(name))
+                self.template = name
+            except Exception as exc:  # noqa: BLE001 - reported as the skip reason
+                self.error = f"{exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if self.error is not None:
+            msg = f"PostgreSQL not reachable at {PG_ADMIN_URL} ({self.error})"
+            if REQUIRE_PG:
+                pytest.fail(msg + " and MODALSCOPE_REQUIRE_POSTGRES=1", pytrace=False)
+            pytest.skip(msg)
+        return self.template
+
+    def new_database(self) -> str:
+        template = self.ensure_template()
+        name = f"modalscope_test_{RUN_ID}_{uuid.uuid4().hex[:8]}"
+        with _pg_connect() as conn:
+            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        self.created.append(name)
+        return name
+
+    def drop(self, name: str) -> None:
+        try:
+            with _pg_connect() as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        except Exception:  # noqa: BLE001 - best effort cleanup
+            pass
+
+    def drop_all(self) -> None:
+        for name in reversed(self.created):
+            self.drop(name)
+
+
+@pytest.fixture(scope="session")
+def _postgres():
+    pg = _Postgres()
+    yield pg
+    pg.drop_all()
+
+
+@pytest.fixture(scope="session")
+def _sqlite_template(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tmpl") / "template.db"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path, _postgres, _sqlite_template):
+    """A migrated, empty database URL: SQLite file, then a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        import shutil
+
+        path = tmp_path / "modalscope.db"
+        shutil.copyfile(_sqlite_template, path)
+        yield f"sqlite:///{path}"
+        return
+    name = _postgres.new_database()
+    try:
+        yield _pg_url(name)
+    finally:
+        _postgres.drop(name)
+
+
+@pytest.fixture
+def engine(db_url):
+    eng = make_engine(db_url, write=True)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def empty_db_url(request, tmp_path, _postgres):
+    """Like db_url but NOT migrated (for migration tests)."""
+    kind = getattr(request, "param", "sqlite")
+    if kind == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    _postgres.ensure_template()
+    name = f"modalscope_test_{RUN_ID}_{uuid.uuid4().hex[:8]}"
+    with _pg_connect() as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    _postgres.created.append(name)
+    try:
+        yield _pg_url(name)
+    finally:
+        _postgres.drop(name)

@@ -710,23 +710,10 @@ def _json_span(sp: Any, service: str, resource: dict, scope: str, source: str) -
                 }
             )
 
-    return SpanRecord(
-        trace_id=tid,
-        span_id=sid,
-        parent_span_id=parent,
-        service=service,
-        name=name,
-        kind=kind,
-        start_ns=start,
-        end_ns=end,
-        status=code,
-        status_message=message,
-        attributes=attributes,
-        resource=resource,
-        events=events,
-        source=source,
-        scope=scope,
-    )
+    return _make_record(
+        tid, sid, parent, service, name, kind, start, end, code, message, attributes, resource,
+        events, source, scope,
+    )  # fmt: skip
 
 
 def _json_uint64(value: Any, what: str) -> int:

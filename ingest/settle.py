@@ -25,6 +25,7 @@ import json
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -98,7 +99,17 @@ class SeriesRegistry:
             self._ids.clear()
 
 
-_REGISTRY = SeriesRegistry()
+# One registry per engine: cached ids are only valid for the database they came from.
+_REGISTRIES: "weakref.WeakKeyDictionary[Engine, SeriesRegistry]" = weakref.WeakKeyDictionary()
+_REGISTRIES_LOCK = threading.Lock()
+
+
+def registry_for(engine: Engine) -> SeriesRegistry:
+    with _REGISTRIES_LOCK:
+        reg = _REGISTRIES.get(engine)
+        if reg is None:
+            reg = _REGISTRIES[engine] = SeriesRegistry()
+        return reg
 
 
 def _loads(text: str | None):
@@ -338,7 +349,7 @@ def settle(engine: Engine, *, settle_seconds: float = 5.0, trace_ids: Sequence[s
 
     Returns the number of traces settled. ``trace_ids`` restricts it to those traces.
     """
-    registry = registry or _REGISTRY
+    registry = registry or registry_for(engine)
     total = 0
     batches = 0
     ids = list(trace_ids) if trace_ids is not None else None

@@ -88,17 +88,19 @@ def write_spans(engine: Engine, records: Sequence[SpanRecord], now_ns: int | Non
         return WriteResult(0, 0)
     now_ns = time.time_ns() if now_ns is None else now_ns
     rows = [span_row(r) for r in records]
-    trace_ids = sorted({r.trace_id for r in records})
     with engine.begin() as conn:
-        result = conn.execute(insert_ignore(conn, Span.__table__, ["trace_id", "span_id"]), rows)
-        inserted = result.rowcount if result.rowcount is not None and result.rowcount >= 0 else len(rows)
+        # RETURNING tells which spans were new: drivers' executemany rowcounts are not
+        # reliable for ON CONFLICT DO NOTHING (psycopg counts skipped rows too).
+        stmt = insert_ignore(conn, Span.__table__, ["trace_id", "span_id"]).returning(Span.trace_id)
+        new_trace_ids = conn.execute(stmt, rows).scalars().all()
+        inserted = len(new_trace_ids)
         if inserted:
             # Sorted ids: concurrent writers lock trace rows in one order (no deadlocks).
             conn.execute(
                 upsert(conn, Trace.__table__, ["trace_id"], ["pending", "last_seen_ns"]),
                 [{"trace_id": t, "pending": True, "last_seen_ns": now_ns, "start_ns": 0,
                   "duration_ns": 0, "span_count": 0, "error": False, "input_type": "unknown"}
-                 for t in trace_ids],
+                 for t in sorted(set(new_trace_ids))],
             )
     return WriteResult(len(rows), inserted)
 

@@ -1,0 +1,398 @@
+"""The OTLP/HTTP receiver: ``POST /v1/traces``, as the OTLP specification says.
+
+* ``Content-Type``: ``application/x-protobuf`` or ``application/json`` (parameters such as
+  ``; charset=utf-8`` are ignored); anything else -> 415.
+* ``Content-Encoding``: ``gzip``, ``deflate`` (zlib-wrapped or raw) or none/``identity``;
+  any other coding -> 415 (RFC 9110 §15.5.16: 415 covers an unsupported *content coding*
+  as well as media type, with ``Accept-Encoding`` naming what is supported).
+* Size cap ``MODALSCOPE_MAX_REQUEST_BYTES``: a ``Content-Length`` past it -> 413 before
+  anything is read; a chunked body (no ``Content-Length``, as the JavaScript exporter
+  sends) is read in pieces and refused as soon as it passes the cap; a compressed body is
+  inflated incrementally and refused once the *inflated* size passes the cap, so a gzip
+  bomb never allocates more than cap + 1 bytes.
+* Bad data -> 400; writer full -> 429, writer shutting down or no commit in time -> 503,
+  both with ``Retry-After``; ingest token missing or wrong -> 401; a bug -> 500, logged,
+  never a traceback to the client.
+* 200 means committed: the response is sent after the writer's commit, with an
+  ``ExportTraceServiceResponse`` carrying ``partial_success`` when spans were rejected one
+  by one. Error bodies are a ``google.rpc.Status`` in the request's content type (JSON for
+  a 415 and for requests that are not protobuf).
+
+:func:`serve_http` runs the app on Werkzeug's threaded server (which de-chunks request
+bodies and sets ``wsgi.input_terminated``) in a daemon thread.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hmac
+import logging
+import math
+import socket
+import threading
+import zlib
+
+from flask import Flask, Response, request
+from werkzeug.exceptions import ClientDisconnected, HTTPException
+from werkzeug.serving import WSGIRequestHandler, get_sockaddr, make_server, select_address_family
+
+from ..settings import Settings
+from .errors import ListenError, PortInUse, bind_error, storage_unavailable
+from .otlp import DecodeError, decode_json, decode_protobuf, encode_response, encode_status
+from .pipeline import IngestPipeline, WriterClosed, WriterFull
+
+__all__ = [
+    "COMMIT_TIMEOUT",
+    "ListenError",
+    "PortInUse",
+    "HTTPReceiver",
+    "create_ingest_app",
+    "serve_http",
+]
+
+log = logging.getLogger(__name__)
+
+#: Seconds a request waits for its spans to be committed before answering 503.
+COMMIT_TIMEOUT = 60.0
+#: ``Retry-After`` when the writer is shutting down (a restart is expected).
+SHUTDOWN_RETRY_AFTER = 5
+_READ_CHUNK = 256 * 1024
+
+_PROTOBUF = "application/x-protobuf"
+_JSON = "application/json"
+_PROTOBUF_TYPES = frozenset((_PROTOBUF, "application/protobuf"))
+
+# gRPC status codes, for the ``code`` of google.rpc.Status bodies.
+_INVALID_ARGUMENT = 3
+_NOT_FOUND = 5
+_RESOURCE_EXHAUSTED = 8
+_UNIMPLEMENTED = 12
+_INTERNAL = 13
+_UNAVAILABLE = 14
+_UNAUTHENTICATED = 16
+
+# Content codings: name -> zlib wbits (None: not compressed). gzip accepts a zlib header
+# too (wbits 32+15 auto-detects); deflate is zlib-wrapped per RFC 9110, but some clients
+# send raw deflate, recognised by the missing zlib header.
+_GZIP = 32 + zlib.MAX_WBITS
+_DEFLATE = "deflate"
+_CODINGS: dict[str, object] = {"gzip": _GZIP, "x-gzip": _GZIP, "deflate": _DEFLATE}
+_ACCEPT_ENCODING = "gzip, deflate, identity"
+
+
+class _Reject(Exception):
+    """Answer the request with an error status and a google.rpc.Status body."""
+
+    def __init__(self, http_status: int, code: int, message: str,
+                 headers: dict[str, str] | None = None, media: str | None = None) -> None:
+        super().__init__(message)
+        self.http_status = http_status
+        self.code = code
+        self.message = message
+        self.headers = headers or {}
+        self.media = media
+
+
+def _media_of(content_type: str | None) -> str:
+    return (content_type or "").split(";", 1)[0].strip().lower()
+
+
+def _response_media(content_type: str | None) -> str:
+    """Error and success bodies use the request's content type (JSON when it is not protobuf)."""
+    return _PROTOBUF if _media_of(content_type) in _PROTOBUF_TYPES else _JSON
+
+
+def _status_response(http_status: int, code: int, message: str, media: str,
+                     headers: dict[str, str] | None = None) -> Response:
+    resp = Response(encode_status(code, message, media), status=http_status, content_type=media)
+    for k, v in (headers or {}).items():
+        resp.headers[k] = v
+    return resp
+
+
+def _retry_after(seconds: float) -> str:
+    """``Retry-After`` is a whole number of seconds (RFC 9110 §10.2.3), at least 1."""
+    try:
+        n = math.ceil(float(seconds))
+    except (TypeError, ValueError, OverflowError):
+        n = 1
+    return str(max(1, min(n, 3600)))
+
+
+def _short(text: str, limit: int = 80) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --------------------------------------------------------------------------- body
+
+
+def _read_body(stream, cap: int) -> bytes:
+    """Read the whole body, refusing it (413) as soon as it passes ``cap`` bytes.
+
+    Never holds more than cap + 1 bytes. Works for ``Content-Length`` bodies (Werkzeug
+    limits the stream to it) and chunked ones (the server de-chunks and ends the stream).
+    """
+    buf = bytearray()
+    try:
+        while True:
+            chunk = stream.read(min(_READ_CHUNK, cap + 1 - len(buf)))
+            if not chunk:
+                break
+            buf += chunk
+            if len(buf) > cap:
+                raise _Reject(413, _RESOURCE_EXHAUSTED,
+                              f"request body exceeds the limit of {cap} bytes (MODALSCOPE_MAX_REQUEST_BYTES)")
+    except ClientDisconnected:
+        raise _Reject(400, _INVALID_ARGUMENT, "request body ended before its Content-Length") from None
+    except (OSError, ValueError) as exc:  # a malformed chunked encoding
+        raise _Reject(400, _INVALID_ARGUMENT, f"cannot read request body: {_short(exc)}") from None
+    return bytes(buf)
+
+
+def _is_zlib_header(data: bytes) -> bool:
+    return len(data) >= 2 and (data[0] & 0x0F) == 8 and (data[0] >> 4) <= 7 and (data[0] << 8 | data[1]) % 31 == 0
+
+
+def _inflate(data: bytes, coding: object, cap: int) -> bytes:
+    """Decompress ``data``, refusing (413) once the output passes ``cap`` bytes.
+
+    zlib's ``max_length`` bounds every step, so a bomb costs at most cap + 1 bytes.
+    Concatenated gzip members (RFC 1952 allows them) are all inflated.
+    """
+    name = "gzip" if coding == _GZIP else "deflate"
+    if coding == _DEFLATE:
+        wbits = zlib.MAX_WBITS if _is_zlib_header(data) else -zlib.MAX_WBITS
+    else:
+        wbits = int(coding)  # type: ignore[call-overload]
+    parts: list[bytes] = []
+    size = 0
+    pending = data
+    try:
+        while True:
+            d = zlib.decompressobj(wbits)
+            while True:
+                out = d.decompress(pending, cap + 1 - size)  # max_length >= 1: never 0 (= unbounded)
+                if out:
+                    size += len(out)
+                    if size > cap:
+                        raise _Reject(413, _RESOURCE_EXHAUSTED,
+                                      f"decompressed request body exceeds the limit of {cap} bytes "
+                                      "(MODALSCOPE_MAX_REQUEST_BYTES)")
+                    parts.append(out)
+                pending = d.unconsumed_tail
+                if d.eof or (not pending and not out):
+                    break
+            if not d.eof:
+                raise _Reject(400, _INVALID_ARGUMENT, f"invalid {name} body: compressed data is truncated")
+            pending = d.unused_data
+            if not pending or wbits != _GZIP:
+                if pending and pending.strip(b"\x00"):
+                    raise _Reject(400, _INVALID_ARGUMENT, f"invalid {name} body: trailing data after the end")
+                break
+            if not pending.strip(b"\x00"):  # zero padding after the last member
+                break
+    except zlib.error as exc:
+        raise _Reject(400, _INVALID_ARGUMENT, f"invalid {name} body: {_short(exc)}") from None
+    return b"".join(parts)
+
+
+# --------------------------------------------------------------------------- app
+
+
+def create_ingest_app(pipeline: IngestPipeline, settings: Settings, *,
+                      commit_timeout: float = COMMIT_TIMEOUT) -> Flask:
+    """The OTLP/HTTP receiver as a Flask app (``POST /v1/traces``)."""
+    app = Flask("modalscope.ingest.otlp_http", static_folder=None)
+    cap = int(settings.max_request_bytes)
+    token = settings.ingest_token.encode("utf-8") if settings.ingest_token else None
+
+    def check_token() -> None:
+        if token is None:
+            return
+        scheme, _, credentials = request.headers.get("Authorization", "").strip().partition(" ")
+        # WSGI header values are latin-1 decoded text: encode back to the bytes sent.
+        given = credentials.strip().encode("latin-1", "replace")
+        ok = hmac.compare_digest(given, token)  # always compared: constant time either way
+        if scheme.lower() != "bearer" or not ok:
+            raise _Reject(401, _UNAUTHENTICATED,
+                          "missing or invalid ingest token: send Authorization: Bearer <token>",
+                          {"WWW-Authenticate": 'Bearer realm="otlp"'})
+
+    def export() -> Response:
+        check_token()
+
+        raw_type = request.headers.get("Content-Type", "")
+        media = _media_of(raw_type)
+        if media in _PROTOBUF_TYPES:
+            decode = decode_protobuf
+        elif media == _JSON:
+            decode = decode_json
+        else:
+            raise _Reject(415, _INVALID_ARGUMENT,
+                          f"unsupported Content-Type {_short(raw_type)!r}: "
+                          "send application/x-protobuf or application/json",
+                          {"Accept-Post": f"{_PROTOBUF}, {_JSON}"}, media=_JSON)
+
+        codings = [c.strip() for c in request.headers.get("Content-Encoding", "").lower().split(",")]
+        codings = [c for c in codings if c and c != "identity"]
+        if len(codings) > 1 or (codings and codings[0] not in _CODINGS):
+            raise _Reject(415, _INVALID_ARGUMENT,
+                          f"unsupported Content-Encoding {_short(request.headers.get('Content-Encoding', ''))!r}: "
+                          "send gzip, deflate or no encoding",
+                          {"Accept-Encoding": _ACCEPT_ENCODING})
+        coding = _CODINGS[codings[0]] if codings else None
+
+        length = request.content_length
+        if length is not None and length > cap:
+            raise _Reject(413, _RESOURCE_EXHAUSTED,
+                          f"request body of {length} bytes exceeds the limit of {cap} bytes "
+                          "(MODALSCOPE_MAX_REQUEST_BYTES)")
+
+        body = _read_body(request.stream, cap)
+        if coding is not None:
+            body = _inflate(body, coding, cap)
+
+        try:
+            result = decode(body, source="otlp")
+        except DecodeError as exc:
+            raise _Reject(400, _INVALID_ARGUMENT, str(exc)) from None
+        del body
+
+        if result.spans:
+            try:
+                future = pipeline.accept(result.spans)
+            except WriterFull as exc:
+                wait = _retry_after(exc.retry_after)
+                raise _Reject(429, _UNAVAILABLE, f"receiver busy: the writer queue is full; retry after {wait} s",
+                              {"Retry-After": wait}) from None
+            except WriterClosed:
+                raise _Reject(503, _UNAVAILABLE, "receiver is shutting down; retry",
+                              {"Retry-After": str(SHUTDOWN_RETRY_AFTER)}) from None
+            try:
+                future.result(timeout=commit_timeout)
+            except concurrent.futures.TimeoutError:
+                # The spans may still be committed later: resending them is safe (idempotent).
+                raise _Reject(503, _UNAVAILABLE,
+                              f"spans not committed within {commit_timeout:g} s; retry",
+                              {"Retry-After": _retry_after(pipeline.retry_after())}) from None
+            except Exception as exc:
+                if storage_unavailable(exc):
+                    log.warning("OTLP/HTTP: store unavailable: %s", _short(exc, 200))
+                    raise _Reject(503, _UNAVAILABLE, "the span store is unavailable; retry",
+                                  {"Retry-After": _retry_after(pipeline.retry_after())}) from None
+                raise
+        if result.rejected:
+            log.info("OTLP/HTTP: %d span(s) rejected from %s: %s", result.rejected,
+                     request.remote_addr, result.error_message)
+        media_out = _response_media(raw_type)
+        return Response(encode_response(result.rejected, result.error_message, media_out),
+                        status=200, content_type=media_out)
+
+    @app.post("/v1/traces")
+    def v1_traces() -> Response:
+        media = _response_media(request.headers.get("Content-Type"))
+        try:
+            return export()
+        except _Reject as r:
+            level = logging.DEBUG if r.http_status in (401, 429) else logging.INFO
+            log.log(level, "OTLP/HTTP %d from %s: %s", r.http_status, request.remote_addr, r.message)
+            return _status_response(r.http_status, r.code, r.message, r.media or media, r.headers)
+        except Exception:  # noqa: BLE001 - a bug must not take the receiver down or leak a traceback
+            log.exception("OTLP/HTTP: unexpected error handling a request from %s", request.remote_addr)
+            return _status_response(500, _INTERNAL, "internal error while receiving spans (logged by the receiver)",
+                                    media)
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> Response:
+        # 404 for other paths, 405 for GET /v1/traces, ...: a Status body, never HTML.
+        code = {404: _NOT_FOUND, 405: _UNIMPLEMENTED}.get(exc.code or 500, _INVALID_ARGUMENT)
+        message = {404: "not found: the OTLP/HTTP receiver serves POST /v1/traces",
+                   405: "method not allowed: use POST /v1/traces"}.get(exc.code or 500, exc.name)
+        headers = {k: v for k, v in exc.get_headers() if k.lower() != "content-type"}
+        return _status_response(exc.code or 500, code, message, _JSON, headers)
+
+    @app.errorhandler(Exception)
+    def unexpected(exc: Exception) -> Response:  # outside the view (e.g. request parsing)
+        log.exception("OTLP/HTTP: unexpected error")
+        return _status_response(500, _INTERNAL, "internal error (logged by the receiver)", _JSON)
+
+    return app
+
+
+# --------------------------------------------------------------------------- server
+
+
+class _RequestHandler(WSGIRequestHandler):
+    """Werkzeug's handler, with access logs sent to our logger at DEBUG (not stderr)."""
+
+    def log(self, type: str, message: str, *args) -> None:  # noqa: A002 - Werkzeug's signature
+        level = logging.DEBUG if type == "info" else logging.WARNING
+        if log.isEnabledFor(level):
+            log.log(level, "%s - %s", self.address_string(), message % args if args else message)
+
+
+class HTTPReceiver:
+    """A running Werkzeug server in a daemon thread; :meth:`shutdown` stops it."""
+
+    def __init__(self, server, thread: threading.Thread, what: str) -> None:
+        self.server = server
+        self.thread = thread
+        self.what = what
+        self.host = server.server_address[0]
+        self.port = int(server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop accepting, let the serving loop end and close the listening socket."""
+        if self.thread.is_alive():
+            self.server.shutdown()
+            self.thread.join(timeout)
+        self.server.server_close()
+
+    def __enter__(self) -> "HTTPReceiver":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+def _listen(host: str, port: int, what: str) -> socket.socket:
+    family = select_address_family(host, port)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(get_sockaddr(host, int(port), family))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise bind_error(exc, host, port, what) from None
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def serve_http(app, host: str, port: int, *, what: str = "OTLP/HTTP",
+               poll_interval: float = 0.1) -> HTTPReceiver:
+    """Serve ``app`` on ``host:port`` (``port`` 0: any free port, see ``.port``), threaded.
+
+    The socket is bound here, not by Werkzeug (which prints and calls ``sys.exit`` when it
+    cannot bind), so a taken port raises :class:`PortInUse` naming it.
+    """
+    sock = _listen(host, port, what)
+    try:
+        # Werkzeug duplicates the descriptor; ours is closed right after.
+        server = make_server(host, int(port), app, threaded=True, request_handler=_RequestHandler,
+                             fd=sock.fileno())
+    finally:
+        sock.close()
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": poll_interval},
+                              name=f"modalscope-{what.lower().replace('/', '-')}-{server.port}", daemon=True)
+    thread.start()
+    log.info("%s receiver listening on %s:%d", what, host, server.port)
+    return HTTPReceiver(server, thread, what)

@@ -1,0 +1,704 @@
+"""OTLP decoding and response encoding, on real messages.
+
+Protobuf requests are built by the OpenTelemetry SDK's own OTLP encoder from spans recorded
+with an ``InMemorySpanExporter``; JSON requests are written as exporters write them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+
+import pytest
+from google.protobuf import json_format
+from google.rpc import status_pb2
+from opentelemetry import trace as trace_api
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from modalscope.ingest import otlp
+from modalscope.ingest.otlp import (
+    DecodeError,
+    DecodeResult,
+    decode_json,
+    decode_protobuf,
+    decode_request_message,
+    encode_response,
+    encode_status,
+)
+from modalscope.ingest.records import (
+    KIND_CLIENT,
+    KIND_INTERNAL,
+    KIND_SERVER,
+    KIND_UNSPECIFIED,
+    STATUS_ERROR,
+    STATUS_OK,
+    STATUS_UNSET,
+    SpanRecord,
+)
+
+PB = "application/x-protobuf"
+JS = "application/json"
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _sdk_spans():
+    """A small multimodal request recorded by the real SDK: SERVER root, CLIENT child,
+    INTERNAL grandchild with an event and an error status, every attribute type."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(
+        resource=Resource.create(
+            {"service.name": "vlm-gateway", "service.instance.id": "pod-3", "deployment.tier": 2}
+        )
+    )
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("mm.gateway", "1.2.3")
+    with tracer.start_as_current_span(
+        "POST /v1/chat",
+        kind=SpanKind.SERVER,
+        attributes={
+            "http.response.status_code": 200,
+            "mm.image_count": 2,
+            "mm.prompt_chars": 1234,
+            "cache.hit": True,
+            "gpu.util": 0.75,
+            "big.int": 2**63 - 1,
+            "neg.int": -(2**63),
+            "user_tier": "pro",
+            "unicode": "画像 \x00\x1b[31m <script>",
+            "tags": ["a", "b"],
+            "sizes": [224, 448],
+            "ratios": [0.5, 1.5],
+            "flags": [True, False],
+            "blob": b"\x00\xffimg",
+            "meta": {"model": "vit-l", "layers": [1, 2]},
+        },
+    ):
+        with tracer.start_as_current_span("VisionEncoder/Encode", kind=SpanKind.CLIENT) as client:
+            client.set_attribute("rpc.system", "grpc")
+            with tracer.start_as_current_span("image.resize") as inner:
+                inner.add_event("cache miss", {"cache.name": "patches", "attempt": 2})
+                inner.set_status(Status(StatusCode.ERROR, "resize failed"))
+    spans = exporter.get_finished_spans()
+    provider.shutdown()
+    return {s.name: s for s in spans}
+
+
+@pytest.fixture(scope="module")
+def sdk_spans():
+    return _sdk_spans()
+
+
+@pytest.fixture(scope="module")
+def sdk_request(sdk_spans) -> ExportTraceServiceRequest:
+    return encode_spans(list(sdk_spans.values()))
+
+
+def _by_name(result: DecodeResult) -> dict[str, SpanRecord]:
+    return {r.name: r for r in result.spans}
+
+
+def _ids(span) -> tuple[str, str]:
+    return format(span.context.trace_id, "032x"), format(span.context.span_id, "016x")
+
+
+def _any_to_json(v) -> dict:
+    which = v.WhichOneof("value")
+    if which is None:
+        return {}
+    if which == "string_value":
+        return {"stringValue": v.string_value}
+    if which == "bool_value":
+        return {"boolValue": v.bool_value}
+    if which == "int_value":
+        return {"intValue": str(v.int_value)}
+    if which == "double_value":
+        d = v.double_value
+        return {"doubleValue": d if math.isfinite(d) else str(d)}
+    if which == "bytes_value":
+        return {"bytesValue": base64.b64encode(v.bytes_value).decode()}
+    if which == "array_value":
+        return {"arrayValue": {"values": [_any_to_json(x) for x in v.array_value.values]}}
+    return {"kvlistValue": {"values": _kvs_to_json(v.kvlist_value.values)}}
+
+
+def _kvs_to_json(kvs) -> list:
+    return [{"key": kv.key, "value": _any_to_json(kv.value)} for kv in kvs]
+
+
+def _to_otlp_json(req: ExportTraceServiceRequest) -> dict:
+    """The OTLP/JSON form of a request (hex ids; not json_format, which writes base64)."""
+    out = []
+    for rs in req.resource_spans:
+        scopes = []
+        for ss in rs.scope_spans:
+            spans = []
+            for sp in ss.spans:
+                d = {
+                    "traceId": sp.trace_id.hex().upper(),
+                    "spanId": sp.span_id.hex(),
+                    "name": sp.name,
+                    "kind": sp.kind,
+                    "startTimeUnixNano": str(sp.start_time_unix_nano),
+                    "endTimeUnixNano": sp.end_time_unix_nano,  # as a number
+                    "attributes": _kvs_to_json(sp.attributes),
+                    "flags": sp.flags,
+                    "droppedAttributesCount": 0,
+                    "traceState": "",
+                    "links": [],
+                    "status": {"code": sp.status.code, "message": sp.status.message},
+                }
+                if sp.parent_span_id:
+                    d["parentSpanId"] = sp.parent_span_id.hex()
+                if sp.events:
+                    d["events"] = [
+                        {
+                            "timeUnixNano": str(e.time_unix_nano),
+                            "name": e.name,
+                            "attributes": _kvs_to_json(e.attributes),
+                        }
+                        for e in sp.events
+                    ]
+                spans.append(d)
+            scopes.append({"scope": {"name": ss.scope.name, "version": ss.scope.version}, "spans": spans})
+        out.append(
+            {
+                "resource": {"attributes": _kvs_to_json(rs.resource.attributes)},
+                "scopeSpans": scopes,
+                "schemaUrl": rs.schema_url,
+            }
+        )
+    return {"resourceSpans": out}
+
+
+def _request(*spans, resource=None, scope="s") -> ExportTraceServiceRequest:
+    """A hand-built request: ``spans`` are dicts of Span fields."""
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    for key, value in (resource or {"service.name": "svc"}).items():
+        kv = rs.resource.attributes.add(key=key)
+        kv.value.string_value = value
+    ss = rs.scope_spans.add()
+    ss.scope.name = scope
+    for fields in spans:
+        ss.spans.add(**fields)
+    return req
+
+
+TID = bytes.fromhex("0af7651916cd43dd8448eb211c80319c")
+SID = bytes.fromhex("b7ad6b7169203331")
+
+
+def _span(**over):
+    base = {
+        "trace_id": TID,
+        "span_id": os.urandom(8),
+        "name": "op",
+        "start_time_unix_nano": 1_700_000_000_000_000_000,
+        "end_time_unix_nano": 1_700_000_000_005_000_000,
+    }
+    base.update(over)
+    return base
+
+
+# ----------------------------------------------------------------------------- protobuf
+
+
+def test_protobuf_from_sdk(sdk_spans, sdk_request):
+    result = decode_protobuf(sdk_request.SerializeToString())
+    assert result.rejected == 0 and result.errors == []
+    got = _by_name(result)
+    assert set(got) == {"POST /v1/chat", "VisionEncoder/Encode", "image.resize"}
+
+    root, client, inner = got["POST /v1/chat"], got["VisionEncoder/Encode"], got["image.resize"]
+    for name, rec in got.items():
+        sdk = sdk_spans[name]
+        assert (rec.trace_id, rec.span_id) == _ids(sdk)
+        assert rec.start_ns == sdk.start_time and rec.end_ns == sdk.end_time
+        assert rec.service == "vlm-gateway"
+        assert rec.resource["service.instance.id"] == "pod-3"
+        assert rec.resource["deployment.tier"] == 2
+        assert rec.instance == "pod-3"
+        assert rec.scope == "mm.gateway"
+        assert rec.source == "otlp"
+        assert rec.stage is None
+    assert root.parent_span_id is None
+    assert client.parent_span_id == root.span_id
+    assert inner.parent_span_id == client.span_id
+    assert len(root.trace_id) == 32 and root.trace_id == root.trace_id.lower()
+    assert (root.kind, client.kind, inner.kind) == (KIND_SERVER, KIND_CLIENT, KIND_INTERNAL)
+
+    assert root.attributes == {
+        "http.response.status_code": 200,
+        "mm.image_count": 2,
+        "mm.prompt_chars": 1234,
+        "cache.hit": True,
+        "gpu.util": 0.75,
+        "big.int": 2**63 - 1,
+        "neg.int": -(2**63),
+        "user_tier": "pro",
+        "unicode": "画像 \x00\x1b[31m <script>",
+        "tags": ["a", "b"],
+        "sizes": [224, 448],
+        "ratios": [0.5, 1.5],
+        "flags": [True, False],
+        "blob": base64.b64encode(b"\x00\xffimg").decode(),
+        "meta": {"model": "vit-l", "layers": [1, 2]},
+    }
+    assert type(root.attributes["cache.hit"]) is bool
+    assert type(root.attributes["gpu.util"]) is float
+    assert client.attributes == {"rpc.system": "grpc"}
+
+    assert inner.status == STATUS_ERROR and inner.status_message == "resize failed"
+    assert root.status == STATUS_UNSET and root.status_message == ""
+    assert inner.events == [
+        {
+            "name": "cache miss",
+            "time_unix_nano": sdk_spans["image.resize"].events[0].timestamp,
+            "attributes": {"cache.name": "patches", "attempt": 2},
+        }
+    ]
+    assert root.events == []
+
+
+def test_message_and_bytes_paths_agree(sdk_request):
+    data = sdk_request.SerializeToString()
+    by_bytes = decode_protobuf(data, source="import")
+    by_message = decode_request_message(ExportTraceServiceRequest.FromString(data), source="import")
+    assert by_bytes == by_message
+    assert {r.source for r in by_bytes.spans} == {"import"}
+    # The second decode is served from the attribute cache: same answer.
+    assert decode_protobuf(data, source="import") == by_bytes
+
+
+def test_protobuf_records_do_not_share_mutable_values():
+    req = _request(*[_span(name=f"s{i}") for i in range(2)])
+    for sp in req.resource_spans[0].scope_spans[0].spans:
+        kv = sp.attributes.add(key="tags")
+        kv.value.array_value.values.add(string_value="a")
+        sp.attributes.add(key="k").value.string_value = "v"
+    data = req.SerializeToString()
+    a, b = decode_protobuf(data).spans
+    a.attributes["tags"].append("mutated")
+    assert b.attributes["tags"] == ["a"]
+    assert decode_protobuf(data).spans[0].attributes == {"tags": ["a"], "k": "v"}
+
+
+def test_protobuf_attribute_cache_stays_bounded(monkeypatch):
+    monkeypatch.setattr(otlp, "_KV_CACHE", {})
+    monkeypatch.setattr(otlp, "_KV_CACHE_MAX_ENTRIES", 10)
+    req = _request(_span())
+    sp = req.resource_spans[0].scope_spans[0].spans[0]
+    for i in range(25):
+        sp.attributes.add(key=f"k{i}").value.int_value = i
+    (rec,) = decode_protobuf(req.SerializeToString()).spans
+    assert rec.attributes == {f"k{i}": i for i in range(25)}
+    assert 0 < len(otlp._KV_CACHE) <= 10
+
+
+def test_protobuf_bad_ids_rejected_individually():
+    req = _request(
+        _span(name="ok", parent_span_id=SID),
+        _span(name="short trace", trace_id=b"\x01" * 8),
+        _span(name="zero trace", trace_id=bytes(16)),
+        _span(name="no span id", span_id=b""),
+        _span(name="zero span", span_id=bytes(8)),
+        _span(name="bad parent", parent_span_id=b"\x01" * 5),
+        _span(name="zero parent", parent_span_id=bytes(8)),
+    )
+    for fn in (
+        lambda: decode_protobuf(req.SerializeToString()),
+        lambda: decode_request_message(req),
+    ):
+        result = fn()
+        assert [r.name for r in result.spans] == ["ok", "zero parent"]
+        assert result.spans[0].parent_span_id == SID.hex()
+        assert result.spans[1].parent_span_id is None
+        assert result.rejected == 5
+        assert len(result.errors) == 3  # trace id, span id, parent id: one message each
+        assert all("\n" not in e for e in result.errors)
+
+
+def test_protobuf_edge_values():
+    long_value = "é" * 40_000  # 80,000 bytes of UTF-8
+    req = _request(
+        _span(
+            name="n" * 5000,
+            kind=9,  # from a newer proto
+            start_time_unix_nano=2_000,
+            end_time_unix_nano=1_000,
+            status={"code": 1},
+        ),
+        resource={"service.name": "", "host.name": "h"},
+    )
+    sp = req.resource_spans[0].scope_spans[0].spans[0]
+    sp.attributes.add(key="long").value.string_value = long_value
+    sp.attributes.add(key="empty")  # a key without a value
+    sp.attributes.add(key="nan").value.double_value = float("nan")
+    for result in (decode_protobuf(req.SerializeToString()), decode_request_message(req)):
+        (rec,) = result.spans
+        assert len(rec.name) == 1024
+        assert rec.kind == KIND_UNSPECIFIED
+        assert (rec.start_ns, rec.end_ns) == (2_000, 2_000)
+        assert rec.status == STATUS_OK
+        assert rec.service == "unknown"
+        assert rec.resource == {"service.name": "", "host.name": "h"}
+        cut = rec.attributes["long"]
+        assert len(cut.encode()) <= 64 * 1024 and long_value.startswith(cut)
+        assert len(cut.encode()) > 64 * 1024 - 2
+        assert "empty" not in rec.attributes
+        assert math.isnan(rec.attributes["nan"])
+
+
+def test_protobuf_sdk_default_service_kept():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with provider.get_tracer("t").start_as_current_span("x"):
+        pass
+    data = encode_spans(exporter.get_finished_spans()).SerializeToString()
+    (rec,) = decode_protobuf(data).spans
+    assert rec.service.startswith("unknown_service")
+    assert decode_protobuf(_request(_span(), resource={"host.name": "h"}).SerializeToString()).spans[0].service == "unknown"
+
+
+def test_protobuf_legacy_instrumentation_library_spans():
+    ss = ScopeSpans()
+    ss.scope.name = "old.lib"
+    ss.spans.add(**_span(name="legacy"))
+    body = ss.SerializeToString()
+    # ResourceSpans { instrumentation_library_spans (field 1000, wire type 2) = body }
+    rs = b"\xc2\x3e" + _varint(len(body)) + body
+    data = b"\x0a" + _varint(len(rs)) + rs
+    for result in (decode_protobuf(data), decode_request_message(ExportTraceServiceRequest.FromString(data))):
+        (rec,) = result.spans
+        assert (rec.name, rec.scope, rec.service) == ("legacy", "old.lib", "unknown")
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"not a protobuf", b"\xff\xff\xff\xff", b"\x0a\x05abc", b"\x0a\xff\xff\xff\xff\x0f"],
+)
+def test_garbage_protobuf_is_a_decode_error(data):
+    with pytest.raises(DecodeError) as err:
+        decode_protobuf(data)
+    assert str(err.value).startswith("invalid protobuf: ")
+    assert "\n" not in str(err.value)
+    assert "modalscope" not in str(err.value)  # our private message copy stays private
+
+
+def test_protobuf_invalid_utf8_is_a_decode_error():
+    req = _request(_span(name="abc123"))
+    req.resource_spans[0].scope_spans[0].spans[0].attributes.add(key="k").value.string_value = "xyz789"
+    data = req.SerializeToString()
+    for good, bad in ((b"abc123", b"ab\xff123"), (b"xyz789", b"xy\xfe789")):
+        with pytest.raises(DecodeError, match="UTF-8"):
+            decode_protobuf(data.replace(good, bad))
+
+
+def test_empty_protobuf_request():
+    assert decode_protobuf(b"") == DecodeResult([], 0, [])
+
+
+# ----------------------------------------------------------------------------- JSON
+
+
+def _json_request(*spans, resource_attrs=None) -> dict:
+    return {
+        "resourceSpans": [
+            {
+                "resource": {
+                    "attributes": resource_attrs
+                    if resource_attrs is not None
+                    else [{"key": "service.name", "value": {"stringValue": "encoder"}}],
+                    "droppedAttributesCount": 0,
+                },
+                "scopeSpans": [{"scope": {"name": "mm", "version": "1"}, "spans": list(spans)}],
+            }
+        ]
+    }
+
+
+JTID = "5B8EFFF798038103D269B633813FC60C"
+JROOT = "EEE19B7EC3C1B174"
+JCHILD = "eee19b7ec3c1b173"
+
+
+def test_json_as_exporters_write_it():
+    body = _json_request(
+        {
+            "traceId": JTID,
+            "spanId": JROOT,
+            # no parentSpanId key: a root
+            "name": "POST /v1/chat",
+            "kind": "SPAN_KIND_SERVER",
+            "startTimeUnixNano": "1544712660000000000",
+            "endTimeUnixNano": 1544712661000000000,
+            "flags": 257,
+            "traceState": "vendor=1",
+            "droppedAttributesCount": 0,
+            "droppedEventsCount": 0,
+            "links": [],
+            "attributes": [
+                {"key": "mm.image_count", "value": {"intValue": "2"}},
+                {"key": "batch.size", "value": {"intValue": 8}},
+                {"key": "big", "value": {"intValue": "9223372036854775807"}},
+                {"key": "neg", "value": {"intValue": "-9223372036854775808"}},
+                {"key": "cache.hit", "value": {"boolValue": True}},
+                {"key": "ratio", "value": {"doubleValue": 0.5}},
+                {"key": "whole", "value": {"doubleValue": 3}},
+                {"key": "nan", "value": {"doubleValue": "NaN"}},
+                {"key": "inf", "value": {"doubleValue": "-Infinity"}},
+                {"key": "text", "value": {"stringValue": "画像\x00\x1b <b>"}},
+                {"key": "blob", "value": {"bytesValue": "AP9pbWc="}},
+                {"key": "tags", "value": {"arrayValue": {"values": [{"stringValue": "a"}, {"intValue": "1"}]}}},
+                {"key": "empty_array", "value": {"arrayValue": {}}},
+                {
+                    "key": "meta",
+                    "value": {
+                        "kvlistValue": {
+                            "values": [
+                                {"key": "model", "value": {"stringValue": "vit"}},
+                                {"key": "dims", "value": {"arrayValue": {"values": [{"intValue": 3}]}}},
+                            ]
+                        }
+                    },
+                },
+                {"key": "no_value", "value": {}},
+            ],
+            "events": [
+                {
+                    "timeUnixNano": "1544712660500000000",
+                    "name": "first token",
+                    "attributes": [{"key": "tokens", "value": {"intValue": "1"}}],
+                    "droppedAttributesCount": 0,
+                }
+            ],
+            "status": {"code": "STATUS_CODE_ERROR", "message": "upstream timeout"},
+        },
+        {
+            "traceId": JTID.lower(),
+            "spanId": JCHILD,
+            "parentSpanId": JROOT,
+            "name": "VisionEncoder/Encode",
+            "kind": 3,
+            "startTimeUnixNano": 1544712660100000000,
+            "endTimeUnixNano": "1544712660900000000",
+            "status": {},
+        },
+        {
+            "traceId": JTID,
+            "spanId": "00f067aa0ba902b7",
+            "parentSpanId": "",  # empty: a root too
+            "name": "other root",
+        },
+    )
+    result = decode_json(json.dumps(body).encode())
+    assert result.rejected == 0 and result.errors == []
+    root, child, other = result.spans
+    assert root.trace_id == JTID.lower() and root.span_id == JROOT.lower()
+    assert root.parent_span_id is None and other.parent_span_id is None
+    assert child.parent_span_id == JROOT.lower() and child.trace_id == JTID.lower()
+    assert (root.kind, child.kind, other.kind) == (KIND_SERVER, KIND_CLIENT, KIND_UNSPECIFIED)
+    assert (root.start_ns, root.end_ns) == (1544712660000000000, 1544712661000000000)
+    assert (child.start_ns, child.end_ns) == (1544712660100000000, 1544712660900000000)
+    assert (other.start_ns, other.end_ns) == (0, 0)
+    assert root.service == "encoder" and root.scope == "mm" and root.resource == {"service.name": "encoder"}
+    assert root.status == STATUS_ERROR and root.status_message == "upstream timeout"
+    assert child.status == STATUS_UNSET
+    a = root.attributes
+    assert a["mm.image_count"] == 2 and a["batch.size"] == 8
+    assert a["big"] == 2**63 - 1 and a["neg"] == -(2**63)
+    assert a["cache.hit"] is True
+    assert a["ratio"] == 0.5 and type(a["whole"]) is float and a["whole"] == 3.0
+    assert math.isnan(a["nan"]) and a["inf"] == -math.inf
+    assert a["text"] == "画像\x00\x1b <b>"
+    assert a["blob"] == "AP9pbWc="
+    assert a["tags"] == ["a", 1] and a["empty_array"] == []
+    assert a["meta"] == {"model": "vit", "dims": [3]}
+    assert "no_value" not in a
+    assert root.events == [
+        {"name": "first token", "time_unix_nano": 1544712660500000000, "attributes": {"tokens": 1}}
+    ]
+
+
+def test_json_and_protobuf_decode_the_same_request(sdk_request):
+    from_pb = decode_protobuf(sdk_request.SerializeToString())
+    as_json = _to_otlp_json(sdk_request)
+    for form in (json.dumps(as_json).encode(), json.dumps(as_json), as_json):
+        assert decode_json(form) == from_pb
+
+
+def test_json_bad_span_rejected_others_kept():
+    good = {"traceId": JTID, "spanId": JROOT, "name": "good"}
+    body = _json_request(
+        good,
+        {"traceId": "xyz", "spanId": JCHILD, "name": "bad trace"},
+        {"traceId": JTID[:30], "spanId": JCHILD, "name": "short trace"},
+        {"traceId": "0" * 32, "spanId": JCHILD, "name": "zero trace"},
+        {"spanId": JCHILD, "name": "missing trace"},
+        {"traceId": JTID, "spanId": "12345", "name": "bad span"},
+        {"traceId": JTID, "spanId": JCHILD, "parentSpanId": "nothex!!nothex!!", "name": "bad parent"},
+        {"traceId": JTID, "spanId": JCHILD, "startTimeUnixNano": "soon", "name": "bad time"},
+        {"traceId": JTID, "spanId": JCHILD, "attributes": [{"key": "n", "value": {"intValue": "x"}}]},
+        "not a span",
+        {"traceId": JTID, "spanId": JCHILD, "parentSpanId": "0" * 16, "name": "zero parent is root"},
+    )
+    result = decode_json(json.dumps(body))
+    assert [r.name for r in result.spans] == ["good", "zero parent is root"]
+    assert result.spans[1].parent_span_id is None
+    assert result.rejected == 9
+    assert len(result.errors) == len(set(result.errors)) >= 5
+    assert any("trace id" in e for e in result.errors)
+    assert any("span id" in e for e in result.errors)
+
+
+def test_json_legacy_and_sparse_shapes():
+    body = {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "old"}}]},
+                "instrumentationLibrarySpans": [
+                    {"instrumentationLibrary": {"name": "lib"}, "spans": [{"traceId": JTID, "spanId": JROOT}]}
+                ],
+            },
+            {"scopeSpans": [{"spans": [{"traceId": JTID, "spanId": JCHILD, "kind": "SPAN_KIND_CONSUMER"}]}]},
+            {},
+        ]
+    }
+    old, bare = decode_json(body).spans
+    assert (old.service, old.scope, old.name) == ("old", "lib", "")
+    assert (bare.service, bare.scope, bare.resource, bare.kind) == ("unknown", "", {}, 5)
+    assert decode_json(b"{}") == DecodeResult([], 0, [])
+    assert decode_json('{"resourceSpans": null}') == DecodeResult([], 0, [])
+
+
+def test_json_lone_surrogate_replaced():
+    body = json.dumps(_json_request({"traceId": JTID, "spanId": JROOT, "name": "a\ud800b"}))
+    assert "\\ud800" in body
+    (rec,) = decode_json(body.encode()).spans
+    assert rec.name == "a\ufffdb"
+    rec.name.encode("utf-8")  # storable
+    (rec,) = decode_json(json.loads(body)).spans
+    assert rec.name == "a\ufffdb"
+
+
+def test_json_name_and_string_bounds():
+    span = {
+        "traceId": JTID,
+        "spanId": JROOT,
+        "name": "x" * 2000,
+        "attributes": [{"key": "prompt", "value": {"stringValue": "p" * 100_000}}],
+        "startTimeUnixNano": "10",
+        "endTimeUnixNano": "5",
+    }
+    (rec,) = decode_json(_json_request(span)).spans
+    assert len(rec.name) == 1024
+    assert rec.attributes["prompt"] == "p" * 65536
+    assert (rec.start_ns, rec.end_ns) == (10, 10)
+
+
+@pytest.mark.parametrize(
+    "data, reason",
+    [
+        (b"{not json", "invalid JSON"),
+        (b"", "invalid JSON"),
+        (b'{"resourceSpans": [}', "invalid JSON"),
+        (b"\xff\xfe{}", "UTF-8"),
+        (b'{"resourceSpans": [{"scopeSpans": []}], "x": "\xc3\x28"}', "UTF-8"),
+        (b"[]", "top level"),
+        (b'"resourceSpans"', "top level"),
+        (b"null", "top level"),
+        (b'{"resourceSpans": {}}', "resourceSpans"),
+        (b'{"resourceSpans": [1]}', "resourceSpans[0]"),
+        (b'{"resourceSpans": [{"scopeSpans": "x"}]}', "scopeSpans"),
+        (b'{"resourceSpans": [{"scopeSpans": [{"spans": {}}]}]}', "spans"),
+        (b"[" * 100_000, "nested"),
+    ],
+)
+def test_malformed_json_is_a_decode_error(data, reason):
+    with pytest.raises(DecodeError, match=reason.replace("[", r"\[")) as err:
+        decode_json(data)
+    assert "\n" not in str(err.value)
+    assert isinstance(err.value, ValueError)
+
+
+def test_deep_anyvalue_nesting_is_a_decode_error():
+    value: dict = {"stringValue": "leaf"}
+    for _ in range(3000):
+        value = {"arrayValue": {"values": [value]}}
+    body = _json_request({"traceId": JTID, "spanId": JROOT, "attributes": [{"key": "deep", "value": value}]})
+    with pytest.raises(DecodeError):
+        decode_json(body)
+
+
+# ----------------------------------------------------------------------------- responses
+
+
+def test_encode_response_protobuf():
+    body = encode_response(3, "invalid or missing trace id", PB)
+    resp = ExportTraceServiceResponse.FromString(body)
+    assert resp.HasField("partial_success")
+    assert resp.partial_success.rejected_spans == 3
+    assert resp.partial_success.error_message == "invalid or missing trace id"
+
+    ok = ExportTraceServiceResponse.FromString(encode_response(0, "", PB))
+    assert not ok.HasField("partial_success")
+    warn = ExportTraceServiceResponse.FromString(encode_response(0, "names truncated", PB))
+    assert warn.HasField("partial_success") and warn.partial_success.rejected_spans == 0
+
+
+def test_encode_response_json():
+    body = encode_response(3, "bad ids", JS)
+    assert json.loads(body) == {"partialSuccess": {"rejectedSpans": "3", "errorMessage": "bad ids"}}
+    # It is canonical OTLP/JSON: protobuf's own JSON reader agrees.
+    resp = json_format.Parse(body, ExportTraceServiceResponse())
+    assert resp.partial_success.rejected_spans == 3
+    assert json.loads(encode_response(0, "", JS)) == {}
+    assert json.loads(encode_response(0, "", "application/json; charset=utf-8")) == {}
+
+
+def test_encode_status():
+    body = encode_status(3, "invalid JSON: Expecting value at line 1 column 1", PB)
+    status = status_pb2.Status.FromString(body)
+    assert (status.code, status.message) == (3, "invalid JSON: Expecting value at line 1 column 1")
+    assert json.loads(encode_status(8, "too large", JS)) == {"code": 8, "message": "too large"}
+    assert json.loads(encode_status(3, "x", "Application/JSON; charset=UTF-8")) == {"code": 3, "message": "x"}
+    assert json_format.Parse(encode_status(14, "writer full", JS), status_pb2.Status()).code == 14
+    # A message that cannot be UTF-8 (a lone surrogate from untrusted text) still encodes.
+    assert status_pb2.Status.FromString(encode_status(3, "a\ud800", PB)).message == "a\ufffd"
+
+
+def test_response_media_type():
+    assert otlp.response_media_type("application/x-protobuf") == PB
+    assert otlp.response_media_type("application/protobuf") == PB
+    assert otlp.response_media_type("application/json; charset=utf-8") == JS
+    assert otlp.response_media_type("text/plain") == JS
+    assert otlp.response_media_type(None) == JS
+
+
+def test_decode_error_is_one_line():
+    assert str(DecodeError("a\nb\r\n  c")) == "a b c"

@@ -10,6 +10,7 @@ are written. Imported traces are settled before the import returns.
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import zlib
 from dataclasses import dataclass, field
@@ -48,6 +49,14 @@ def _open(path: str):
     return open(path, "rb")
 
 
+def _is_json(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
+
+
 def iter_requests(path: str) -> Iterator[tuple[int, bytes | None, str]]:
     """Yield (line number, payload, format) for each request in a file.
 
@@ -62,9 +71,9 @@ def iter_requests(path: str) -> Iterator[tuple[int, bytes | None, str]]:
         return
     lines = data.split(b"\n")
     non_blank = [ln for ln in lines if ln.strip()]
-    # JSON lines: every non-blank line is a complete object. A pretty-printed single
-    # request has lines that are not, so it is read whole.
-    if len(non_blank) > 1 and all(ln.strip().startswith(b"{") and ln.strip().endswith(b"}") for ln in non_blank):
+    # JSON lines when the first line is a complete object by itself; a pretty-printed
+    # single request's first line ("{") is not, so such a file is read whole.
+    if len(non_blank) > 1 and _is_json(non_blank[0]):
         for i, ln in enumerate(lines, start=1):
             if ln.strip():
                 yield i, ln, "json"

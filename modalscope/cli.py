@@ -211,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if os.environ.get("MODALSCOPE_DEBUG") == "1" else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
     from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 

@@ -1,0 +1,202 @@
+"""The OTLP/gRPC receiver: ``opentelemetry.proto.collector.trace.v1.TraceService/Export``.
+
+The method is registered with a generic handler and *no* request deserializer, so the
+receiver parses the request bytes itself: grpcio's default deserializer answers
+``INTERNAL`` to garbage, the OTLP specification wants ``INVALID_ARGUMENT`` (not retryable).
+
+* bad data -> ``INVALID_ARGUMENT`` with the decoder's message;
+* larger than ``MODALSCOPE_MAX_REQUEST_BYTES`` -> ``RESOURCE_EXHAUSTED`` (grpc itself
+  refuses bigger messages through ``grpc.max_receive_message_length``; the decoded size
+  is checked again here);
+* writer full or shutting down, or no commit in time -> ``UNAVAILABLE`` with a
+  ``google.rpc.RetryInfo``: inside a ``google.rpc.Status`` in the ``grpc-status-details-bin``
+  trailer (what the Go and Java exporters and ``grpc_status`` read) and bare in the
+  ``google.rpc.retryinfo-bin`` trailer (what opentelemetry-python's exporter reads);
+* with ``MODALSCOPE_INGEST_TOKEN`` set, metadata ``authorization: Bearer <token>`` is
+  required -> ``UNAUTHENTICATED`` otherwise;
+* gzip-compressed requests are inflated by grpc;
+* success (after the commit) -> ``ExportTraceServiceResponse``, with ``partial_success``
+  when spans were rejected one by one.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hmac
+import logging
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import error_details_pb2, status_pb2
+
+from ..settings import Settings
+from .errors import ListenError, PortInUse, probe_bind_error, storage_unavailable
+from .otlp import DecodeError, decode_protobuf, encode_response
+from .pipeline import IngestPipeline, WriterClosed, WriterFull
+
+__all__ = ["SERVICE", "METHOD", "FULL_METHOD", "ListenError", "PortInUse", "serve_grpc"]
+
+log = logging.getLogger(__name__)
+
+SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+METHOD = "Export"
+FULL_METHOD = f"/{SERVICE}/{METHOD}"
+
+#: Seconds an Export waits for its spans to be committed (bounded by the call's deadline).
+COMMIT_TIMEOUT = 60.0
+#: Retry delay when the writer is shutting down (a restart is expected).
+SHUTDOWN_RETRY_AFTER = 5
+
+_PROTOBUF = "application/x-protobuf"
+
+
+class _Failure:
+    """An Export that ends with a non-OK status (and maybe trailing metadata)."""
+
+    __slots__ = ("code", "message", "trailing")
+
+    def __init__(self, code: grpc.StatusCode, message: str, trailing: tuple = ()) -> None:
+        self.code = code
+        self.message = message
+        self.trailing = trailing
+
+
+def _unavailable(message: str, retry_after: float) -> _Failure:
+    """UNAVAILABLE with a RetryInfo, in both trailers the OTel exporters read."""
+    try:
+        seconds = max(1, min(int(math.ceil(float(retry_after))), 3600))
+    except (TypeError, ValueError, OverflowError):
+        seconds = 1
+    retry_info = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=seconds))
+    detail = any_pb2.Any()
+    detail.Pack(retry_info)
+    status = status_pb2.Status(code=grpc.StatusCode.UNAVAILABLE.value[0], message=message, details=[detail])
+    trailing = (
+        ("grpc-status-details-bin", status.SerializeToString()),
+        ("google.rpc.retryinfo-bin", retry_info.SerializeToString()),
+    )
+    return _Failure(grpc.StatusCode.UNAVAILABLE, message, trailing)
+
+
+def _short(text: object, limit: int = 200) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class _TraceService:
+    def __init__(self, pipeline: IngestPipeline, settings: Settings, commit_timeout: float) -> None:
+        self.pipeline = pipeline
+        self.cap = int(settings.max_request_bytes)
+        self.token = settings.ingest_token.encode("utf-8") if settings.ingest_token else None
+        self.commit_timeout = commit_timeout
+
+    def export(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        try:
+            outcome = self._export(request, context)
+        except Exception:  # noqa: BLE001 - a bug must not take the receiver down
+            log.exception("OTLP/gRPC: unexpected error handling an Export from %s", context.peer())
+            outcome = _Failure(grpc.StatusCode.INTERNAL, "internal error while receiving spans (logged by the receiver)")
+        if isinstance(outcome, _Failure):
+            level = logging.DEBUG if outcome.code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNAVAILABLE) \
+                else logging.INFO
+            log.log(level, "OTLP/gRPC %s from %s: %s", outcome.code.name, context.peer(), outcome.message)
+            if outcome.trailing:
+                context.set_trailing_metadata(outcome.trailing)
+            context.abort(outcome.code, outcome.message)  # raises
+        return outcome
+
+    def _authorized(self, context: grpc.ServicerContext) -> bool:
+        if self.token is None:
+            return True
+        value = ""
+        for key, v in context.invocation_metadata() or ():
+            if key.lower() == "authorization":
+                value = v.decode("latin-1") if isinstance(v, bytes) else str(v)
+                break
+        scheme, _, credentials = value.strip().partition(" ")
+        ok = hmac.compare_digest(credentials.strip().encode("utf-8", "replace"), self.token)
+        return scheme.lower() == "bearer" and ok
+
+    def _export(self, request: bytes, context: grpc.ServicerContext) -> bytes | _Failure:
+        if not self._authorized(context):
+            return _Failure(grpc.StatusCode.UNAUTHENTICATED,
+                            "missing or invalid ingest token: send metadata authorization: Bearer <token>")
+        if len(request) > self.cap:  # grpc checks the wire size; this is the inflated size
+            return _Failure(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"request of {len(request)} bytes exceeds the limit of {self.cap} bytes "
+                            "(MODALSCOPE_MAX_REQUEST_BYTES)")
+        try:
+            result = decode_protobuf(bytes(request), source="otlp")
+        except DecodeError as exc:
+            return _Failure(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+        if result.spans:
+            try:
+                future = self.pipeline.accept(result.spans)
+            except WriterFull as exc:
+                return _unavailable("receiver busy: the writer queue is full; retry later", exc.retry_after)
+            except WriterClosed:
+                return _unavailable("receiver is shutting down; retry", SHUTDOWN_RETRY_AFTER)
+            timeout = self.commit_timeout
+            remaining = context.time_remaining()
+            if remaining is not None:
+                timeout = max(0.001, min(timeout, remaining))
+            try:
+                future.result(timeout=timeout)
+            except concurrent.futures.TimeoutError:
+                # The spans may still be committed later: resending them is safe (idempotent).
+                return _unavailable(f"spans not committed within {timeout:g} s; retry", self.pipeline.retry_after())
+            except Exception as exc:
+                if storage_unavailable(exc):
+                    log.warning("OTLP/gRPC: store unavailable: %s", _short(exc))
+                    return _unavailable("the span store is unavailable; retry", self.pipeline.retry_after())
+                raise
+        if result.rejected:
+            log.info("OTLP/gRPC: %d span(s) rejected from %s: %s", result.rejected, context.peer(),
+                     result.error_message)
+        return encode_response(result.rejected, result.error_message, _PROTOBUF)
+
+
+def _address(host: str, port: int) -> str:
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]:{port}"
+    return f"{host}:{port}"
+
+
+def serve_grpc(pipeline: IngestPipeline, settings: Settings, host: str, port: int,
+               max_workers: int = 8, *, commit_timeout: float = COMMIT_TIMEOUT) -> grpc.Server:
+    """Start the OTLP/gRPC receiver on ``host:port`` and return the started server.
+
+    ``port`` 0 binds any free port; the bound port is set as ``server.port``. A taken port
+    raises :class:`PortInUse` naming it; ``server.stop(grace)`` stops the receiver.
+    """
+    cap = int(settings.max_request_bytes)
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="modalscope-otlp-grpc"),
+        options=[
+            ("grpc.max_receive_message_length", cap),
+            # grpc sets SO_REUSEPORT by default on Linux, so a second receiver would silently
+            # share a port already in use instead of failing: turn it off.
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    service = _TraceService(pipeline, settings, commit_timeout)
+    handler = grpc.method_handlers_generic_handler(
+        SERVICE,
+        {METHOD: grpc.unary_unary_rpc_method_handler(service.export, request_deserializer=None,
+                                                     response_serializer=None)},
+    )
+    server.add_generic_rpc_handlers((handler,))
+    try:
+        bound = server.add_insecure_port(_address(host, port))
+    except RuntimeError:  # recent grpcio raises instead of returning 0
+        bound = 0
+    if not bound:
+        server.stop(None)
+        raise probe_bind_error(host, port, "OTLP/gRPC")
+    server.start()
+    server.port = bound  # type: ignore[attr-defined]
+    log.info("OTLP/gRPC receiver listening on %s:%d", host, bound)
+    return server

@@ -133,21 +133,23 @@ def _read_body(stream, cap: int) -> bytes:
     Never holds more than cap + 1 bytes. Works for ``Content-Length`` bodies (Werkzeug
     limits the stream to it) and chunked ones (the server de-chunks and ends the stream).
     """
-    buf = bytearray()
+    parts: list[bytes] = []
+    size = 0
     try:
         while True:
-            chunk = stream.read(min(_READ_CHUNK, cap + 1 - len(buf)))
+            chunk = stream.read(min(_READ_CHUNK, cap + 1 - size))
             if not chunk:
                 break
-            buf += chunk
-            if len(buf) > cap:
+            parts.append(chunk)
+            size += len(chunk)
+            if size > cap:
                 raise _Reject(413, _RESOURCE_EXHAUSTED,
                               f"request body exceeds the limit of {cap} bytes (MODALSCOPE_MAX_REQUEST_BYTES)")
     except ClientDisconnected:
         raise _Reject(400, _INVALID_ARGUMENT, "request body ended before its Content-Length") from None
     except (OSError, ValueError) as exc:  # a malformed chunked encoding
         raise _Reject(400, _INVALID_ARGUMENT, f"cannot read request body: {_short(exc)}") from None
-    return bytes(buf)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _is_zlib_header(data: bytes) -> bool:
@@ -243,6 +245,10 @@ def create_ingest_app(pipeline: IngestPipeline, settings: Settings, *,
                           {"Accept-Encoding": _ACCEPT_ENCODING})
         coding = _CODINGS[codings[0]] if codings else None
 
+        raw_length = request.headers.get("Content-Length")
+        if raw_length is not None and not raw_length.strip().isdigit():
+            # Werkzeug would read a malformed length as "no body": say so instead.
+            raise _Reject(400, _INVALID_ARGUMENT, f"malformed Content-Length {_short(raw_length)!r}")
         length = request.content_length
         if length is not None and length > cap:
             raise _Reject(413, _RESOURCE_EXHAUSTED,

@@ -171,7 +171,10 @@ class BatchWriter:
                 return
             self._closed = True
         self._queue.put(None)
-        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        else:  # never started: write what was queued here
+            self._run()
 
     # -- writer thread ----------------------------------------------------------------
     def _run(self) -> None:
@@ -210,28 +213,34 @@ class BatchWriter:
     def _write_batch(self, batch: list, n: int) -> None:
         t0 = time.monotonic()
         records = [r for recs, _ in batch for r in recs]
+        outcomes: list[tuple[Future, WriteResult | BaseException]] = []
         try:
             result = write_spans(self.engine, records)
-        except Exception as exc:  # a failed commit acknowledges nothing
-            log.exception("writing %d spans failed", n)
-            # Retry request by request so one poisoned request cannot sink its neighbours.
+            self.spans_written += result.inserted
+            outcomes = [(fut, WriteResult(len(recs), -1)) for recs, fut in batch]
+        except Exception:  # a failed commit acknowledges nothing
+            log.exception("writing %d spans failed; retrying request by request", n)
+            # One poisoned request must not sink the others batched with it.
             for recs, fut in batch:
                 try:
-                    fut.set_result(write_spans(self.engine, recs))
-                except Exception as exc2:  # noqa: BLE001 - reported to the caller
-                    fut.set_exception(exc2)
-            del exc
-        else:
-            for recs, fut in batch:
-                fut.set_result(WriteResult(len(recs), -1))
-            self.spans_written += result.inserted
-        finally:
-            with self._lock:
-                self._queued_spans -= n
-            self.spans_received += n
-            self.batches += 1
-            elapsed = max(time.monotonic() - t0, 1e-6)
-            self._recent_rate = 0.8 * self._recent_rate + 0.2 * (n / elapsed) if self._recent_rate else n / elapsed
+                    res = write_spans(self.engine, recs)
+                    self.spans_written += res.inserted
+                    outcomes.append((fut, res))
+                except Exception as exc:  # noqa: BLE001 - reported to the caller
+                    outcomes.append((fut, exc))
+        # Free the queue space before acknowledging, so a client that resends at once
+        # is not refused for space its own finished request still held.
+        with self._lock:
+            self._queued_spans -= n
+        self.spans_received += n
+        self.batches += 1
+        elapsed = max(time.monotonic() - t0, 1e-6)
+        self._recent_rate = 0.8 * self._recent_rate + 0.2 * (n / elapsed) if self._recent_rate else n / elapsed
+        for fut, outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                fut.set_exception(outcome)
+            else:
+                fut.set_result(outcome)
         if self.on_written is not None:
             try:
                 self.on_written(n)

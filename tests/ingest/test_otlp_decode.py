@@ -10,16 +10,17 @@ import base64
 import json
 import math
 import os
+import random
 
 import pytest
 from google.protobuf import json_format
 from google.rpc import status_pb2
-from opentelemetry import trace as trace_api
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -307,6 +308,84 @@ def test_protobuf_attribute_cache_stays_bounded(monkeypatch):
     (rec,) = decode_protobuf(req.SerializeToString()).spans
     assert rec.attributes == {f"k{i}": i for i in range(25)}
     assert 0 < len(otlp._KV_CACHE) <= 10
+
+
+def _kv_bytes(key: str, **value) -> bytes:
+    return KeyValue(key=key, value=AnyValue(**value)).SerializeToString()
+
+
+def _edge_attributes() -> list[bytes]:
+    strings = ["", "a", "é", "画像", "\x00\x1b", "x" * 127, "y" * 128, "z" * 16383, "w" * 16384, "😀" * 40]
+    ints = [0, 1, -1, 127, 128, 300, 2**31, -(2**31), 2**62, 2**63 - 1, -(2**63)]
+    doubles = [0.0, -0.0, 1.5, -2.25, 1e308, 5e-324, math.inf, -math.inf]
+    raws = [_kv_bytes(k, string_value=v) for k in ("k", "ключ", "k" * 130) for v in strings]
+    raws += [_kv_bytes("n", int_value=v) for v in ints]
+    raws += [_kv_bytes("b", bool_value=v) for v in (True, False)]
+    raws += [_kv_bytes("d", double_value=v) for v in doubles]
+    raws += [_kv_bytes("", string_value="empty key"), _kv_bytes("bytes", bytes_value=b"\x00\x01")]
+    raws.append(KeyValue(key="empty").SerializeToString())
+    raws.append(b"\x0a\x01e\x12\x00")  # a value with nothing set
+    arr = AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=1), AnyValue(string_value="s")]))
+    raws.append(KeyValue(key="arr", value=arr).SerializeToString())
+    # Valid but not canonical: value before key, a repeated key (last wins), a oneof set
+    # twice (last wins), bool 2 (true), an overlong varint, trailing unknown field.
+    value = AnyValue(string_value="v").SerializeToString()
+    raws.append(b"\x12" + bytes([len(value)]) + value + b"\x0a\x01k")
+    raws.append(b"\x0a\x01a\x0a\x01b\x12" + bytes([len(value)]) + value)
+    raws.append(b"\x0a\x01k\x12\x05\x0a\x01s\x18\x07")
+    raws.append(b"\x0a\x01k\x12\x02\x10\x02")
+    raws.append(b"\x0a\x01k\x12\x03\x18\x81\x00")
+    raws.append(b"\x0a\x01k\x12\x03\x0a\x01v\x20\x01")
+    return raws
+
+
+def test_attribute_fast_path_matches_protobuf(monkeypatch):
+    monkeypatch.setattr(otlp, "_KV_CACHE", {})
+    for raw in _edge_attributes():
+        expected = otlp._pb_attrs([KeyValue.FromString(raw)])
+        fast = otlp._scalar_kv(raw)
+        if fast is not None:
+            assert dict([fast]) == expected, raw
+            assert [type(v) for v in dict([fast]).values()] == [type(v) for v in expected.values()]
+        for _ in range(2):  # a miss, then (when cacheable) a hit
+            got = otlp._raw_attrs([raw])
+            assert got == expected, raw
+            assert [type(v) for v in got.values()] == [type(v) for v in expected.values()]
+            if got and isinstance(next(iter(got.values())), float) and math.copysign(1, next(iter(got.values()))) < 0:
+                assert math.copysign(1, next(iter(expected.values()))) < 0
+
+
+def test_attribute_with_bad_utf8_is_never_cached(monkeypatch):
+    monkeypatch.setattr(otlp, "_KV_CACHE", {})
+    good = _kv_bytes("k", string_value="abc")
+    for bad in (good.replace(b"abc", b"a\xffc"), good.replace(b"\x0a\x01k", b"\x0a\x01\xff")):
+        for _ in range(2):
+            with pytest.raises(DecodeError, match="UTF-8"):
+                otlp._raw_attrs([bad])
+        assert bad not in otlp._KV_CACHE
+
+
+def test_random_requests_decode_alike_on_both_paths():
+    rng = random.Random(7)
+    req = ExportTraceServiceRequest()
+    for r in range(3):
+        rs = req.resource_spans.add()
+        rs.resource.attributes.add(key="service.name").value.string_value = f"svc{r}"
+        for s in range(2):
+            ss = rs.scope_spans.add()
+            ss.scope.name = f"scope{s}"
+            for _ in range(20):
+                sp = ss.spans.add(**_span(name=rng.choice(["a", "b", "é"]), kind=rng.randrange(7)))
+                for raw in rng.sample(_edge_attributes(), 12):
+                    sp.attributes.append(KeyValue.FromString(raw))
+                if rng.random() < 0.3:
+                    ev = sp.events.add(name="e", time_unix_nano=rng.randrange(2**64))
+                    ev.attributes.append(KeyValue.FromString(rng.choice(_edge_attributes())))
+    data = req.SerializeToString()
+    expected = decode_request_message(ExportTraceServiceRequest.FromString(data))
+    assert len(expected.spans) == 120
+    assert decode_protobuf(data) == expected  # cold
+    assert decode_protobuf(data) == expected  # warm
 
 
 def test_protobuf_bad_ids_rejected_individually():

@@ -1,0 +1,28 @@
+# modalscope: the dashboard under gunicorn by default; the ingest worker with
+#   docker run IMAGE modalscope ingest otlp
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    MODALSCOPE_BIND=0.0.0.0 \
+    MODALSCOPE_DATABASE_URL=sqlite:////data/modalscope.db
+
+WORKDIR /src
+COPY pyproject.toml README.md alembic.ini ./
+COPY modalscope ./modalscope
+COPY app ./app
+COPY ingest ./ingest
+COPY models ./models
+COPY migrations ./migrations
+COPY assets ./assets
+RUN pip install . \
+    && useradd --system --home /data modalscope \
+    && mkdir -p /data && chown modalscope /data
+
+USER modalscope
+WORKDIR /data
+VOLUME /data
+EXPOSE 8050 4317 4318
+CMD ["gunicorn", "-c", "python:modalscope.gunicorn_conf", "modalscope.app:create_app()"]

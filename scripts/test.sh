@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: makes .venv, installs modalscope with its test
+# extra, and runs pytest on both cores. Storage tests run on SQLite and on PostgreSQL
+# (MODALSCOPE_TEST_POSTGRES, default the local server); without a reachable PostgreSQL the
+# PostgreSQL half is reported as skipped, with the reason — unless
+# MODALSCOPE_REQUIRE_POSTGRES=1 (CI), which makes it fail instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+
+# Browser tests need Debian's chromium + chromium-driver; install them when we can.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing chromium and chromium-driver for the browser tests ..." >&2
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
+            || echo "warning: could not install chromium; browser tests will fail" >&2
+    fi
+fi
+
+exec .venv/bin/python -m pytest -n 2 "$@"

@@ -130,7 +130,10 @@ def pipeline(payloads: list[bytes], workdir: str, clients: int) -> dict:
     http_port, grpc_port = _free_port(), _free_port()
     env = {**os.environ, "MODALSCOPE_DATABASE_URL": f"sqlite:///{db}", "MODALSCOPE_OTLP_HTTP_PORT": str(http_port),
            "MODALSCOPE_OTLP_GRPC_PORT": str(grpc_port), "MODALSCOPE_SETTLE_SECONDS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "modalscope", "ingest", "otlp"], env=env,
+    cmd = [sys.executable, "-m", "modalscope", "ingest", "otlp"]
+    if os.environ.get("BENCH_PYSPY"):  # profile the receiver: BENCH_PYSPY=out.txt
+        cmd = ["py-spy", "record", "--format", "raw", "-o", os.environ["BENCH_PYSPY"], "--", *cmd]
+    proc = subprocess.Popen(cmd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{http_port}/v1/traces"
     try:

@@ -9,7 +9,7 @@ from sqlalchemy import Engine
 
 from ..settings import Settings
 from .records import SpanRecord
-from .settle import Settler
+from .settle import Settler, SettlerProcess
 from .stages import StageRules, load_rules
 from .writer import BatchWriter, WriterClosed, WriterFull
 
@@ -26,12 +26,19 @@ class IngestPipeline:
     """
 
     def __init__(self, engine: Engine, settings: Settings, rules: StageRules | None = None,
-                 *, settle: bool = True, settle_interval: float = 0.5) -> None:
+                 *, settle: bool | str = True, settle_interval: float = 0.5) -> None:
+        """``settle``: True/"thread" settles in a thread of this process, "process" in a
+        process of its own (a second core for ``modalscope ingest otlp``), False not at all."""
         self.engine = engine
         self.settings = settings
         self.rules = rules if rules is not None else load_rules(settings.rules_path or None)
         self.writer = BatchWriter(engine, max_queue_spans=settings.max_queue_spans)
-        self.settler = Settler(engine, settings.settle_seconds, interval=settle_interval) if settle else None
+        if settle == "process":
+            self.settler = SettlerProcess(settings.database_url, settings.settle_seconds, interval=settle_interval)
+        elif settle:
+            self.settler = Settler(engine, settings.settle_seconds, interval=settle_interval)
+        else:
+            self.settler = None
 
     def start(self) -> "IngestPipeline":
         self.writer.start()

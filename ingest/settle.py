@@ -112,6 +112,10 @@ def registry_for(engine: Engine) -> SeriesRegistry:
         return reg
 
 
+_EMPTY: dict = {}
+_NO_EVENTS: list = []
+
+
 def _loads(text: str | None):
     return json.loads(text) if text else {}
 
@@ -131,11 +135,9 @@ def load_trace_spans(conn: Connection, trace_ids: Sequence[str]) -> dict[str, li
                 attributes = _loads(attrs)
             else:
                 attributes = {}
-            out[tid].append(SpanRecord(
-                trace_id=tid, span_id=sid, parent_span_id=parent, service=service, name=name,
-                kind=kind, start_ns=start, end_ns=start + dur, status=status,
-                attributes=attributes, stage=stage,
-            ))
+            # Positional, every field given: no default factories on this hot path.
+            out[tid].append(SpanRecord(tid, sid, parent, service, name, kind, start, start + dur, status, "",
+                                       attributes, _EMPTY, _NO_EVENTS, "", "", stage))
     return out
 
 
@@ -383,6 +385,56 @@ def settle(engine: Engine, *, settle_seconds: float = 5.0, trace_ids: Sequence[s
         if max_batches is not None and batches >= max_batches:
             break
     return total
+
+
+def run_settler_process(database_url: str, settle_seconds: float, interval: float, stop, parent_pid: int) -> None:
+    """Entry point of the settler process (``IngestPipeline(settle="process")``).
+
+    Runs until ``stop`` is set or its parent is gone; the parent handles Ctrl-C.
+    """
+    import os
+    import signal
+
+    from ..models.engine import make_engine
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = make_engine(database_url, write=True)
+    try:
+        while not stop.wait(interval):
+            if os.getppid() != parent_pid:
+                break
+            try:
+                settle(engine, settle_seconds=settle_seconds, max_batches=20)
+            except Exception:  # noqa: BLE001 - keep settling; the next pass retries
+                log.exception("settling failed")
+    finally:
+        engine.dispose()
+
+
+class SettlerProcess:
+    """The settler in its own process, so settling has a core of its own."""
+
+    def __init__(self, database_url: str, settle_seconds: float, interval: float = 0.5) -> None:
+        import multiprocessing
+        import os
+
+        ctx = multiprocessing.get_context("spawn")
+        self._stop = ctx.Event()
+        self._proc = ctx.Process(target=run_settler_process, name="modalscope-settler",
+                                 args=(database_url, settle_seconds, interval, self._stop, os.getpid()),
+                                 daemon=True)
+
+    def start(self) -> "SettlerProcess":
+        self._proc.start()
+        return self
+
+    def stop(self, final: bool = True) -> None:
+        self._stop.set()
+        self._proc.join(60)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(5)
 
 
 class Settler:

@@ -48,6 +48,8 @@ _PEER_KEYS = ("peer.service", "server.address", "net.peer.name")
 
 def unique_spans(spans: Iterable[SpanRecord]) -> list[SpanRecord]:
     """The spans with duplicate span ids removed (the first occurrence wins)."""
+    if isinstance(spans, list) and len({s.span_id for s in spans}) == len(spans):
+        return spans  # the common case: stored spans are unique already
     seen: set[str] = set()
     out: list[SpanRecord] = []
     for span in spans:

@@ -22,8 +22,7 @@ from typing import Iterable, Sequence
 
 from sqlalchemy import Engine
 
-from ..models import Span, Trace
-from ..models.dialect import insert_ignore, upsert
+from ..models.dialect import insert_spans, mark_traces_pending
 from .records import SpanRecord
 
 log = logging.getLogger(__name__)
@@ -53,27 +52,37 @@ def _json(value) -> str:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
+SPAN_COLUMNS = ("trace_id", "span_id", "parent_span_id", "service", "name", "kind", "stage", "start_ns",
+                "duration_ns", "status", "status_message", "source", "instance", "scope", "attributes",
+                "resource", "events")
+
+
+def span_rows(records: Sequence[SpanRecord]) -> list[tuple]:
+    """Rows in SPAN_COLUMNS order. Spans of one resource share its dict, so its JSON is made once."""
+    rows = []
+    resource_json: dict[int, tuple[str, str | None]] = {}
+    for r in records:
+        res = resource_json.get(id(r.resource))
+        if res is None:
+            inst = r.resource.get("service.instance.id")
+            res = resource_json[id(r.resource)] = (
+                _clean(_json(r.resource)) if r.resource else "{}",
+                None if inst is None else _clean(str(inst)),
+            )
+        rows.append((
+            r.trace_id, r.span_id, r.parent_span_id, _clean(r.service), _clean(r.name), r.kind,
+            r.stage or "other", r.start_ns, r.end_ns - r.start_ns if r.end_ns > r.start_ns else 0,
+            r.status, _clean(r.status_message) if r.status_message else "", r.source, res[1],
+            _clean(r.scope) if r.scope else "",
+            _clean(_json(r.attributes)) if r.attributes else "{}",
+            res[0],
+            _clean(_json(r.events)) if r.events else None,
+        ))
+    return rows
+
+
 def span_row(r: SpanRecord) -> dict:
-    attrs = _json(r.attributes) if r.attributes else "{}"
-    return {
-        "trace_id": r.trace_id,
-        "span_id": r.span_id,
-        "parent_span_id": r.parent_span_id,
-        "service": _clean(r.service),
-        "name": _clean(r.name),
-        "kind": r.kind,
-        "stage": r.stage or "other",
-        "start_ns": r.start_ns,
-        "duration_ns": r.end_ns - r.start_ns if r.end_ns > r.start_ns else 0,
-        "status": r.status,
-        "status_message": _clean(r.status_message),
-        "source": r.source,
-        "instance": None if (i := r.resource.get("service.instance.id")) is None else _clean(str(i)),
-        "scope": _clean(r.scope),
-        "attributes": _clean(attrs),
-        "resource": _clean(_json(r.resource)) if r.resource else "{}",
-        "events": _clean(_json(r.events)) if r.events else None,
-    }
+    return dict(zip(SPAN_COLUMNS, span_rows([r])[0]))
 
 
 @dataclass
@@ -87,21 +96,12 @@ def write_spans(engine: Engine, records: Sequence[SpanRecord], now_ns: int | Non
     if not records:
         return WriteResult(0, 0)
     now_ns = time.time_ns() if now_ns is None else now_ns
-    rows = [span_row(r) for r in records]
+    rows = span_rows(records)
     with engine.begin() as conn:
-        # RETURNING tells which spans were new: drivers' executemany rowcounts are not
-        # reliable for ON CONFLICT DO NOTHING (psycopg counts skipped rows too).
-        stmt = insert_ignore(conn, Span.__table__, ["trace_id", "span_id"]).returning(Span.trace_id)
-        new_trace_ids = conn.execute(stmt, rows).scalars().all()
-        inserted = len(new_trace_ids)
+        inserted, touched = insert_spans(conn, SPAN_COLUMNS, rows)
         if inserted:
             # Sorted ids: concurrent writers lock trace rows in one order (no deadlocks).
-            conn.execute(
-                upsert(conn, Trace.__table__, ["trace_id"], ["pending", "last_seen_ns"]),
-                [{"trace_id": t, "pending": True, "last_seen_ns": now_ns, "start_ns": 0,
-                  "duration_ns": 0, "span_count": 0, "error": False, "input_type": "unknown"}
-                 for t in sorted(set(new_trace_ids))],
-            )
+            mark_traces_pending(conn, sorted(touched), now_ns)
     return WriteResult(len(rows), inserted)
 
 

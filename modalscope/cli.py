@@ -107,13 +107,13 @@ def _wait_for_signal() -> None:
         pass
 
 
-def start_receivers(settings, engine, rules=None):
+def start_receivers(settings, engine, rules=None, settle="process"):
     """Start the pipeline and both OTLP receivers; returns a stop() callable."""
     from .ingest.otlp_grpc import serve_grpc
     from .ingest.otlp_http import create_ingest_app, serve_http
     from .ingest.pipeline import IngestPipeline
 
-    pipeline = IngestPipeline(engine, settings, rules).start()
+    pipeline = IngestPipeline(engine, settings, rules, settle=settle).start()
     http_server = grpc_server = None
     try:
         http_server = serve_http(create_ingest_app(pipeline, settings), settings.bind, settings.otlp_http_port)
@@ -178,6 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="modalscope", description="Trace explorer for multimodal inference latency.")
     p.add_argument("--version", action="version", version=f"modalscope {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    from .demo_cmd import add_demo_parser
+
+    add_demo_parser(sub)
 
     s = sub.add_parser("serve", help="the dashboard and /api/v1 (development server)")
     s.add_argument("--port", type=int, default=None, help="default: MODALSCOPE_PORT (8050)")

@@ -36,3 +36,38 @@ def upsert(conn: Connection, table: Table, index_elements: list[str], update_col
 def supports_skip_locked(conn: Connection) -> bool:
     # SQLite serialises writers with BEGIN IMMEDIATE; row locks exist only on PostgreSQL.
     return conn.dialect.name == "postgresql"
+
+
+def insert_spans(conn: Connection, columns: tuple[str, ...], rows: list[tuple]) -> tuple[int, set[str]]:
+    """Insert span rows (tuples in ``columns`` order; trace_id first), skipping stored ones.
+
+    Returns (spans inserted, trace ids of the inserted spans). SQLite takes a plain
+    ``executemany`` (its rowcount is exact); the trace ids then are all the batch's — a
+    resent trace merely settles again to the same result. PostgreSQL uses RETURNING,
+    because its driver's executemany rowcount also counts skipped rows.
+    """
+    from . import Span
+
+    if conn.dialect.name == "sqlite":
+        cols = ", ".join(columns)
+        marks = ", ".join("?" * len(columns))
+        sql = f"INSERT INTO spans ({cols}) VALUES ({marks}) ON CONFLICT (trace_id, span_id) DO NOTHING"
+        cursor = conn.connection.driver_connection.cursor()
+        try:
+            cursor.executemany(sql, rows)
+            inserted = cursor.rowcount
+        finally:
+            cursor.close()
+        return inserted, ({r[0] for r in rows} if inserted else set())
+    stmt = insert_ignore(conn, Span.__table__, ["trace_id", "span_id"]).returning(Span.trace_id)
+    new_ids = conn.execute(stmt, [dict(zip(columns, r)) for r in rows]).scalars().all()
+    return len(new_ids), set(new_ids)
+
+
+def mark_traces_pending(conn: Connection, trace_ids: list[str], now_ns: int) -> None:
+    """Create or re-open trace rows: pending, last seen now."""
+    from . import Trace
+
+    rows = [{"trace_id": t, "pending": True, "last_seen_ns": now_ns, "start_ns": 0, "duration_ns": 0,
+             "span_count": 0, "error": False, "input_type": "unknown"} for t in trace_ids]
+    conn.execute(upsert(conn, Trace.__table__, ["trace_id"], ["pending", "last_seen_ns"]), rows)

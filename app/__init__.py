@@ -33,6 +33,9 @@ def create_app(settings: Settings | None = None) -> Flask:
                     "/api/v1/traces/<trace_id>"],
         })
 
+    if settings.auth_token:
+        _require_bearer_token(server, settings.auth_token)
+
     @server.after_request
     def _headers(resp):
         resp.headers.setdefault("X-Content-Type-Options", "nosniff")
@@ -41,3 +44,24 @@ def create_app(settings: Settings | None = None) -> Flask:
         return resp
 
     return server
+
+
+def _require_bearer_token(server: Flask, token: str) -> None:
+    """MODALSCOPE_AUTH_TOKEN: everything but /api/v1/health needs ``Authorization: Bearer``."""
+    import hmac
+
+    from flask import request
+
+    expected = f"Bearer {token}".encode()
+
+    @server.before_request
+    def _check_token():
+        if request.path == "/api/v1/health":
+            return None
+        given = request.headers.get("Authorization", "").encode()
+        if hmac.compare_digest(given, expected):
+            return None
+        resp = jsonify({"error": "authentication required: send Authorization: Bearer <MODALSCOPE_AUTH_TOKEN>"})
+        resp.status_code = 401
+        resp.headers["WWW-Authenticate"] = 'Bearer realm="modalscope"'
+        return resp

@@ -28,6 +28,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import orjson
 import requests
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -100,7 +101,7 @@ def bare_loop(payloads: list[bytes], path: str) -> tuple[int, float]:
                 for s in ss.spans:
                     rows.append((s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex() or None, service, s.name,
                                  s.kind, s.start_time_unix_nano, s.end_time_unix_nano - s.start_time_unix_nano,
-                                 s.status.code, json.dumps({a.key: _any(a.value) for a in s.attributes})))
+                                 s.status.code, orjson.dumps({a.key: _any(a.value) for a in s.attributes}).decode()))
         conn.execute("BEGIN")
         conn.executemany("INSERT INTO spans (trace_id, span_id, parent_span_id, service, name, kind, start_ns, "
                          "duration_ns, status, attributes) VALUES (?,?,?,?,?,?,?,?,?,?)", rows)

@@ -31,6 +31,7 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "MODALSCOPE_SETTLE_SECONDS": ("5", "A trace idle this long is settled: input type, self times, pairs and rollups computed (corrected if a late span arrives)."),
     "MODALSCOPE_MAX_REQUEST_BYTES": ("20971520", "Largest OTLP request accepted, in bytes, checked before and after decompression (default 20 MiB)."),
     "MODALSCOPE_MAX_QUEUE_SPANS": ("200000", "Spans the writer holds before receivers answer 429/UNAVAILABLE with a retry delay."),
+    "MODALSCOPE_THREADS": ("4", "Threads per gunicorn worker of the dashboard (`modalscope.gunicorn_conf`; workers: `WEB_CONCURRENCY`, default 2)."),
     "MODALSCOPE_DEBUG": ("0", "`1` turns on Dash's debug mode (debugger, dev tools); never in production."),
 }
 

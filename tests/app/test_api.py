@@ -128,3 +128,17 @@ def test_unix_seconds_window(stored):
     now = time.time()
     r = client.get(f"/api/v1/pairs?start={now - 7200:.3f}&end={now:.0f}")
     assert r.status_code == 200 and r.get_json()[0]["count"] == 60
+
+
+def test_auth_token_guards_everything_but_health(db_url):
+    app = create_app(Settings(database_url=db_url, auth_token="s3cret"))
+    client = app.test_client()
+    try:
+        assert client.get("/api/v1/health").status_code == 200
+        for path in ("/api/v1/pairs", "/api/v1/input-types", "/api/v1/traces/" + "ab" * 16, "/"):
+            assert client.get(path).status_code == 401
+            assert client.get(path, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        r = client.get("/api/v1/pairs", headers={"Authorization": "Bearer s3cret"})
+        assert r.status_code == 200 and r.get_json() == []
+    finally:
+        app.extensions["modalscope"]["engine"].dispose()

@@ -128,8 +128,8 @@ def load_trace_spans(conn: Connection, trace_ids: Sequence[str]) -> dict[str, li
             Span.stage, Span.start_ns, Span.duration_ns, Span.status, Span.attributes)
     for i in range(0, len(trace_ids), 500):
         chunk = trace_ids[i : i + 500]
-        for row in conn.execute(select(*cols).where(Span.trace_id.in_(chunk))):
-            tid, sid, parent, service, name, kind, stage, start, dur, status, attrs = row
+        for tid, sid, parent, service, name, kind, stage, start, dur, status, attrs in conn.execute(
+                select(*cols).where(Span.trace_id.in_(chunk))).fetchall():
             # Roots, clients and spans naming an input type are the only ones whose attributes
             # settling reads; skipping the rest keeps settling cheap.
             if parent is None or kind == KIND_CLIENT or "mm.input_type" in attrs:

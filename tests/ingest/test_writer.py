@@ -135,3 +135,46 @@ def test_batch_writer_acknowledges_after_commit_and_refuses_when_full(engine):
     writer.close()
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(Span)).scalar_one() == len(traces[0]) + len(traces[1])
+
+
+def test_concurrent_writers_and_settlers_count_every_span_once(engine, db_url, tmp_path):
+    """Two receivers' writers and settlers racing on one store end as one writer would."""
+    import threading
+
+    from modalscope.models.engine import make_engine
+
+    traces = _traces(40, seed=21)
+    spans = [s for t in traces for s in t]
+    rng = random.Random(5)
+    rng.shuffle(spans)
+    halves = [spans[::2], spans[1::2]]
+    # Overlap: each side also resends a slice of the other's spans.
+    halves[0] += halves[1][:30]
+    halves[1] += halves[0][:30]
+    errors = []
+
+    def worker(part):
+        eng = make_engine(db_url, write=True)
+        try:
+            for i in range(0, len(part), 25):
+                write_spans(eng, part[i : i + 25])
+                settle(eng, force=True)
+        except Exception as exc:  # noqa: BLE001 - surfaced below
+            errors.append(exc)
+        finally:
+            eng.dispose()
+
+    threads = [threading.Thread(target=worker, args=(h,)) for h in halves]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    settle(engine, force=True)
+    got = snapshot(engine)
+    assert got["spans"] == len(spans)
+    assert len(got["traces"]) == len(traces)
+    assert sum(v[0] for k, v in got["rollups"].items() if k[0] == "op") == len(spans)
+    assert sum(v[0] for k, v in got["rollups"].items() if k[0] == "trace") == len(traces)
+    assert sum(v[0] for k, v in got["rollups"].items() if k[0] == "pair") == len(traces)
+    assert all(not v[-1] for v in got["traces"].values())  # nothing left pending

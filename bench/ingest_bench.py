@@ -130,7 +130,8 @@ def pipeline(payloads: list[bytes], workdir: str, clients: int) -> dict:
     db = os.path.join(workdir, "pipeline.db")
     http_port, grpc_port = _free_port(), _free_port()
     env = {**os.environ, "MODALSCOPE_DATABASE_URL": f"sqlite:///{db}", "MODALSCOPE_OTLP_HTTP_PORT": str(http_port),
-           "MODALSCOPE_OTLP_GRPC_PORT": str(grpc_port), "MODALSCOPE_SETTLE_SECONDS": "1"}
+           "MODALSCOPE_OTLP_GRPC_PORT": str(grpc_port),
+           "MODALSCOPE_SETTLE_SECONDS": os.environ.get("BENCH_SETTLE_SECONDS", "1")}
     cmd = [sys.executable, "-m", "modalscope", "ingest", "otlp"]
     if os.environ.get("BENCH_PYSPY"):  # profile the receiver: BENCH_PYSPY=out.txt
         cmd = ["py-spy", "record", "--format", "raw", "-o", os.environ["BENCH_PYSPY"], "--", *cmd]
@@ -168,7 +169,7 @@ def pipeline(payloads: list[bytes], workdir: str, clients: int) -> dict:
         acked = time.perf_counter() - t0
         # Wait until every trace is settled (rollups complete).
         conn = sqlite3.connect(db)
-        while True:
+        while not os.environ.get("BENCH_ACK_ONLY"):
             pending = conn.execute("SELECT count(*) FROM traces WHERE pending").fetchone()[0]
             if pending == 0:
                 break

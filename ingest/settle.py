@@ -31,13 +31,14 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import orjson
-from sqlalchemy import Connection, Engine, bindparam, delete, select, tuple_
+from sqlalchemy import Connection, Engine, bindparam, case, delete, literal, or_, select, tuple_
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from ..models import Rollup, Series, Span, Trace
 from ..models import sketch
 from ..models.dialect import insert_ignore, supports_skip_locked
 from .records import KIND_CLIENT, STATUS_ERROR, SpanRecord
+from .settle_fast import summarize_rows
 from .traces import find_root, input_type_of, self_times, service_pairs, trace_duration_ns, trace_error
 
 log = logging.getLogger(__name__)
@@ -289,6 +290,24 @@ def apply_contributions(conn: Connection, series: np.ndarray, minutes: np.ndarra
     return len(pairs)
 
 
+def load_trace_rows(conn: Connection, trace_ids: Sequence[str]) -> list[tuple]:
+    """Span rows of these traces in ``settle_fast`` layout, ordered (trace, start, span id)."""
+    # Attributes matter only on roots, CLIENT spans and spans naming an input type; the
+    # database filters them so most rows never build a Python string for them.
+    wanted = or_(Span.parent_span_id.is_(None), Span.parent_span_id == "", Span.kind == KIND_CLIENT,
+                 Span.attributes.contains("mm.input_type", autoescape=True))
+    attrs = case((wanted, Span.attributes), else_=literal(""))
+    cols = (Span.trace_id, Span.span_id, Span.parent_span_id, Span.service, Span.name, Span.kind,
+            Span.stage, Span.start_ns, Span.duration_ns, Span.status, attrs)
+    rows: list[tuple] = []
+    for i in range(0, len(trace_ids), 500):
+        chunk = trace_ids[i : i + 500]
+        rows.extend(conn.execute(
+            select(*cols).where(Span.trace_id.in_(chunk)).order_by(Span.trace_id, Span.start_ns, Span.span_id)
+        ).fetchall())
+    return rows
+
+
 def settle_batch(conn: Connection, trace_ids: Sequence[str] | None, *, due_before_ns: int | None,
                  limit: int, now_ns: int, registry: SeriesRegistry) -> tuple[int, dict]:
     """Settle up to ``limit`` pending traces inside the caller's transaction."""
@@ -304,28 +323,30 @@ def settle_batch(conn: Connection, trace_ids: Sequence[str] | None, *, due_befor
     if not rows:
         return 0, {}
     ids = [r[0] for r in rows]
-    old = [_unpack(r[1]) for r in rows]
-    spans = load_trace_spans(conn, ids)
+    old_parts = [_unpack(r[1]) for r in rows if r[1]]
 
-    settled = [summarize_trace(t, spans[t]) for t in ids if spans[t]]
-    keys = {c[0] for st in settled for c in st.contributions}
-    resolved = registry.resolve(conn, keys)
+    summary = summarize_rows(load_trace_rows(conn, ids))
+    resolved = registry.resolve(conn, summary.keys)
+    series_of_key = np.array([resolved[k] for k in summary.keys], dtype=np.int64)
+    new_all = np.zeros(len(summary.c_trace), dtype=CONTRIB_DTYPE)
+    new_all["series"] = series_of_key[summary.c_key] if len(summary.keys) else 0
+    new_all["minute"] = summary.c_minute
+    new_all["value"] = summary.c_value
+    new_all["err"] = summary.c_err
+    # One blob a trace: its contributions, so a later re-settle can take them back.
+    order = np.argsort(summary.c_trace, kind="stable")
+    bounds = np.searchsorted(summary.c_trace[order], np.arange(len(summary.trace_ids) + 1))
+    sorted_contribs = new_all[order]
+    new_blobs = {tid: sorted_contribs[bounds[t]:bounds[t + 1]].tobytes()
+                 for t, tid in enumerate(summary.trace_ids)}
 
-    new_blobs: dict[str, bytes] = {}
-    parts = [o for o in old if len(o)]
-    for st in settled:
-        packed = [(resolved[k], m, v, e) for (k, m, v, e) in st.contributions]
-        new_blobs[st.trace_id] = _pack(packed)
-    new_arr = [_unpack(b) for b in new_blobs.values()]
-    old_all = np.concatenate(parts) if parts else np.zeros(0, CONTRIB_DTYPE)
-    new_all = np.concatenate(new_arr) if new_arr else np.zeros(0, CONTRIB_DTYPE)
+    old_all = np.concatenate(old_parts) if old_parts else np.zeros(0, CONTRIB_DTYPE)
     both = np.concatenate([old_all, new_all])
     signs = np.concatenate([-np.ones(len(old_all)), np.ones(len(new_all))])
     apply_contributions(conn, both["series"], both["minute"], both["value"], both["err"].astype(np.float64), signs)
 
-    if settled:
+    if summary.trace_ids:
         t = Trace.__table__
-
         conn.execute(
             t.update().where(t.c.trace_id == bindparam("b_trace_id")).values(
                 root_service=bindparam("root_service"), root_name=bindparam("root_name"),
@@ -334,12 +355,13 @@ def settle_batch(conn: Connection, trace_ids: Sequence[str] | None, *, due_befor
                 input_type=bindparam("input_type"), pending=False, settled_ns=now_ns,
                 contributions=bindparam("contributions"),
             ),
-            [{"b_trace_id": st.trace_id, "root_service": st.root_service, "root_name": st.root_name,
-              "start_ns": st.start_ns, "duration_ns": st.duration_ns, "span_count": st.span_count,
-              "error": st.error, "input_type": st.input_type, "contributions": new_blobs[st.trace_id]}
-             for st in settled],
+            [{"b_trace_id": tid, "root_service": summary.root_service[i], "root_name": summary.root_name[i],
+              "start_ns": int(summary.start_ns[i]), "duration_ns": int(summary.duration_ns[i]),
+              "span_count": int(summary.span_count[i]), "error": bool(summary.error[i]),
+              "input_type": summary.input_type[i], "contributions": new_blobs[tid]}
+             for i, tid in enumerate(summary.trace_ids)],
         )
-    empty = [t for t in ids if not spans[t]]
+    empty = sorted(set(ids) - set(summary.trace_ids))
     if empty:  # a trace row whose spans were all deleted by retention
         conn.execute(delete(Trace).where(Trace.trace_id.in_(empty)))
     return len(ids), resolved

@@ -124,6 +124,236 @@ class StoreReader:
                 ).scalar_one(),
             }
 
+    # -- dashboard readers (issue 4) ---------------------------------------------------
+    def rollup_steps(self, q: RollupQuery, step_minutes: int) -> list[RollupGroup]:
+        """Like ``rollups(by_minute=True)`` but merged per ``step_minutes``: key = group_by + (step start minute,).
+
+        A week at one-minute resolution would be 10,080 dense histograms per group; a step
+        keeps a time chart at ~100 points whatever the window.
+        """
+        step = max(1, int(step_minutes))
+        first, last = minute_range(q.start_ns, q.end_ns)
+        dims = [getattr(Series, d) for d in q.group_by]
+        stmt = (
+            select(Rollup.minute, Rollup.count, Rollup.error_count, Rollup.sum_ns, Rollup.sketch, *dims)
+            .join(Series, Series.id == Rollup.series_id)
+            .where(self._series_filter(q.kind, q.filters), Rollup.minute >= first, Rollup.minute < last)
+        )
+        groups: dict[tuple, RollupGroup] = {}
+        with self.engine.connect() as conn:
+            for row in conn.execute(stmt):
+                minute, count, errs, total, blob = row[:5]
+                key = tuple(row[5:]) + ((minute - (minute - first) % step),)
+                g = groups.get(key)
+                if g is None:
+                    g = groups[key] = RollupGroup(key, 0, 0, 0, Histogram())
+                g.count += count
+                g.error_count += errs
+                g.sum_ns += total
+                g.histogram.add_blob(blob)
+        return list(groups.values())
+
+    def series_values(self) -> dict[str, list]:
+        """Known dimension values for filter pickers: services, (caller, callee) pairs, stages, input types."""
+        stmt = select(Series.kind, Series.service, Series.stage, Series.input_type, Series.caller,
+                      Series.callee).distinct()
+        services: set[str] = set()
+        pairs: set[tuple[str, str]] = set()
+        stages: set[str] = set()
+        input_types: set[str] = set()
+        with self.engine.connect() as conn:
+            for kind, service, stage, input_type, caller, callee in conn.execute(stmt):
+                if kind == "pair":
+                    pairs.add((caller, callee))
+                    services.update((caller, callee))
+                elif service:
+                    services.add(service)
+                if stage:
+                    stages.add(stage)
+                if input_type:
+                    input_types.add(input_type)
+        return {"services": sorted(services), "pairs": sorted(pairs), "stages": sorted(stages),
+                "input_types": sorted(input_types)}
+
+    def op_histograms(self, start_ns: int, end_ns: int, ops: Iterable[tuple[str, str]],
+                      input_type: str | None = None) -> dict[tuple[str, str], RollupGroup]:
+        """Merged ``op`` histograms per (service, span name), over every stage and input type
+        (or one ``input_type``): "P97 for vit.forward" ranks a span against these."""
+        from sqlalchemy import tuple_
+
+        wanted = sorted(set(ops))
+        out: dict[tuple[str, str], RollupGroup] = {}
+        if not wanted:
+            return out
+        first, last = minute_range(start_ns, end_ns)
+        with self.engine.connect() as conn:
+            for i in range(0, len(wanted), 200):
+                chunk = wanted[i : i + 200]
+                conds = [Series.kind == "op", tuple_(Series.service, Series.name).in_(chunk),
+                         Rollup.minute >= first, Rollup.minute < last]
+                if input_type:
+                    conds.append(Series.input_type == input_type)
+                stmt = (
+                    select(Series.service, Series.name, Rollup.count, Rollup.error_count, Rollup.sum_ns, Rollup.sketch)
+                    .join(Series, Series.id == Rollup.series_id)
+                    .where(*conds)
+                )
+                for service, name, count, errs, total, blob in conn.execute(stmt):
+                    key = (service, name)
+                    g = out.get(key)
+                    if g is None:
+                        g = out[key] = RollupGroup(key, 0, 0, 0, Histogram())
+                    g.count += count
+                    g.error_count += errs
+                    g.sum_ns += total
+                    g.histogram.add_blob(blob)
+        return out
+
+    def slow_spans(self, q: SpanQuery) -> list[dict]:
+        """Spans matching ``q``, slowest first (then earliest), ``limit`` from ``offset``.
+
+        Uses the ``start_ns`` index for the window; with ``input_type`` it joins the trace row.
+        """
+        cols = [Span.__table__.c[c] for c in _CANDIDATE_COLUMNS]
+        conds = [Span.start_ns >= q.start_ns, Span.start_ns < q.end_ns]
+        if q.kind is not None:
+            conds.append(Span.kind == q.kind)
+        if q.service:
+            conds.append(Span.service == q.service)
+        if q.stage:
+            conds.append(Span.stage == q.stage)
+        if q.min_ns is not None:
+            conds.append(Span.duration_ns >= q.min_ns)
+        if q.max_ns is not None:
+            conds.append(Span.duration_ns <= q.max_ns)
+        stmt = select(*cols)
+        if q.input_type:
+            stmt = stmt.join(Trace, Trace.trace_id == Span.trace_id)
+            conds.append(Trace.input_type == q.input_type)
+        stmt = stmt.where(*conds).order_by(Span.duration_ns.desc(), Span.start_ns, Span.id).limit(q.limit).offset(q.offset)
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(stmt).mappings()]
+
+    def callee_children(self, parents: Iterable[tuple[str, str]]) -> list[dict]:
+        """SERVER/CONSUMER children of the given (trace_id, span_id) spans (found through the
+        ``(trace_id, span_id)`` unique index's trace_id prefix)."""
+        parents = list(parents)
+        out: list[dict] = []
+        if not parents:
+            return out
+        by_trace: dict[str, set[str]] = {}
+        for tid, sid in parents:
+            by_trace.setdefault(tid, set()).add(sid)
+        tids = sorted(by_trace)
+        cols = [Span.__table__.c[c] for c in _CANDIDATE_COLUMNS]
+        with self.engine.connect() as conn:
+            for i in range(0, len(tids), 300):
+                chunk = tids[i : i + 300]
+                stmt = select(*cols).where(Span.trace_id.in_(chunk), Span.kind.in_(CALLEE_KIND_CODES),
+                                           Span.parent_span_id.is_not(None))
+                for r in conn.execute(stmt).mappings():
+                    if r["parent_span_id"] in by_trace.get(r["trace_id"], ()):
+                        out.append(dict(r))
+        return out
+
+    def slow_traces(self, start_ns: int, end_ns: int, *, input_type: str | None = None,
+                    root_service: str | None = None, min_ns: int | None = None, max_ns: int | None = None,
+                    limit: int = 20) -> list[dict]:
+        """Settled traces starting in the window, slowest first (the ``traces.start_ns`` index)."""
+        cols = [Trace.__table__.c[c] for c in _TRACE_SUMMARY_COLUMNS]
+        conds = [Trace.start_ns >= start_ns, Trace.start_ns < end_ns, Trace.settled_ns.is_not(None)]
+        if input_type:
+            conds.append(Trace.input_type == input_type)
+        if root_service:
+            conds.append(Trace.root_service == root_service)
+        if min_ns is not None:
+            conds.append(Trace.duration_ns >= min_ns)
+        if max_ns is not None:
+            conds.append(Trace.duration_ns <= max_ns)
+        stmt = select(*cols).where(*conds).order_by(Trace.duration_ns.desc(), Trace.start_ns, Trace.trace_id).limit(limit)
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(stmt).mappings()]
+
+    def trace_rows(self, trace_ids: Iterable[str]) -> dict[str, dict]:
+        """Trace rows (summary columns) by id."""
+        ids = sorted(set(trace_ids))
+        out: dict[str, dict] = {}
+        cols = [Trace.__table__.c[c] for c in _TRACE_SUMMARY_COLUMNS]
+        with self.engine.connect() as conn:
+            for i in range(0, len(ids), 500):
+                for r in conn.execute(select(*cols).where(Trace.trace_id.in_(ids[i : i + 500]))).mappings():
+                    out[r["trace_id"]] = dict(r)
+        return out
+
+    def attribute_ops(self, key: str, start_ns: int, end_ns: int,
+                      sample: int = 50_000) -> list[tuple[str, str, object]]:
+        """(service, span name, value) of spans carrying attribute ``key``, among the newest
+        ``sample`` spans of the window (a bounded scan: cost independent of the window's size).
+
+        Used to find which operations are ViT layers (``mm.layer``); their numbers then come
+        from the ``op`` rollups for the whole window.
+        """
+        import json as _json
+
+        inner = (
+            select(Span.service, Span.name, Span.attributes)
+            .where(Span.start_ns >= start_ns, Span.start_ns < end_ns)
+            .order_by(Span.start_ns.desc())
+            .limit(sample)
+            .subquery()
+        )
+        needle = _json.dumps(key)
+        stmt = select(inner.c.service, inner.c.name, inner.c.attributes).where(
+            inner.c.attributes.contains(needle, autoescape=True))
+        found: dict[tuple[str, str], object] = {}
+        with self.engine.connect() as conn:
+            for service, name, attrs in conn.execute(stmt):
+                if (service, name) in found:
+                    continue
+                try:
+                    value = _json.loads(attrs).get(key)
+                except (ValueError, AttributeError):
+                    continue
+                if value is not None:
+                    found[(service, name)] = value
+        return [(s, n, v) for (s, n), v in sorted(found.items())]
 
 _SPAN_COLUMNS = [c.key for c in Span.__table__.columns]
 _TRACE_COLUMNS = [c.key for c in Trace.__table__.columns if c.key != "contributions"]
+
+
+# --------------------------------------------------------------------------------------
+# Dashboard readers (issue 4). Appended: the methods above keep their signatures.
+# --------------------------------------------------------------------------------------
+
+KIND_CLIENT_CODE = 3
+CALLEE_KIND_CODES = (2, 5)  # SERVER, CONSUMER
+
+
+@dataclass(frozen=True)
+class SpanQuery:
+    """Raw spans in a window, slowest first: the exemplars behind a drilldown band.
+
+    ``kind`` is the OTLP span-kind number (3: CLIENT) or None for any; ``min_ns`` /
+    ``max_ns`` bound the span's duration (both inclusive); ``input_type`` narrows by the
+    (settled) trace's input type.
+    """
+
+    start_ns: int
+    end_ns: int
+    kind: int | None = None
+    service: str | None = None
+    stage: str | None = None
+    input_type: str | None = None
+    min_ns: int | None = None
+    max_ns: int | None = None
+    limit: int = 200
+    offset: int = 0
+
+
+_CANDIDATE_COLUMNS = ("trace_id", "span_id", "parent_span_id", "service", "name", "kind", "stage",
+                      "start_ns", "duration_ns", "status", "attributes")
+
+
+_TRACE_SUMMARY_COLUMNS = ("trace_id", "root_service", "root_name", "start_ns", "duration_ns", "span_count",
+                          "error", "input_type", "pending", "settled_ns")

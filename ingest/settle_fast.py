@@ -1,0 +1,259 @@
+"""Settling many traces at once with numpy: the same results as ``summarize_trace``.
+
+``summarize_trace`` (per trace, over SpanRecords) is the reference; this module computes
+the identical summaries and contributions for a whole batch of traces with array
+operations, because settling is on the ingest path and a per-span Python loop there costs
+more than receiving the span did. ``tests/ingest/test_settle_fast.py`` checks that both
+agree on random traces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from .records import KIND_CLIENT, KIND_CONSUMER, KIND_SERVER, STATUS_ERROR, SpanRecord
+from .traces import _PEER_KEYS, _attr_text, input_type_of
+
+NS_PER_MINUTE = 60_000_000_000
+
+# Row layout handed in by the loader.
+TID, SID, PARENT, SERVICE, NAME, KIND, STAGE, START, DUR, STATUS, ATTRS = range(11)
+
+
+@dataclass
+class BatchSummary:
+    trace_ids: list[str]
+    root_service: list[str | None]
+    root_name: list[str | None]
+    start_ns: np.ndarray
+    duration_ns: np.ndarray
+    span_count: np.ndarray
+    error: np.ndarray
+    input_type: list[str]
+    # Contributions, one entry each: trace index, series key index, minute, value, error.
+    c_trace: np.ndarray
+    c_key: np.ndarray
+    c_minute: np.ndarray
+    c_value: np.ndarray
+    c_err: np.ndarray
+    keys: list[tuple[str, ...]]  # series keys, indexed by c_key
+
+
+def _union_lengths(group: np.ndarray, s: np.ndarray, e: np.ndarray, n_groups: int) -> np.ndarray:
+    """Per group, the length of the union of intervals [s, e) (e >= s), all values >= 0."""
+    out = np.zeros(n_groups, dtype=np.int64)
+    if len(group) == 0:
+        return out
+    order = np.lexsort((s, group))
+    g, s, e = group[order], s[order], e[order]
+    # Running max of the end within each group: offset groups so one accumulate never
+    # carries a value across a group boundary (every group's base exceeds all before it).
+    span = int(e.max()) + 1
+    base = g.astype(np.int64) * span
+    acc = np.maximum.accumulate(base + e)
+    prev = np.empty_like(acc)
+    prev[0] = -1
+    prev[1:] = acc[:-1]
+    prev_end = np.where(prev >= base, prev - base, -1)
+    covered = np.clip(e - np.maximum(s, prev_end), 0, None)
+    np.add.at(out, g, covered)
+    return out
+
+
+def summarize_rows(rows: Sequence[tuple]) -> BatchSummary:
+    """Summaries of every trace in ``rows`` (spans of whole traces, unique span ids)."""
+    n = len(rows)
+    cols = list(zip(*rows)) if n else [()] * 11
+    t_codes, t_uniques = pd.factorize(pd.Series(cols[TID], dtype=object), sort=False)
+    n_tr = len(t_uniques)
+    t_codes = t_codes.astype(np.int64)
+    start = np.fromiter(cols[START], dtype=np.int64, count=n)
+    dur = np.clip(np.fromiter(cols[DUR], dtype=np.int64, count=n), 0, None)
+    end = start + dur
+    kind = np.fromiter(cols[KIND], dtype=np.int64, count=n)
+    status = np.fromiter(cols[STATUS], dtype=np.int64, count=n)
+    sids = cols[SID]
+    parents = cols[PARENT]
+
+    # Parent index within the batch (-1: none, or not stored).
+    index = {(t, sid): i for i, (t, sid) in enumerate(zip(t_codes.tolist(), sids))}
+    parent_idx = np.fromiter(
+        (index.get((t, p), -1) if p else -1 for t, p in zip(t_codes.tolist(), parents)),
+        dtype=np.int64, count=n)
+    parent_idx[parent_idx == np.arange(n)] = -1  # a span is not its own child
+
+    # Self time: duration minus the union of children's intervals clipped to the span.
+    has_parent = parent_idx >= 0
+    ci = np.flatnonzero(has_parent)
+    pi = parent_idx[ci]
+    cs = np.maximum(start[ci], start[pi])
+    ce = np.minimum(end[ci], end[pi])
+    keep = ce > cs
+    ci, pi, cs, ce = ci[keep], pi[keep], cs[keep], ce[keep]
+    if len(ci):
+        t0 = start[pi]  # relative times keep the group offsets inside int64
+        covered = _union_lengths(pi, cs - t0, ce - t0, n)
+    else:
+        covered = np.zeros(n, dtype=np.int64)
+    self_ns = dur - covered
+
+    # Roots: no parent id at all; the earliest start wins (first in row order on ties).
+    is_root = np.fromiter((not p for p in parents), dtype=bool, count=n)
+    root_of = np.full(n_tr, -1, dtype=np.int64)
+    ridx = np.flatnonzero(is_root)
+    if len(ridx):
+        order = ridx[np.lexsort((ridx, start[ridx]))]
+        # first occurrence per trace in (start, row) order
+        first = pd.Series(order).groupby(t_codes[order]).first()
+        root_of[first.index.to_numpy()] = first.to_numpy()
+    t_min = np.full(n_tr, np.iinfo(np.int64).max)
+    np.minimum.at(t_min, t_codes, start)
+    t_max = np.zeros(n_tr, dtype=np.int64)
+    np.maximum.at(t_max, t_codes, end)
+    has_root = root_of >= 0
+    tr_start = np.where(has_root, start[np.maximum(root_of, 0)], t_min)
+    tr_dur = np.where(has_root, dur[np.maximum(root_of, 0)], t_max - t_min)
+    span_count = np.bincount(t_codes, minlength=n_tr)
+    error = np.bincount(t_codes, weights=(status == STATUS_ERROR), minlength=n_tr) > 0
+
+    # Input type: only roots and spans naming mm.input_type matter (see input_type_of).
+    attrs_cache: dict[int, dict] = {}
+
+    def attrs(i: int) -> dict:
+        a = attrs_cache.get(i)
+        if a is None:
+            raw = rows[i][ATTRS]
+            a = attrs_cache[i] = orjson.loads(raw) if raw and raw != "{}" else {}
+        return a
+
+    subset: dict[int, list[SpanRecord]] = {}
+    candidates = np.flatnonzero(is_root | np.fromiter((bool(a) for a in cols[ATTRS]), dtype=bool, count=n))
+    for i in candidates.tolist():
+        raw = rows[i][ATTRS]
+        if is_root[i] or (raw and "mm.input_type" in raw):
+            r = rows[i]
+            subset.setdefault(int(t_codes[i]), []).append(SpanRecord(
+                r[TID], r[SID], r[PARENT], r[SERVICE], r[NAME], r[KIND], r[START], r[START] + max(r[DUR], 0),
+                r[STATUS], "", attrs(i), {}, [], "", "", r[STAGE]))
+    input_type = [input_type_of(subset.get(t, [])) for t in range(n_tr)]
+
+    # Service pairs: CLIENT spans; callee from a child SERVER/CONSUMER span in another
+    # service (earliest start), else peer.service / server.address / net.peer.name, else a
+    # child server span in the same service.
+    services = cols[SERVICE]
+    callee_of: dict[int, str] = {}
+    child_servers: dict[int, list[int]] = {}
+    for i in np.flatnonzero(((kind == KIND_SERVER) | (kind == KIND_CONSUMER)) & has_parent).tolist():
+        child_servers.setdefault(int(parent_idx[i]), []).append(i)
+    for i in np.flatnonzero(kind == KIND_CLIENT).tolist():
+        caller = services[i]
+        kids = child_servers.get(i, ())
+        other = [k for k in kids if services[k] != caller]
+        callee = None
+        if other:
+            callee = services[min(other, key=lambda k: (start[k], k))]
+        else:
+            a = attrs(i)
+            for key in _PEER_KEYS:
+                callee = _attr_text(a, key)
+                if callee:
+                    break
+            if not callee and kids:
+                callee = caller
+        if callee:
+            callee_of[i] = callee
+
+    # Contributions.
+    it_codes = np.array([_IT_INDEX.setdefault(t, len(_IT_INDEX)) for t in input_type], dtype=np.int64) \
+        if n_tr else np.zeros(0, dtype=np.int64)
+    it_names = {v: k for k, v in _IT_INDEX.items()}
+    root_service = [services[r] if r >= 0 else None for r in root_of.tolist()]
+    root_name = [cols[NAME][r] if r >= 0 else None for r in root_of.tolist()]
+    tr_minute = tr_start // NS_PER_MINUTE
+
+    keys: list[tuple[str, ...]] = []
+    key_index: dict[tuple[str, ...], int] = {}
+
+    def key_id(k: tuple[str, ...]) -> int:
+        j = key_index.get(k)
+        if j is None:
+            j = key_index[k] = len(keys)
+            keys.append(k)
+        return j
+
+    parts_t, parts_k, parts_m, parts_v, parts_e = [], [], [], [], []
+    # op: (service, name, stage, input type) per span
+    if n:
+        # Combine per-column codes into one integer key, then unique the combinations.
+        combo = np.zeros(n, dtype=np.int64)
+        decoders = []
+        for values in (services, cols[NAME], cols[STAGE]):
+            codes, uniques = pd.factorize(pd.Series(values, dtype=object), use_na_sentinel=False)
+            combo = combo * len(uniques) + codes
+            decoders.append(uniques)
+        combo = combo * max(len(_IT_INDEX), 1) + it_codes[t_codes]
+        uniq, op_codes = np.unique(combo, return_inverse=True)
+        op_key = np.empty(len(uniq), dtype=np.int64)
+        n_it = max(len(_IT_INDEX), 1)
+        for j, c in enumerate(uniq.tolist()):
+            c, it = divmod(c, n_it)
+            c, st = divmod(c, len(decoders[2]))
+            sv, nm = divmod(c, len(decoders[1]))
+            op_key[j] = key_id(("op", decoders[0][sv], decoders[1][nm], decoders[2][st] or "other",
+                                it_names[it], "", ""))
+        parts_t.append(t_codes)
+        parts_k.append(op_key[op_codes])
+        parts_m.append(start // NS_PER_MINUTE)
+        parts_v.append(dur)
+        parts_e.append((status == STATUS_ERROR).astype(np.int64))
+    # pair: (input type, caller, callee) per client span with a callee
+    if callee_of:
+        idx = np.fromiter(callee_of.keys(), dtype=np.int64, count=len(callee_of))
+        parts_t.append(t_codes[idx])
+        parts_k.append(np.array([key_id(("pair", "", "", "", input_type[t_codes[i]], services[i], callee_of[i]))
+                                 for i in idx.tolist()], dtype=np.int64))
+        parts_m.append(start[idx] // NS_PER_MINUTE)
+        parts_v.append(dur[idx])
+        parts_e.append((status[idx] == STATUS_ERROR).astype(np.int64))
+    # trace: (root service, input type) per trace
+    if n_tr:
+        parts_t.append(np.arange(n_tr, dtype=np.int64))
+        parts_k.append(np.array([key_id(("trace", root_service[t] or "", "", "", input_type[t], "", ""))
+                                 for t in range(n_tr)], dtype=np.int64))
+        parts_m.append(tr_minute)
+        parts_v.append(tr_dur)
+        parts_e.append(error.astype(np.int64))
+    # tstage: (root service, stage, input type) per trace and stage present
+    if n:
+        st_codes, st_uniques = pd.factorize(pd.Series(cols[STAGE], dtype=object).fillna("other"))
+        cell = t_codes * len(st_uniques) + st_codes
+        cells, inv = np.unique(cell, return_inverse=True)
+        sums = np.zeros(len(cells), dtype=np.int64)
+        np.add.at(sums, inv, self_ns)
+        c_t = cells // len(st_uniques)
+        c_s = cells % len(st_uniques)
+        parts_t.append(c_t)
+        parts_k.append(np.array([key_id(("tstage", root_service[t] or "", "", st_uniques[s] or "other",
+                                         input_type[t], "", ""))
+                                 for t, s in zip(c_t.tolist(), c_s.tolist())], dtype=np.int64))
+        parts_m.append(tr_minute[c_t])
+        parts_v.append(sums)
+        parts_e.append(np.zeros(len(cells), dtype=np.int64))
+
+    def cat(parts):
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    return BatchSummary(
+        trace_ids=list(t_uniques), root_service=root_service, root_name=root_name,
+        start_ns=tr_start, duration_ns=tr_dur, span_count=span_count, error=error, input_type=input_type,
+        c_trace=cat(parts_t), c_key=cat(parts_k), c_minute=cat(parts_m), c_value=cat(parts_v),
+        c_err=cat(parts_e), keys=keys,
+    )
+
+
+_IT_INDEX: dict[str, int] = {}

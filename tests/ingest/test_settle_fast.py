@@ -1,0 +1,87 @@
+"""The batch settler (numpy) agrees exactly with the per-trace reference on random traces."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from modalscope.ingest.records import SpanRecord
+from modalscope.ingest.settle import summarize_trace
+from modalscope.ingest.settle_fast import summarize_rows
+
+SERVICES = ["gateway", "vision-encoder", "llm", "userdb"]
+NAMES = ["POST /chat", "image.decode", "vit.forward", "fusion.align", "llm.generate", "db.query"]
+STAGES = ["preprocessing", "encoder", "fusion", "inference", "network", "other"]
+
+
+def random_trace(rng: random.Random, tid: str) -> list[SpanRecord]:
+    n = rng.randint(1, 14)
+    ids = [f"{rng.getrandbits(64) | 1:016x}" for _ in range(n)]
+    base = 1_700_000_000_000_000_000 + rng.randrange(10**12)
+    spans = []
+    for i, sid in enumerate(ids):
+        r = rng.random()
+        if i == 0 and r < 0.85 or r < 0.05:
+            parent = None if rng.random() < 0.9 else ""
+        elif r < 0.1:
+            parent = f"{rng.getrandbits(64) | 1:016x}"  # orphan: parent never arrived
+        elif r < 0.12:
+            parent = sid  # a span claiming to be its own parent
+        else:
+            parent = ids[rng.randrange(max(i, 1))]
+        start = base + rng.choice([0, rng.randrange(10**9)])
+        dur = rng.choice([0, rng.randrange(10**9), rng.randrange(10**6)])
+        attrs = {}
+        if rng.random() < 0.3:
+            attrs["mm.image_count"] = rng.choice([0, 1, 2, "2", "x"])
+        if rng.random() < 0.1:
+            attrs["mm.audio_count"] = rng.choice([0, 1])
+        if rng.random() < 0.1:
+            attrs["mm.input_type"] = rng.choice(["text", "image", "audio", "bogus"])
+        if rng.random() < 0.1:
+            attrs["gen_ai.system"] = "x"
+        kind = rng.choice([1, 2, 3, 3, 4, 5])
+        if kind == 3 and rng.random() < 0.5:
+            attrs[rng.choice(["peer.service", "server.address", "net.peer.name"])] = rng.choice(SERVICES + [""])
+        spans.append(SpanRecord(tid, sid, parent, rng.choice(SERVICES), rng.choice(NAMES), kind, start,
+                                start + dur, rng.choice([0, 0, 1, 2]), attributes=attrs,
+                                stage=rng.choice(STAGES)))
+    # Stored spans are unique per (trace, span) and loaded ordered by (start, span id).
+    uniq = {s.span_id: s for s in reversed(spans)}
+    return sorted(uniq.values(), key=lambda s: (s.start_ns, s.span_id))
+
+
+def as_rows(spans):
+    return [(s.trace_id, s.span_id, s.parent_span_id, s.service, s.name, s.kind, s.stage, s.start_ns,
+             s.end_ns - s.start_ns, s.status, orjson.dumps(s.attributes).decode() if s.attributes else "{}")
+            for s in spans]
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n_traces=st.integers(1, 25))
+def test_batch_equals_reference(seed, n_traces):
+    rng = random.Random(seed)
+    traces = [random_trace(rng, f"{rng.getrandbits(128) | 1:032x}") for _ in range(n_traces)]
+    rows = [r for t in sorted(traces, key=lambda t: t[0].trace_id) for r in as_rows(t)]
+    batch = summarize_rows(rows)
+    assert sorted(batch.trace_ids) == sorted(t[0].trace_id for t in traces)
+    for t in traces:
+        ref = summarize_trace(t[0].trace_id, t)
+        i = batch.trace_ids.index(t[0].trace_id)
+        got = (batch.root_service[i], batch.root_name[i], int(batch.start_ns[i]), int(batch.duration_ns[i]),
+               int(batch.span_count[i]), bool(batch.error[i]), batch.input_type[i])
+        assert got == (ref.root_service, ref.root_name, ref.start_ns, ref.duration_ns, ref.span_count,
+                       ref.error, ref.input_type)
+        mine = Counter((batch.keys[k], int(m), int(v), int(e)) for tr, k, m, v, e in
+                       zip(batch.c_trace, batch.c_key, batch.c_minute, batch.c_value, batch.c_err) if tr == i)
+        theirs = Counter((k, m, v, e) for k, m, v, e in ref.contributions)
+        assert mine == theirs
+
+
+def test_empty_batch():
+    batch = summarize_rows([])
+    assert batch.trace_ids == [] and len(batch.c_trace) == 0

@@ -150,3 +150,566 @@ def trace_detail(reader: StoreReader, trace_id: str) -> dict | None:
         "settled": settled,
         "spans": spans,
     }
+
+
+# ======================================================================================
+# Dashboard queries (issue 4): the pages and /api/v1 call these same functions.
+# ======================================================================================
+
+from dataclasses import dataclass as _dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ..ingest.records import KIND_CLIENT
+from ..ingest.traces import critical_path, service_pairs
+from ..models import sketch
+from ..models.reader import SpanQuery
+
+BINS_PER_DECADE = 10
+INPUT_TYPE_ORDER = ("text", "image", "multi_image", "audio", "unknown")
+# The seed document's table: P50 / P95 per input type, in milliseconds.
+SEED_BASELINE: dict[str, tuple[float, float]] = {
+    "text": (320.0, 410.0),
+    "image": (1300.0, 2100.0),
+    "multi_image": (3700.0, 6400.0),
+}
+DEFAULT_MARGIN = 0.10  # a P95 more than 10 % over its baseline is a regression
+VIT_LAYERS = ("patch_embed", "attention", "mlp")
+
+
+# -- latency bins: display bins made of whole sketch buckets ---------------------------
+@lru_cache(maxsize=1)
+def _bin_tables() -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
+    """(bin index per sketch key, first bin number, lower edge ns per bin, upper edge ns per bin).
+
+    Display bin j holds the sketch keys whose representative lies in
+    [10^(j/B), 10^((j+1)/B)) ms. Its value range is exactly the union of those buckets'
+    ranges (lower exclusive, upper inclusive), so a band read off a heatmap or histogram
+    selects precisely the spans the rollups counted in it.
+    """
+    keys = np.arange(sketch.NUM_KEYS)
+    rep_ms = np.asarray(sketch.representative(keys), dtype=np.float64) / 1e6
+    rep_ms[0] = rep_ms[1]  # exact zeros go with the smallest bucket
+    bins = np.floor(np.log10(rep_ms) * BINS_PER_DECADE + 1e-9).astype(np.int64)
+    first = int(bins.min())
+    idx = bins - first
+    n = int(idx.max()) + 1
+    upper = np.asarray(sketch.bucket_upper(keys), dtype=np.float64)
+    lower = np.concatenate([[0.0], upper[:-1]])
+    lo = np.full(n, np.inf)
+    hi = np.zeros(n)
+    np.minimum.at(lo, idx, lower)
+    np.maximum.at(hi, idx, upper)
+    return idx, first, lo, hi
+
+
+def binned_counts(hist) -> np.ndarray:
+    """Counts per display bin (dense, length = number of bins) of a Histogram."""
+    idx, _, lo, _ = _bin_tables()
+    return np.bincount(idx, weights=hist.counts, minlength=len(lo)).astype(np.int64)
+
+
+def bin_band_ms(i: int) -> tuple[float, float]:
+    """(min_ms, max_ms) of display bin ``i``, widened outward to whole microseconds."""
+    _, _, lo, hi = _bin_tables()
+    return math.floor(lo[i] / 1e3) / 1e3, math.ceil(hi[i] / 1e3) / 1e3
+
+
+def bin_edges_ms(first: int, last: int) -> list[float]:
+    """Nominal edges (10^(j/B) ms) of bins first..last, for drawing on a log scale."""
+    _, base, _, _ = _bin_tables()
+    return [10 ** ((base + j) / BINS_PER_DECADE) for j in range(first, last + 2)]
+
+
+def _nonzero_range(arrays: list[np.ndarray], pad: int = 1) -> tuple[int, int] | None:
+    mask = np.zeros_like(arrays[0], dtype=bool) if arrays else None
+    if mask is None:
+        return None
+    for a in arrays:
+        mask |= a > 0
+    nz = np.flatnonzero(mask)
+    if not len(nz):
+        return None
+    return max(0, int(nz[0]) - pad), min(len(mask) - 1, int(nz[-1]) + pad)
+
+
+def _pcts(hist, qs=(0.5, 0.9, 0.99)) -> list[float | None]:
+    return [_ms(v) for v in hist.quantiles(list(qs))]
+
+
+# -- what a drilldown measures ---------------------------------------------------------
+def subject_of(filters: Filters) -> str:
+    """What a drilldown or exemplar query measures, first match wins:
+
+    ``pair`` (caller or callee given: the calls, i.e. CLIENT spans of the pair),
+    ``stage`` (spans of that stage, in ``service`` if given), ``service`` (every span of
+    the service), else ``trace`` (end-to-end trace latency). ``input_type`` narrows all.
+    """
+    if filters.caller or filters.callee:
+        return "pair"
+    if filters.stage:
+        return "stage"
+    if filters.service:
+        return "service"
+    return "trace"
+
+
+def subject_label(filters: Filters) -> str:
+    subject = subject_of(filters)
+    it = f" ({filters.input_type} requests)" if filters.input_type else ""
+    if subject == "pair":
+        return f"calls {filters.caller or 'any'} → {filters.callee or 'any'}{it}"
+    if subject == "stage":
+        where = f" in {filters.service}" if filters.service else ""
+        return f"{filters.stage} spans{where}{it}"
+    if subject == "service":
+        return f"every span of {filters.service}{it}"
+    return f"end-to-end {filters.input_type + ' ' if filters.input_type else ''}requests"
+
+
+def _subject_query(filters: Filters, window: Window, **kw) -> RollupQuery:
+    subject = subject_of(filters)
+    if subject == "pair":
+        return RollupQuery("pair", window.start_ns, window.end_ns, filters, **kw)
+    if subject in ("stage", "service"):
+        f = Filters(service=filters.service, stage=filters.stage, input_type=filters.input_type)
+        return RollupQuery("op", window.start_ns, window.end_ns, f, **kw)
+    f = Filters(input_type=filters.input_type)
+    return RollupQuery("trace", window.start_ns, window.end_ns, f, **kw)
+
+
+def latency_distribution(reader: StoreReader, window: Window, filters: Filters = Filters()) -> dict:
+    """Histogram (display bins) and CDF of the subject's latency, with P50/P90/P99."""
+    groups = reader.rollups(_subject_query(filters, window))
+    from ..models.sketch import Histogram
+
+    hist = Histogram()
+    errors = 0
+    for g in groups:
+        hist.merge(g.histogram)
+        errors += g.error_count
+    total = hist.count
+    out = {"subject": subject_of(filters), "label": subject_label(filters), "count": total,
+           "error_rate": round(errors / total, 6) if total else 0.0,
+           "p50_ms": None, "p90_ms": None, "p99_ms": None, "bins": []}
+    if total <= 0:
+        return out
+    out["p50_ms"], out["p90_ms"], out["p99_ms"] = _pcts(hist)
+    counts = binned_counts(hist)
+    rng = _nonzero_range([counts], pad=0)
+    first, last = rng
+    edges = bin_edges_ms(first, last)
+    cum = 0
+    for j in range(first, last + 1):
+        c = int(counts[j])
+        cum += c
+        lo, hi = bin_band_ms(j)
+        out["bins"].append({"bin": j, "lo_ms": edges[j - first], "hi_ms": edges[j - first + 1],
+                            "min_ms": lo, "max_ms": hi, "count": c, "cdf": cum / total})
+    return out
+
+
+def percentile_series(reader: StoreReader, window: Window, filters: Filters = Filters(),
+                      step_minutes: int = 1) -> list[dict]:
+    """P50/P90/P99 and count of the subject per time step: ``[{"t", "count", "p50_ms", ...}]``."""
+    from .params import rfc3339
+
+    groups = reader.rollup_steps(_subject_query(filters, window), step_minutes)
+    out = []
+    for g in sorted(groups, key=lambda g: g.key[-1]):
+        if g.count <= 0:
+            continue
+        p50, p90, p99 = _pcts(g.histogram)
+        out.append({"t": rfc3339(g.key[-1] * 60_000_000_000), "count": g.count,
+                    "rate_per_min": round(g.count / step_minutes, 3), "error_count": g.error_count,
+                    "p50_ms": p50, "p90_ms": p90, "p99_ms": p99})
+    return out
+
+
+# -- service pairs heatmap -------------------------------------------------------------
+def pair_heatmap(reader: StoreReader, window: Window, filters: Filters = Filters()) -> dict:
+    """The service-pair heatmap: pairs ordered by call volume (quietest first, so the
+    busiest sit on the right), latency bins of the calls, and P50/P90/P99 per pair."""
+    if filters.stage and filters.stage != "network":
+        return {"pairs": [], "bins": []}
+    groups = [g for g in reader.rollups(RollupQuery("pair", window.start_ns, window.end_ns, filters,
+                                                    ("caller", "callee"))) if g.count > 0]
+    groups.sort(key=lambda g: (g.count, g.key))
+    counts = [binned_counts(g.histogram) for g in groups]
+    rng = _nonzero_range(counts, pad=1)
+    if rng is None:
+        return {"pairs": [], "bins": []}
+    first, last = rng
+    edges = bin_edges_ms(first, last)
+    days = max(window.seconds / 86400, 1e-9)
+    pairs = []
+    for g, c in zip(groups, counts):
+        p50, p90, p99 = _pcts(g.histogram)
+        pairs.append({"caller": g.key[0], "callee": g.key[1], "count": g.count,
+                      "calls_per_day": round(g.count / days, 1),
+                      "error_rate": round(g.error_count / g.count, 6),
+                      "p50_ms": p50, "p90_ms": p90, "p99_ms": p99,
+                      "counts": [int(x) for x in c[first : last + 1]]})
+    bins = []
+    for j in range(first, last + 1):
+        lo, hi = bin_band_ms(j)
+        bins.append({"lo_ms": edges[j - first], "hi_ms": edges[j - first + 1], "min_ms": lo, "max_ms": hi})
+    return {"pairs": pairs, "bins": bins}
+
+
+def pair_table(reader: StoreReader, window: Window, filters: Filters = Filters()) -> list[dict]:
+    """``pairs`` plus calls/day (the count scaled to 24 h of this window's rate)."""
+    days = max(window.seconds / 86400, 1e-9)
+    return [{**r, "calls_per_day": round(r["count"] / days, 1)} for r in pairs(reader, window, filters)]
+
+
+# -- exemplar traces -------------------------------------------------------------------
+EXEMPLAR_SCAN_LIMIT = 20_000  # raw spans examined at most for one exemplar query
+
+
+def _trace_summary(row: dict) -> dict:
+    return {
+        "trace_id": row["trace_id"],
+        "start_unix_nano": int(row["start_ns"]),
+        "duration_ms": _ms(row["duration_ns"]),
+        "root_service": row["root_service"],
+        "root_name": row["root_name"],
+        "input_type": row["input_type"],
+        "span_count": int(row["span_count"]),
+        "error": bool(row["error"]),
+    }
+
+
+def _unsettled_summary(reader: StoreReader, trace_id: str) -> dict | None:
+    detail = trace_detail(reader, trace_id)
+    if detail is None:
+        return None
+    start = min(s["start_unix_nano"] for s in detail["spans"])
+    return {"trace_id": trace_id, "start_unix_nano": start, "duration_ms": detail["duration_ms"],
+            "root_service": detail["root_service"], "root_name": detail["root_name"],
+            "input_type": detail["input_type"], "span_count": detail["span_count"],
+            "error": any(s["status"] == "ERROR" for s in detail["spans"])}
+
+
+def _records(rows: list[dict], with_attributes: bool) -> list[SpanRecord]:
+    out = []
+    for r in rows:
+        attrs = json.loads(r["attributes"]) if (with_attributes and r.get("attributes")) else {}
+        out.append(SpanRecord(r["trace_id"], r["span_id"], r["parent_span_id"], r["service"], r["name"],
+                              r["kind"], r["start_ns"], r["start_ns"] + r["duration_ns"], r["status"],
+                              attributes=attrs if isinstance(attrs, dict) else {}, stage=r["stage"]))
+    return out
+
+
+def _pair_of_candidates(reader: StoreReader, rows: list[dict]) -> dict[str, tuple[str, str]]:
+    """(trace_id/span_id) -> (caller, callee) for CLIENT span rows, as settling pairs them."""
+    kids = reader.callee_children((r["trace_id"], r["span_id"]) for r in rows)
+    by_parent: dict[tuple[str, str], list[dict]] = {}
+    for k in kids:
+        by_parent.setdefault((k["trace_id"], k["parent_span_id"]), []).append(k)
+    out = {}
+    for r in rows:
+        spans = _records([r], with_attributes=True) + _records(by_parent.get((r["trace_id"], r["span_id"]), []), False)
+        pair = service_pairs(spans).get(r["span_id"])
+        if pair:
+            out[r["trace_id"] + r["span_id"]] = pair
+    return out
+
+
+def exemplar_traces(reader: StoreReader, window: Window, filters: Filters = Filters(),
+                    min_ms: float | None = None, max_ms: float | None = None, limit: int = 20) -> list[dict]:
+    """Traces behind a drilldown band, slowest first (raw spans, not rollups).
+
+    The band bounds what ``subject_of(filters)`` measures: the call for a pair, the span
+    for a stage or service, the trace otherwise; rows are ordered by that duration, one
+    row per trace (its slowest matching span). Span-level rows add ``span_id``,
+    ``span_name``, ``span_service`` and ``span_ms`` to the API's trace fields.
+    """
+    min_ns = None if min_ms is None else int(math.floor(min_ms * 1e6))
+    max_ns = None if max_ms is None else int(math.ceil(max_ms * 1e6))
+    subject = subject_of(filters)
+    if subject == "trace":
+        rows = reader.slow_traces(window.start_ns, window.end_ns, input_type=filters.input_type,
+                                  min_ns=min_ns, max_ns=max_ns, limit=limit)
+        return [_trace_summary(r) for r in rows]
+
+    if subject == "pair":
+        sq = SpanQuery(window.start_ns, window.end_ns, kind=KIND_CLIENT, service=filters.caller,
+                       input_type=filters.input_type, min_ns=min_ns, max_ns=max_ns)
+    else:
+        sq = SpanQuery(window.start_ns, window.end_ns, service=filters.service, stage=filters.stage,
+                       input_type=filters.input_type, min_ns=min_ns, max_ns=max_ns)
+    found: dict[str, dict] = {}
+    page = max(200, limit * 10)
+    offset = 0
+    while len(found) < limit and offset < EXEMPLAR_SCAN_LIMIT:
+        rows = reader.slow_spans(SpanQuery(**{**sq.__dict__, "limit": page, "offset": offset}))
+        offset += len(rows)
+        rows = [r for r in rows if r["trace_id"] not in found]
+        if subject == "pair" and rows:
+            pairs_of = _pair_of_candidates(reader, rows)
+            keep = []
+            for r in rows:
+                pair = pairs_of.get(r["trace_id"] + r["span_id"])
+                if pair is None:
+                    continue
+                if filters.callee and pair[1] != filters.callee:
+                    continue
+                if filters.service and filters.service not in pair:
+                    continue
+                keep.append(r)
+            rows = keep
+        for r in rows:
+            if r["trace_id"] not in found and len(found) < limit:
+                found[r["trace_id"]] = r
+        if offset % page or offset == 0:  # a short page: nothing more to read
+            break
+    trace_rows = reader.trace_rows(found)
+    out = []
+    for tid, span in found.items():
+        tr = trace_rows.get(tid)
+        if tr is not None and tr["settled_ns"] is not None:
+            row = _trace_summary(tr)
+        else:
+            row = _unsettled_summary(reader, tid)
+            if row is None:
+                continue
+        row.update({"span_id": span["span_id"], "span_name": span["name"], "span_service": span["service"],
+                    "span_ms": _ms(span["duration_ns"])})
+        out.append(row)
+    return out
+
+
+# -- overview --------------------------------------------------------------------------
+def parse_baseline(text: str | None) -> dict[str, tuple[float, float]]:
+    """``text:320:410,image:1300:2100`` -> {input type: (P50 ms, P95 ms)}; the seed's table
+    for input types not named. Raises ValueError naming the bad entry."""
+    base = dict(SEED_BASELINE)
+    if not text:
+        return base
+    for entry in text.split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        parts = entry.split(":")
+        if len(parts) != 3:
+            raise ValueError(f"baseline entry {entry!r} must be input_type:p50_ms:p95_ms")
+        try:
+            p50, p95 = float(parts[1]), float(parts[2])
+        except ValueError:
+            raise ValueError(f"baseline entry {entry!r} must be input_type:p50_ms:p95_ms") from None
+        if not (math.isfinite(p50) and math.isfinite(p95) and p50 > 0 and p95 > 0):
+            raise ValueError(f"baseline entry {entry!r} needs positive numbers")
+        base[parts[0].strip()] = (p50, p95)
+    return base
+
+
+def overview_rows(reader: StoreReader, window: Window, filters: Filters = Filters(),
+                  baseline: dict[str, tuple[float, float]] | None = None,
+                  margin: float = DEFAULT_MARGIN) -> list[dict]:
+    """``input_types`` rows with the baseline, the P95 change and a regression mark.
+
+    A row regresses when its P95 is more than ``margin`` over the baseline P95 (the
+    ``baseline_regression`` rule of DESIGN.md); input types without a baseline are never
+    marked. Every baseline type appears, with no traffic if none was seen.
+    """
+    baseline = SEED_BASELINE if baseline is None else baseline
+    rows = {r["input_type"]: dict(r) for r in input_types(reader, window, filters)}
+    minutes = max(window.seconds / 60, 1e-9)
+    for it in baseline:
+        if filters.input_type and it != filters.input_type:
+            continue
+        rows.setdefault(it, {"input_type": it, "count": 0, "p50_ms": None, "p95_ms": None, "p99_ms": None,
+                             "bottleneck_stage": None, "error_rate": 0.0})
+    out = []
+    for it, r in rows.items():
+        b = baseline.get(it)
+        r["rate_per_min"] = round(r["count"] / minutes, 3)
+        r["baseline_p50_ms"], r["baseline_p95_ms"] = b if b else (None, None)
+        change = None
+        if b and r["p95_ms"] is not None:
+            change = r["p95_ms"] / b[1] - 1
+        r["p95_change"] = None if change is None else round(change, 4)
+        r["regression"] = bool(change is not None and change > margin)
+        out.append(r)
+    order = {t: i for i, t in enumerate(INPUT_TYPE_ORDER)}
+    out.sort(key=lambda r: (order.get(r["input_type"], 99), r["input_type"]))
+    return out
+
+
+def traffic_series(reader: StoreReader, window: Window, filters: Filters = Filters(),
+                   step_minutes: int = 1) -> list[dict]:
+    """Per input type and time step: requests per minute and P99 (``trace`` rollups)."""
+    from .params import rfc3339
+
+    f = Filters(service=filters.service, input_type=filters.input_type)
+    groups = reader.rollup_steps(RollupQuery("trace", window.start_ns, window.end_ns, f, ("input_type",)),
+                                 step_minutes)
+    out = []
+    for g in sorted(groups, key=lambda g: (g.key[-1], g.key[0])):
+        if g.count <= 0:
+            continue
+        p50, p99 = (_ms(v) for v in g.histogram.quantiles([0.5, 0.99]))
+        out.append({"t": rfc3339(g.key[-1] * 60_000_000_000), "input_type": g.key[0], "count": g.count,
+                    "rate_per_min": round(g.count / step_minutes, 3), "p50_ms": p50, "p99_ms": p99,
+                    "error_count": g.error_count})
+    return out
+
+
+# -- stages ----------------------------------------------------------------------------
+def stage_breakdown(reader: StoreReader, window: Window, filters: Filters = Filters()) -> dict:
+    """Per input type: each stage's per-trace time (self time summed over the trace's
+    spans in that stage) at P50 and P99, from the ``tstage`` rollups, and the trace's own
+    end-to-end P50/P99 for comparison. (Per-stage percentiles do not add up to the
+    trace's percentile; the end-to-end marker shows how far apart they are.)"""
+    f = Filters(service=filters.service, input_type=filters.input_type, stage=filters.stage)
+    groups = reader.rollups(RollupQuery("tstage", window.start_ns, window.end_ns, f, ("input_type", "stage")))
+    traces = reader.rollups(RollupQuery("trace", window.start_ns, window.end_ns,
+                                        Filters(service=filters.service, input_type=filters.input_type),
+                                        ("input_type",)))
+    order = {s: i for i, s in enumerate(STAGES)}
+    it_order = {t: i for i, t in enumerate(INPUT_TYPE_ORDER)}
+    rows = []
+    for g in groups:
+        if g.count <= 0:
+            continue
+        p50, p99 = (_ms(v) for v in g.histogram.quantiles([0.5, 0.99]))
+        rows.append({"input_type": g.key[0], "stage": g.key[1], "traces": g.count, "p50_ms": p50, "p99_ms": p99,
+                     "mean_ms": _ms(g.sum_ns / g.count), "total_ms": _ms(g.sum_ns)})
+    rows.sort(key=lambda r: (it_order.get(r["input_type"], 99), r["input_type"], order.get(r["stage"], 99)))
+    e2e = {}
+    for g in traces:
+        if g.count > 0:
+            p50, p99 = (_ms(v) for v in g.histogram.quantiles([0.5, 0.99]))
+            e2e[g.key[0]] = {"count": g.count, "p50_ms": p50, "p99_ms": p99}
+    return {"stages": rows, "traces": e2e}
+
+
+def stage_series(reader: StoreReader, window: Window, filters: Filters = Filters(),
+                 step_minutes: int = 1, q: float = 0.99) -> list[dict]:
+    """Per stage and time step: the ``q`` quantile of per-trace stage time (``tstage``)."""
+    from .params import rfc3339
+
+    f = Filters(service=filters.service, input_type=filters.input_type, stage=filters.stage)
+    groups = reader.rollup_steps(RollupQuery("tstage", window.start_ns, window.end_ns, f, ("stage",)), step_minutes)
+    out = []
+    for g in sorted(groups, key=lambda g: (g.key[-1], g.key[0])):
+        if g.count > 0:
+            out.append({"t": rfc3339(g.key[-1] * 60_000_000_000), "stage": g.key[0], "count": g.count,
+                        "value_ms": _ms(g.histogram.quantile(q))})
+    return out
+
+
+def vit_layers(reader: StoreReader, window: Window, filters: Filters = Filters()) -> list[dict]:
+    """ViT layer breakdown from spans carrying ``mm.layer`` (patch_embed/attention/mlp).
+
+    Which operations are layers is read from the newest raw spans of the window
+    (``StoreReader.attribute_ops``: a bounded scan); their counts, time and percentiles
+    come from the ``op`` rollups over the whole window. ``share`` is the layer's time over
+    the encoder stage's self time in the window (per DESIGN.md, ViT MLP ~36 %, attention ~18 %).
+    """
+    ops = reader.attribute_ops("mm.layer", window.start_ns, window.end_ns)
+    if filters.service:
+        ops = [o for o in ops if o[0] == filters.service]
+    if not ops:
+        return []
+    layer_of = {(s, n): str(v) for s, n, v in ops}
+    groups = reader.op_histograms(window.start_ns, window.end_ns, layer_of, input_type=filters.input_type)
+    from ..models.sketch import Histogram
+
+    merged: dict[str, list] = {}
+    for key, g in groups.items():
+        layer = layer_of[key]
+        m = merged.setdefault(layer, [0, 0, Histogram(), set()])
+        m[0] += g.count
+        m[1] += g.sum_ns
+        m[2].merge(g.histogram)
+        m[3].add(key[1])
+    enc = reader.rollups(RollupQuery("tstage", window.start_ns, window.end_ns,
+                                     Filters(service=None, input_type=filters.input_type, stage="encoder"), ()))
+    enc_total = sum(g.sum_ns for g in enc)
+    order = {n: i for i, n in enumerate(VIT_LAYERS)}
+    out = []
+    for layer, (count, total, hist, names) in merged.items():
+        if count <= 0:
+            continue
+        p50, p99 = (_ms(v) for v in hist.quantiles([0.5, 0.99]))
+        out.append({"layer": layer, "count": count, "total_ms": _ms(total), "mean_ms": _ms(total / count),
+                    "p50_ms": p50, "p99_ms": p99, "operations": sorted(names),
+                    "share": round(total / enc_total, 6) if enc_total else None})
+    out.sort(key=lambda r: (order.get(r["layer"], 99), r["layer"]))
+    return out
+
+
+# -- one trace -------------------------------------------------------------------------
+def trace_view(reader: StoreReader, trace_id: str, window: Window) -> dict | None:
+    """``trace_detail`` plus depth, critical path and each span's percentile rank against
+    its own operation (service, name) in the window, from the ``op`` rollups."""
+    detail = trace_detail(reader, trace_id)
+    if detail is None:
+        return None
+    spans = detail["spans"]
+    records = [SpanRecord(trace_id, s["span_id"], s["parent_span_id"], s["service"], s["name"], 0,
+                          s["start_unix_nano"], s["start_unix_nano"] + int(round(s["duration_ms"] * 1e6)), 0)
+               for s in spans]
+    on_path = set(critical_path(records))
+    ids = {s["span_id"] for s in spans}
+    parent = {s["span_id"]: s["parent_span_id"] for s in spans}
+    depth: dict[str, int] = {}
+
+    def depth_of(sid: str) -> int:
+        chain = []
+        while sid not in depth:
+            chain.append(sid)
+            p = parent.get(sid)
+            if not p or p not in ids or p in chain or len(chain) > 512:
+                depth[sid] = 0
+                break
+            sid = p
+        for c in reversed(chain):
+            if c not in depth:
+                depth[c] = depth[parent[c]] + 1
+        return depth[chain[0]] if chain else depth[sid]
+
+    for s in spans:
+        depth_of(s["span_id"])
+    groups = reader.op_histograms(window.start_ns, window.end_ns, {(s["service"], s["name"]) for s in spans})
+    for s in spans:
+        g = groups.get((s["service"], s["name"]))
+        s["depth"] = depth[s["span_id"]]
+        s["critical"] = s["span_id"] in on_path
+        s["rank"] = g.histogram.rank_of(s["duration_ms"] * 1e6) if g is not None and g.count > 0 else None
+        s["op_count"] = g.count if g is not None else 0
+    # Display order: depth-first from the roots, children by start time.
+    children: dict[str | None, list[dict]] = {}
+    for s in spans:
+        p = s["parent_span_id"] if s["parent_span_id"] in ids else None
+        children.setdefault(p, []).append(s)
+    ordered: list[dict] = []
+    stack = sorted(children.get(None, []), key=lambda s: (s["start_unix_nano"], s["span_id"]), reverse=True)
+    seen = set()
+    while stack:
+        s = stack.pop()
+        if s["span_id"] in seen:
+            continue
+        seen.add(s["span_id"])
+        ordered.append(s)
+        stack.extend(sorted(children.get(s["span_id"], []), key=lambda c: (c["start_unix_nano"], c["span_id"]),
+                            reverse=True))
+    ordered.extend(s for s in spans if s["span_id"] not in seen)  # cycles: shown, unindented
+    detail["spans"] = ordered
+    detail["start_unix_nano"] = min(s["start_unix_nano"] for s in spans)
+    detail["in_window"] = window.start_ns <= detail["start_unix_nano"] < window.end_ns
+    return detail
+
+
+def filter_options(reader: StoreReader) -> dict[str, list]:
+    """Values the filter pickers offer (every known series dimension value)."""
+    values = reader.series_values()
+    order = {s: i for i, s in enumerate(STAGES)}
+    it_order = {t: i for i, t in enumerate(INPUT_TYPE_ORDER)}
+    values["stages"] = sorted(set(values["stages"]) | set(STAGES), key=lambda s: (order.get(s, 99), s))
+    values["input_types"] = sorted(set(values["input_types"]) | set(INPUT_TYPE_ORDER),
+                                   key=lambda t: (it_order.get(t, 99), t))
+    return values

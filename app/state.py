@@ -19,6 +19,7 @@ from ..models.reader import Filters
 from .params import DEFAULT_RANGE, ParamError, Window, parse_filters, parse_window
 
 PRESETS = ("15m", "1h", "6h", "24h", "7d")
+DEFAULT_RANGE_LABEL = DEFAULT_RANGE
 TIME_KEYS = ("range", "start", "end")
 FILTER_KEYS = ("service", "caller", "callee", "stage", "input_type")
 # Page-specific selection: latency band, selected span, table sort, baseline.
@@ -56,6 +57,12 @@ def to_href(path: str, state: Mapping[str, Any]) -> str:
 
 def carried(state: Mapping[str, Any]) -> dict[str, str]:
     return {k: state[k] for k in CARRIED if state.get(k)}
+
+
+def num(value: float) -> str:
+    """A number for a URL: at most three decimals (microseconds, for milliseconds)."""
+    text = f"{value:.3f}".rstrip("0").rstrip(".")
+    return text or "0"
 
 
 def with_(state: Mapping[str, Any], **changes: Any) -> dict[str, str]:

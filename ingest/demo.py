@@ -93,6 +93,8 @@ LIVE_RATE = 2.0
 SPANS_PER_REQUEST = 4000
 
 LB_TIMEOUT_S = 30.0  # the load balancer's default timeout (the seed: 30 s / 60 s)
+LB_TRUNCATED_FRACTION = 0.04  # of multi-image requests in the truncation window
+HOT_SPOT_QUERY_S = 1.5  # median of the slow, uncached profile query in the hot-spot window
 SCOPE_NAME = "modalscope.demo"
 NAMESPACE = "mm-inference"
 
@@ -361,7 +363,7 @@ class _Plan:
                 "hot_spot", {"caller": "gateway", "callee": "userdb"}, *w("hot_spot"),
                 "gateway->userdb: profile-cache misses fall through to an uncached, slow profile "
                 "query (lock contention): the busiest pair gets a P99 in the seconds",
-                {"slow_query_p50_ms": 900},
+                {"slow_query_p50_ms": HOT_SPOT_QUERY_S * 1000},
             ),
             InjectedPattern(
                 "cache_penetration",
@@ -409,9 +411,10 @@ class _Plan:
             InjectedPattern(
                 "lb_timeout_truncation", {"service": "gateway", "input_type": "multi_image"},
                 *w("lb_timeout_truncation"),
-                "~2.5% of multi-image requests (6-8 images) need 34-50 s; the load balancer's 30 s "
-                "timeout cuts them: root spans end just under 30 s with errors (504)",
-                {"ceiling_s": LB_TIMEOUT_S, "fraction": 0.025},
+                "~4% of multi-image requests (6-8 images) need 34-50 s; the load balancer's 30 s "
+                "timeout cuts them: root spans end just under 30 s with errors (504). (They also lift "
+                "the window's multi-image P95 past its SLO.)",
+                {"ceiling_s": LB_TIMEOUT_S, "fraction": LB_TRUNCATED_FRACTION},
             ),
             InjectedPattern(
                 "preprocessing_bound", {"input_type": "multi_image", "stage": "preprocessing"},
@@ -649,31 +652,35 @@ class _Factory:
 
         # End-to-end latency, from the seed's distribution.
         T = math.exp(profile.mu + profile.sigma * rng.gauss(0.0, 1.0))
-        if itype == "multi_image" and on("lb_timeout_truncation", t_ns) and rng.random() < 0.025:
+        if itype == "multi_image" and on("lb_timeout_truncation", t_ns) and rng.random() < LB_TRUNCATED_FRACTION:
             images = rng.choice((6, 7, 8))
             T = rng.uniform(34.0, 50.0)
             truncate_at = LB_TIMEOUT_S - rng.uniform(0.005, 0.1)
 
-        prompt_chars = {
-            "text": lambda: int(_lognorm(rng, 800, 0.3)),
-            "image": lambda: rng.randrange(12, 100),
-            "multi_image": lambda: rng.randrange(301, 1200),
-            "audio": lambda: rng.randrange(0, 200),
-        }[itype]()
+        # Prompt length: ~200 tokens of text; <100 characters with one image; >300 with two.
+        if itype == "text":
+            prompt_chars = int(_lognorm(rng, 800, 0.3))
+        elif itype == "image":
+            prompt_chars = rng.randrange(12, 100)
+        elif itype == "multi_image":
+            prompt_chars = rng.randrange(301, 1200)
+        else:
+            prompt_chars = rng.randrange(0, 200)
 
         # Side calls (their own latency distributions).
         g0 = rng.uniform(0.0004, 0.0015)
         g1 = rng.uniform(0.0005, 0.002)
         gaps = [rng.uniform(0.00005, 0.0003) for _ in range(8)]
         auth_d = _lognorm(rng, 0.0025, 0.35) + 0.0012
-        session_d = _lognorm(rng, 0.0065, 0.7)
-        quota_d = _lognorm(rng, 0.0065, 0.7)
+        session_d = _lognorm(rng, 0.0075, 1.1)
+        quota_d = _lognorm(rng, 0.0075, 1.1)
         cache_d = _lognorm(rng, 0.0009, 0.4)
         hit = rng.random() < (0.08 if tier == "bronze" and on("cache_penetration", t_ns) else CACHE_HIT[tier])
         profile_d = 0.0 if hit else _lognorm(rng, 0.045, 0.5)
-        side = g0 + g1 + sum(gaps) + auth_d + session_d + quota_d + cache_d + profile_d
+        side = (g0 + g1 + auth_d + session_d + quota_d + cache_d + gaps[0] + gaps[1] + gaps[2] + gaps[4]
+                + gaps[5] + (gaps[6] if itype == "text" else gaps[7]) + (0.0 if hit else profile_d + gaps[3]))
         if not hit and on("hot_spot", t_ns):
-            profile_d = _lognorm(rng, 0.9, 0.55)  # added on top: users wait for it
+            profile_d = _lognorm(rng, HOT_SPOT_QUERY_S, 0.5)  # added on top: users wait for it
         R = max(T - side, 0.35 * T)
 
         # The pipeline's part, split by the type's shares with jitter (R is kept exactly).
@@ -716,91 +723,68 @@ class _Factory:
                       [KeyValue(key="mm.prompt_chars", value=AnyValue(int_value=prompt_chars))]))
         sequence(psid, "preprocessor", p0, p1, parts, 0.04)
         t += pre_d + gaps[5]
-        enc_start = t
 
         batch_fail = on("batching_failure", t_ns)
         sync_fail = on("fusion_sync_wait", t_ns)
-        vision_end = text_end = audio_end = None
-        errors: list[tuple[float, str, str]] = []  # (cut time, service, message)
+        vis_pod = None
+        errors: list[tuple[float, str, str]] = []  # (cut time, failing service, message)
 
         # -- encoders -------------------------------------------------------------------
         if itype == "text":
             tenc_d = seg["tenc"]
             _, tsid, s0, s1 = call("gateway", "text-encoder", _M_TEXT, root, t, tenc_d)
             sequence(tsid, "text-encoder", s0, s1, [("text_encoder.forward", 1.0, self._tenc_attrs(rng, load))], 0.05)
-            text_end = t + tenc_d
-            t = text_end + gaps[6]
+            t += tenc_d + gaps[6]
         else:
-            # The encoder on the critical path and its duration.
-            if images and itype != "audio":
-                decode_f = 1.0
-                if on("preprocessing_bound", t_ns):
-                    decode_f = 3.0
-                vis_parts, vis_d, vis_pod, stall = self._vision_parts(rng, seg, images, load, batch_fail, t_ns)
-                long_d = vis_d
-            else:  # audio
+            # The encoder on the critical path (vision, or audio) and its duration.
+            stall = 0.0
+            if itype == "audio":
                 long_d = seg["aenc"]
+            else:
+                vis_parts, vis_d, vis_pod, stall = self._vision_parts(rng, seg, images, load, batch_fail, t_ns)
+                long_d = vis_d + stall
             if sync_fail:
-                long_d *= 1.12  # the encoders now contend for PCIe / L2 (the seed's 82% / 79%)
+                long_d *= 1.12  # encoders running at once contend for PCIe / L2 (the seed: 82% / 79%)
             last_end = t + long_d
             modalities = 1 + (1 if images else 0) + (1 if audio else 0)  # + text
             spread = max(0.002, rng.gauss(SYNC_SPREAD_S[min(modalities, 3)], 0.004))
-            # Text encoder: launched just in time to finish ~spread before the last one;
-            # with the sync problem it starts with the others and finishes far earlier.
+            # The text encoder is launched just in time to finish ~spread before the last
+            # encoder; with the sync problem it starts with the others and finishes early.
             tenc_d = tenc_par
             if sync_fail:
                 tenc_start = t
-                spread = max(last_end - (t + tenc_d), 0.12 + rng.random() * 0.33)
-                tenc_d = max(0.005, last_end - spread - t)
+                spread = max(long_d - tenc_d, 0.12 + rng.random() * 0.33)
+                tenc_d = max(0.004, long_d - spread)
             else:
                 tenc_start = max(t, last_end - spread - tenc_d)
-            text_end = tenc_start + tenc_d
             _, tsid, s0, s1 = call("gateway", "text-encoder", _M_TEXT, root, tenc_start, tenc_d)
             sequence(tsid, "text-encoder", s0, s1, [("text_encoder.forward", 1.0, self._tenc_attrs(rng, load))], 0.05)
-            ends = [text_end]
+            first_end = tenc_start + tenc_d
 
             if itype == "audio":
                 _, asid, s0, s1 = call("gateway", "audio-encoder", _M_AUDIO, root, t, long_d)
                 sequence(asid, "audio-encoder", s0, s1,
-                         [("audio_encoder.forward", 1.0, self._gpu_attrs(rng, "audio", load, False))], 0.06)
-                audio_end = last_end
-                ends.append(audio_end)
+                         [("audio_encoder.forward", 1.0, self._gpu_attrs(rng, "audio", load))], 0.06)
                 if images:  # a picture with the recording: vision in parallel, shorter
-                    vis_d = long_d * rng.uniform(0.5, 0.8)
-                    v_end = last_end - (spread * rng.uniform(0.2, 0.8) if not sync_fail else spread * 0.5)
-                    vparts = self._vision_layout(rng, images, 1.0, load, batch_fail, decode_scale=1.0)
-                    _, vsid, s0, s1 = call("gateway", "vision-encoder", _M_VISION, root, v_end - vis_d, vis_d)
-                    self._emit_vision(span, vsid, s0, s1, vparts, 0.0)
-                    vision_end = v_end
-                    ends.append(vision_end)
+                    v_d = long_d * rng.uniform(0.5, 0.8)
+                    v_end = last_end - spread * rng.uniform(0.2, 0.8)
+                    v_parts = self._vision_layout(rng, images, load, batch_fail)
+                    _, vsid, s0, s1 = call("gateway", "vision-encoder", _M_VISION, root, v_end - v_d, v_d)
+                    self._emit_vision(span, vsid, s0, s1, v_parts, 0.0)
             else:
-                if sync_fail:
-                    vis_d = long_d
-                _, vsid, s0, s1 = call("gateway", "vision-encoder", _M_VISION, root, t, vis_d + stall,
-                                       server_extra=())
+                _, vsid, s0, s1 = call("gateway", "vision-encoder", _M_VISION, root, t, long_d)
                 self._emit_vision(span, vsid, s0, s1, vis_parts, stall)
-                vision_end = t + vis_d + stall
-                last_end = vision_end
-                ends.append(vision_end)
                 if rng.random() < ERROR_RATES["vision"]:
-                    cut = t + rng.uniform(0.02, 0.3) * vis_d
-                    errors.append((cut, "vision-encoder", "UNAVAILABLE: GPU worker restarting"))
+                    errors.append((t + rng.uniform(0.02, 0.3) * long_d, "vision-encoder",
+                                   "UNAVAILABLE: GPU worker restarting"))
 
-            first_end = min(ends)
-            last_end = max(ends)
             # Fusion: starts when the first encoder returns, waits for the rest, then aligns.
             f_start = first_end + gaps[6]
             f_end = last_end + seg["fusion"]
             _, fsid, s0, s1 = call("gateway", "fusion", _M_FUSION, root, f_start, f_end - f_start)
             sync_end = max(s0, min(last_end + rng.uniform(0.0003, 0.0012), s1))
-            span("fusion", fsid, "fusion.sync_wait", KIND_INTERNAL, s0, sync_end,
-                 [_kv("mm.modalities", modalities)])
-            fusion_parts = [
-                ("fusion.align", 0.25, _A_FUSION),
-                ("fusion.cross_attn", 0.45, _A_FUSION),
-                ("fusion.memcpy", 0.22, _A_FUSION),
-            ]
-            sequence(fsid, "fusion", sync_end, s1, fusion_parts, 0.08)
+            span("fusion", fsid, "fusion.sync_wait", KIND_INTERNAL, s0, sync_end, [_kv("mm.modalities", modalities)])
+            sequence(fsid, "fusion", sync_end, s1, _FUSION_PARTS, 0.08)
             t = f_end + gaps[7]
 
         # -- LLM, with billing beside it ----------------------------------------------
@@ -863,31 +847,30 @@ class _Factory:
 
     # -- vision encoder -------------------------------------------------------------
     def _vision_parts(self, rng, seg, images, load, batch_fail, t_ns):
-        """Durations of the vision call's children; returns (parts, duration, pod, stall)."""
+        """The vision call's children; returns (parts, duration, pod, stall)."""
         pod = self._instance("vision-encoder", t_ns, rng)
         decode_scale = 1.0
         if self._on("preprocessing_bound", t_ns):
             decode_scale = 6.0 if pod == self.plan.slow_vision_pod else 3.0
-        vit_scale = 1.35 if batch_fail else 1.0
-        parts = self._vision_layout(rng, images, 1.0, load, batch_fail, decode_scale, seg=seg, vit_scale=vit_scale)
-        dur = sum(p[1] for p in parts) / 0.985  # 1.5% the server's own time
+        parts = self._vision_layout(rng, images, load, batch_fail, seg, decode_scale,
+                                    vit_scale=1.35 if batch_fail else 1.0)
         stall = 0.0
         if self._on("p99_band_break", t_ns) and rng.random() < 0.03:
             stall = rng.uniform(7.0, 14.0)
-        return parts, dur, pod, stall
+        return parts, sum(p[1] for p in parts), pod, stall
 
-    def _vision_layout(self, rng, images, scale, load, batch_fail, decode_scale=1.0, seg=None, vit_scale=1.0):
-        """[(name, duration, attrs, children)] of the vision encoder's work."""
-        if seg is None:  # durations are relative weights (scaled by the caller)
-            seg = {"decode": 0.22, "resize": 0.07, "normalize": 0.06, "vit": 0.30}
+    def _vision_layout(self, rng, images, load, batch_fail, seg=None, decode_scale=1.0, vit_scale=1.0):
+        """[(name, duration, attrs, layers)] of the vision encoder's work: per image
+        decode, resize, normalize (CPU, one after another), then one batched ViT forward."""
+        if seg is None:  # relative weights only (the caller scales them)
+            seg = _VISION_WEIGHTS
         parts = []
         split = [math.exp(0.15 * rng.gauss(0.0, 1.0)) for _ in range(images)]
         total = sum(split)
-        img_attrs = [_kv("mm.modality", "vision")] if False else []
         for i in range(images):
             f = split[i] / total
-            attrs = [_kv("mm.image.index", i)]
-            parts.append(("image.decode", seg["decode"] * f * decode_scale, attrs + [_kv("image.format", "jpeg")], None))
+            attrs = _IMAGE_ATTRS[min(i, len(_IMAGE_ATTRS) - 1)]
+            parts.append(("image.decode", seg["decode"] * f * decode_scale, attrs, None))
             parts.append(("image.resize", seg["resize"] * f, attrs, None))
             parts.append(("image.normalize", seg["normalize"] * f, attrs, None))
         batch = 1 if batch_fail else self._vision_batch(rng, load)
@@ -895,7 +878,6 @@ class _Factory:
         vit_attrs = [_kv("mm.modality", "vision"), _kv("batch.size", batch),
                      _kv("gpu.cuda_graph", "fallback" if fallback else "captured"), _kv("mm.image_count", images)]
         parts.append(("vit.forward", seg["vit"] * vit_scale, vit_attrs, VIT_LAYERS))
-        del img_attrs
         return parts
 
     @staticmethod
@@ -932,8 +914,8 @@ class _Factory:
         return [_kv("mm.modality", "text"), _kv("batch.size", max(1, min(32, int(round(rng.gauss(4.0 * load, 1.5))))))]
 
     @staticmethod
-    def _gpu_attrs(rng, modality, load, fallback):
-        fb = fallback or rng.random() < BASELINE_FALLBACK_RATE
+    def _gpu_attrs(rng, modality, load):
+        fb = rng.random() < BASELINE_FALLBACK_RATE
         return [_kv("mm.modality", modality), _kv("batch.size", max(1, min(16, int(round(rng.gauss(2.0 + 2.0 * load, 1.0)))))),
                 _kv("gpu.cuda_graph", "fallback" if fb else "captured")]
 
@@ -965,7 +947,7 @@ class _Factory:
                     s[_END] = cut
                 if mark_all or s[_SID] in chain:
                     s[_STATUS] = STATUS_ERROR
-                    s[_MSG] = message
+                    s[_MSG] = message if (s[_PARENT] is None or not mark_all) else "CANCELLED: " + message
                     if s[_PARENT] is None:
                         s[_ATTRS] = [a for a in s[_ATTRS] if a.key != "http.response.status_code"] + [
                             _kv("http.response.status_code", http_status), _kv("error.type", str(http_status))]
@@ -1022,7 +1004,9 @@ _DB_SESSION = _db("SELECT", "sessions")
 _DB_PROFILE = _db("SELECT", "user_profile")
 _DB_QUOTA = _db("SELECT", "quota")
 _A_AUDIO = [_kv("mm.audio_count", 1)]
-_A_FUSION = [_kv("mm.stage_hint", "fusion")] if False else []
+_FUSION_PARTS = (("fusion.align", 0.25, []), ("fusion.cross_attn", 0.45, []), ("fusion.memcpy", 0.22, []))
+_VISION_WEIGHTS = {"decode": 0.22, "resize": 0.07, "normalize": 0.06, "vit": 0.30}
+_IMAGE_ATTRS = [[_kv("mm.image.index", i), _kv("image.format", "jpeg")] for i in range(8)]
 _LAYER_ATTRS = {layer: [_kv("mm.layer", layer), _kv("mm.modality", "vision")] for layer, _ in VIT_LAYERS}
 
 

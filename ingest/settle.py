@@ -308,44 +308,47 @@ def load_trace_rows(conn: Connection, trace_ids: Sequence[str]) -> list[tuple]:
     return rows
 
 
-def settle_batch(conn: Connection, trace_ids: Sequence[str] | None, *, due_before_ns: int | None,
-                 limit: int, now_ns: int, registry: SeriesRegistry) -> tuple[int, dict]:
-    """Settle up to ``limit`` pending traces inside the caller's transaction."""
-    q = select(Trace.trace_id, Trace.contributions).where(Trace.pending.is_(True))
+def _claim_query(trace_ids: Sequence[str] | None, due_before_ns: int | None, limit: int, lock: bool):
+    q = select(Trace.trace_id, Trace.version, Trace.contributions).where(Trace.pending.is_(True))
     if trace_ids is not None:
         q = q.where(Trace.trace_id.in_(list(trace_ids)))
     if due_before_ns is not None:
         q = q.where(Trace.last_seen_ns <= due_before_ns)
     q = q.order_by(Trace.last_seen_ns).limit(limit)
-    if supports_skip_locked(conn):
-        q = q.with_for_update(skip_locked=True)
-    rows = conn.execute(q).all()
-    if not rows:
-        return 0, {}
-    ids = [r[0] for r in rows]
-    old_parts = [_unpack(r[1]) for r in rows if r[1]]
+    return q.with_for_update(skip_locked=True) if lock else q
 
-    summary = summarize_rows(load_trace_rows(conn, ids))
-    resolved = registry.resolve(conn, summary.keys)
-    series_of_key = np.array([resolved[k] for k in summary.keys], dtype=np.int64)
-    new_all = np.zeros(len(summary.c_trace), dtype=CONTRIB_DTYPE)
-    new_all["series"] = series_of_key[summary.c_key] if len(summary.keys) else 0
-    new_all["minute"] = summary.c_minute
-    new_all["value"] = summary.c_value
-    new_all["err"] = summary.c_err
+
+def _apply_summary(conn: Connection, summary, claimed: dict[str, bytes | None], now_ns: int,
+                   registry: SeriesRegistry) -> dict:
+    """Write the settled state of the ``claimed`` traces: rollup deltas and trace rows."""
+    index = {tid: i for i, tid in enumerate(summary.trace_ids)}
+    keep_idx = np.array(sorted(index[t] for t in claimed if t in index), dtype=np.int64)
+    mask = np.isin(summary.c_trace, keep_idx)
+    used_keys = sorted(set(summary.c_key[mask].tolist()))
+    resolved = registry.resolve(conn, [summary.keys[k] for k in used_keys])
+    series_of_key = np.zeros(len(summary.keys), dtype=np.int64)
+    for k in used_keys:
+        series_of_key[k] = resolved[summary.keys[k]]
+    c_trace = summary.c_trace[mask]
+    new_all = np.zeros(len(c_trace), dtype=CONTRIB_DTYPE)
+    new_all["series"] = series_of_key[summary.c_key[mask]]
+    new_all["minute"] = summary.c_minute[mask]
+    new_all["value"] = summary.c_value[mask]
+    new_all["err"] = summary.c_err[mask]
     # One blob a trace: its contributions, so a later re-settle can take them back.
-    order = np.argsort(summary.c_trace, kind="stable")
-    bounds = np.searchsorted(summary.c_trace[order], np.arange(len(summary.trace_ids) + 1))
+    order = np.argsort(c_trace, kind="stable")
+    bounds = np.searchsorted(c_trace[order], np.arange(len(summary.trace_ids) + 1))
     sorted_contribs = new_all[order]
-    new_blobs = {tid: sorted_contribs[bounds[t]:bounds[t + 1]].tobytes()
-                 for t, tid in enumerate(summary.trace_ids)}
+    new_blobs = {summary.trace_ids[t]: sorted_contribs[bounds[t]:bounds[t + 1]].tobytes()
+                 for t in keep_idx.tolist()}
 
+    old_parts = [_unpack(b) for b in claimed.values() if b]
     old_all = np.concatenate(old_parts) if old_parts else np.zeros(0, CONTRIB_DTYPE)
     both = np.concatenate([old_all, new_all])
     signs = np.concatenate([-np.ones(len(old_all)), np.ones(len(new_all))])
     apply_contributions(conn, both["series"], both["minute"], both["value"], both["err"].astype(np.float64), signs)
 
-    if summary.trace_ids:
+    if len(keep_idx):
         t = Trace.__table__
         conn.execute(
             t.update().where(t.c.trace_id == bindparam("b_trace_id")).values(
@@ -355,16 +358,59 @@ def settle_batch(conn: Connection, trace_ids: Sequence[str] | None, *, due_befor
                 input_type=bindparam("input_type"), pending=False, settled_ns=now_ns,
                 contributions=bindparam("contributions"),
             ),
-            [{"b_trace_id": tid, "root_service": summary.root_service[i], "root_name": summary.root_name[i],
-              "start_ns": int(summary.start_ns[i]), "duration_ns": int(summary.duration_ns[i]),
-              "span_count": int(summary.span_count[i]), "error": bool(summary.error[i]),
-              "input_type": summary.input_type[i], "contributions": new_blobs[tid]}
-             for i, tid in enumerate(summary.trace_ids)],
+            [{"b_trace_id": summary.trace_ids[i], "root_service": summary.root_service[i],
+              "root_name": summary.root_name[i], "start_ns": int(summary.start_ns[i]),
+              "duration_ns": int(summary.duration_ns[i]), "span_count": int(summary.span_count[i]),
+              "error": bool(summary.error[i]), "input_type": summary.input_type[i],
+              "contributions": new_blobs[summary.trace_ids[i]]}
+             for i in keep_idx.tolist()],
         )
-    empty = sorted(set(ids) - set(summary.trace_ids))
+    empty = sorted(t for t in claimed if t not in index)
     if empty:  # a trace row whose spans were all deleted by retention
         conn.execute(delete(Trace).where(Trace.trace_id.in_(empty)))
-    return len(ids), resolved
+    return resolved
+
+
+def settle_batch(conn: Connection, trace_ids: Sequence[str] | None, *, due_before_ns: int | None,
+                 limit: int, now_ns: int, registry: SeriesRegistry) -> tuple[int, dict]:
+    """Settle up to ``limit`` pending traces inside the caller's transaction.
+
+    PostgreSQL: trace rows are claimed with FOR UPDATE SKIP LOCKED, so concurrent settlers
+    take different traces and receivers wait only on the traces being settled.
+    """
+    rows = conn.execute(_claim_query(trace_ids, due_before_ns, limit, supports_skip_locked(conn))).all()
+    if not rows:
+        return 0, {}
+    claimed = {r[0]: r[2] for r in rows}
+    summary = summarize_rows(load_trace_rows(conn, list(claimed)))
+    return len(claimed), _apply_summary(conn, summary, claimed, now_ns, registry)
+
+
+def settle_batch_optimistic(engine: Engine, trace_ids: Sequence[str] | None, *, due_before_ns: int | None,
+                            limit: int, now_ns: int, registry: SeriesRegistry) -> tuple[int, dict]:
+    """SQLite: read and compute outside the write lock, then write in a short transaction.
+
+    SQLite has one write lock for the whole database; holding it while reading spans and
+    computing would stall every receiver. A trace that gained a span between the read and
+    the write (its ``version`` moved) is left pending for the next pass.
+    """
+    with engine.connect() as conn:
+        conn = conn.execution_options(modalscope_deferred=True)
+        with conn.begin():
+            rows = conn.execute(_claim_query(trace_ids, due_before_ns, limit, False)).all()
+            if not rows:
+                return 0, {}
+            seen = {r[0]: r[1] for r in rows}
+            data = load_trace_rows(conn, list(seen))
+    summary = summarize_rows(data)
+    with engine.begin() as conn:
+        current = conn.execute(
+            select(Trace.trace_id, Trace.version, Trace.pending, Trace.contributions)
+            .where(Trace.trace_id.in_(list(seen)))
+        ).all()
+        claimed = {tid: blob for tid, version, pending, blob in current if pending and version == seen[tid]}
+        resolved = _apply_summary(conn, summary, claimed, now_ns, registry) if claimed else {}
+    return len(claimed), resolved
 
 
 def settle(engine: Engine, *, settle_seconds: float = 5.0, trace_ids: Sequence[str] | None = None,
@@ -388,9 +434,13 @@ def settle(engine: Engine, *, settle_seconds: float = 5.0, trace_ids: Sequence[s
             chunk, ids = ids[:limit], ids[limit:]
         for attempt in range(5):
             try:
-                with engine.begin() as conn:
-                    n, resolved = settle_batch(conn, chunk, due_before_ns=due, limit=limit,
-                                               now_ns=now, registry=registry)
+                if engine.dialect.name == "sqlite":
+                    n, resolved = settle_batch_optimistic(engine, chunk, due_before_ns=due, limit=limit,
+                                                          now_ns=now, registry=registry)
+                else:
+                    with engine.begin() as conn:
+                        n, resolved = settle_batch(conn, chunk, due_before_ns=due, limit=limit,
+                                                   now_ns=now, registry=registry)
                 registry.remember(resolved)
                 break
             except (IntegrityError, DBAPIError) as exc:

@@ -89,6 +89,9 @@ class Trace(Base):
     # the rollups once it has been idle MODALSCOPE_SETTLE_SECONDS and clears pending.
     pending: Mapped[bool] = mapped_column(Boolean, default=True)
     last_seen_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Bumped by every write that adds spans: a settler that read the trace at another
+    # version knows its result is stale.
+    version: Mapped[int] = mapped_column(BigInteger, default=0)
     settled_ns: Mapped[int | None] = mapped_column(BigInteger)
     # Exactly what the last settle added to the rollups, so a late span's re-settle can
     # subtract it: packed (series_id, minute, value_ns, error) records.

@@ -68,6 +68,13 @@ def mark_traces_pending(conn: Connection, trace_ids: list[str], now_ns: int) -> 
     """Create or re-open trace rows: pending, last seen now."""
     from . import Trace
 
-    rows = [{"trace_id": t, "pending": True, "last_seen_ns": now_ns, "start_ns": 0, "duration_ns": 0,
-             "span_count": 0, "error": False, "input_type": "unknown"} for t in trace_ids]
-    conn.execute(upsert(conn, Trace.__table__, ["trace_id"], ["pending", "last_seen_ns"]), rows)
+    table = Trace.__table__
+    rows = [{"trace_id": t, "pending": True, "last_seen_ns": now_ns, "version": 1, "start_ns": 0,
+             "duration_ns": 0, "span_count": 0, "error": False, "input_type": "unknown"} for t in trace_ids]
+    stmt = _insert_for(conn)(table)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["trace_id"],
+        set_={"pending": stmt.excluded.pending, "last_seen_ns": stmt.excluded.last_seen_ns,
+              "version": table.c.version + 1},
+    )
+    conn.execute(stmt, rows)

@@ -85,7 +85,9 @@ def _configure_sqlite(engine: Engine, *, immediate: bool) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn):
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        # A write engine's connection may still ask for a read-only (deferred) transaction.
+        deferred = conn.get_execution_options().get("modalscope_deferred", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate and not deferred else "BEGIN")
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker:

@@ -76,6 +76,7 @@ def upgrade() -> None:
     sa.Column('input_type', sa.String(length=16), nullable=False),
     sa.Column('pending', sa.Boolean(), nullable=False),
     sa.Column('last_seen_ns', sa.BigInteger(), nullable=False),
+    sa.Column('version', sa.BigInteger(), nullable=False),
     sa.Column('settled_ns', sa.BigInteger(), nullable=True),
     sa.Column('contributions', sa.LargeBinary(), nullable=True),
     sa.PrimaryKeyConstraint('trace_id', name=op.f('pk_traces'))

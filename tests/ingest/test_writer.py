@@ -178,3 +178,34 @@ def test_concurrent_writers_and_settlers_count_every_span_once(engine, db_url, t
     assert sum(v[0] for k, v in got["rollups"].items() if k[0] == "trace") == len(traces)
     assert sum(v[0] for k, v in got["rollups"].items() if k[0] == "pair") == len(traces)
     assert all(not v[-1] for v in got["traces"].values())  # nothing left pending
+
+
+def test_sqlite_settle_leaves_a_trace_that_changed_mid_settle_pending(tmp_path, monkeypatch):
+    """SQLite settles outside the write lock; a span arriving meanwhile must not be lost.
+
+    (SQLite only: PostgreSQL claims trace rows with FOR UPDATE SKIP LOCKED instead.)"""
+    import modalscope.ingest.settle as settle_mod
+    from modalscope.models.engine import make_engine
+    from modalscope.models.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'mid.db'}"
+    upgrade(url)
+    engine = make_engine(url, write=True)
+
+    spans = _traces(1)[0]
+    write_spans(engine, spans[:-1])
+    real = settle_mod.summarize_rows
+    fired = []
+
+    def summarize_then_late_span(rows):
+        if not fired:
+            fired.append(True)
+            write_spans(engine, spans[-1:])  # arrives between the read and the write
+        return real(rows)
+
+    monkeypatch.setattr(settle_mod, "summarize_rows", summarize_then_late_span)
+    assert settle(engine, force=True, max_batches=1) == 0
+    assert snapshot(engine)["traces"][spans[0].trace_id][-1] is True  # still pending
+    assert settle(engine, force=True) == 1
+    snap = snapshot(engine)
+    assert sum(v[0] for k, v in snap["rollups"].items() if k[0] == "op") == len(spans)

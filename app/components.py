@@ -1,0 +1,296 @@
+"""The shell every page shares: navigation, the time/filter toolbar, empty states, tables.
+
+Layout builders are plain functions; the callbacks that serve the shell (nav links that
+keep the window and filters, the toolbar writing the URL, the filter pickers' options)
+are registered by :func:`register_callbacks`, which ``create_app`` calls once per app.
+Everything here renders untrusted text as Dash text children (React escapes them),
+never as Markdown or raw HTML.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Mapping, Sequence
+
+import dash
+from dash import Input, Output, State, ctx, dcc, html, no_update
+
+from . import ids
+from . import state as st
+from .params import ParamError, parse_time, rfc3339
+
+NAV_ITEMS = (  # (path, label, link id)
+    ("/", "Overview", ids.NAV_LINKS["/"]),
+    ("/pairs", "Service pairs", ids.NAV_LINKS["/pairs"]),
+    ("/drilldown", "Drilldown", ids.NAV_LINKS["/drilldown"]),
+    ("/trace", "Trace", ids.NAV_LINKS["/trace"]),
+    ("/stages", "Stages", ids.NAV_LINKS["/stages"]),
+)
+EMPTY_HINT = ["send OTLP to ", html.Code(":4318"), " (or gRPC ", html.Code(":4317"), ") or run ",
+              html.Code("modalscope demo"), "."]
+
+
+def reader():
+    from flask import current_app
+
+    return current_app.extensions["modalscope"]["reader"]
+
+
+# -- shell -----------------------------------------------------------------------------
+def shell() -> html.Div:
+    return html.Div(className="ms-app", children=[
+        dcc.Location(id=ids.URL, refresh="callback-nav"),
+        html.Header(className="ms-header", children=[
+            dcc.Link(className="ms-brand", href="/", children=[html.Span("◆", className="ms-logo"), "modalscope"]),
+            html.Nav(id=ids.NAV, className="ms-nav", children=[
+                dcc.Link(label, id=link_id, href=path, className="ms-nav-link") for path, label, link_id in NAV_ITEMS
+            ]),
+        ]),
+        html.Main(className="ms-main", children=[dash.page_container]),
+    ])
+
+
+# -- small pieces ----------------------------------------------------------------------
+def empty_state(title: str, *hint: Any, id: str | None = None) -> html.Div:
+    kw = {"id": id} if id else {}
+    return html.Div(className="ms-empty", children=[html.Div(title, className="ms-empty-title"),
+                                                    html.Div(list(hint), className="ms-empty-hint")], **kw)
+
+
+def no_data(what: str = "spans") -> html.Div:
+    return empty_state(f"No {what} in this window.", "Widen the time range, clear filters, or ", *EMPTY_HINT)
+
+
+def banner(text: str | None, kind: str = "error") -> html.Div | None:
+    return html.Div(text, className=f"ms-banner ms-banner-{kind}", role="alert") if text else None
+
+
+def text_table(columns: Sequence[tuple[str, str]], rows: Iterable[Mapping[str, Any]], *,
+               row_class=None, id: str | None = None, className: str = "ms-table") -> html.Table:
+    """An HTML table of text cells: ``columns`` = [(key, header)]; a cell may also be a component."""
+    head = html.Thead(html.Tr([html.Th(h, className=f"col-{k}") for k, h in columns]))
+    body = []
+    for r in rows:
+        cells = []
+        for k, _ in columns:
+            v = r.get(k)
+            cells.append(html.Td(v if v is None or hasattr(v, "to_plotly_json") or isinstance(v, list)
+                                 else str(v), className=f"col-{k}"))
+        cls = row_class(r) if row_class else None
+        body.append(html.Tr(cells, className=cls) if cls else html.Tr(cells))
+    kw = {"id": id} if id else {}
+    return html.Table([head, html.Tbody(body)], className=className, **kw)
+
+
+def panel(title: str, *children: Any, id: str | None = None, className: str = "", actions=None) -> html.Section:
+    kw = {"id": id} if id else {}
+    head = [html.H2(title, className="ms-panel-title")]
+    if actions:
+        head.append(html.Div(actions, className="ms-panel-actions"))
+    return html.Section(className=f"ms-panel {className}".strip(), children=[html.Div(head, className="ms-panel-head"),
+                                                                              *children], **kw)
+
+
+def loading(*children: Any) -> dcc.Loading:
+    return dcc.Loading(type="default", delay_show=250, color="#2563eb", children=list(children))
+
+
+def graph(component_id: str, **kw) -> dcc.Graph:
+    config = {"displaylogo": False, "responsive": True,
+              "modeBarButtonsToRemove": ["lasso2d", "autoScale2d", "toImage"]}
+    config.update(kw.pop("config", {}))
+    return dcc.Graph(id=component_id, config=config, className="ms-graph", **kw)
+
+
+# -- toolbar ---------------------------------------------------------------------------
+def toolbar(path: str, state: Mapping[str, str], show: Sequence[str] = ("service", "pair", "stage", "input_type"),
+            error: str | None = None) -> html.Div:
+    """Time-range presets, absolute start/end, and the filter pickers, initialised from the URL.
+
+    Every page renders every control (hidden where it does not apply), so the toolbar's
+    one callback finds all its inputs on any page.
+    """
+    rng = state.get("range") or ("" if state.get("start") else st.DEFAULT_RANGE_LABEL)
+    pair = st.pair_value(state.get("caller"), state.get("callee"))
+
+    def picker(key: str, component_id: str, value, placeholder: str, label: str):
+        opts = [{"label": _pair_text(value) if key == "pair" else str(value), "value": value}] if value else []
+        return html.Div(className="ms-filter", style=None if key in show else {"display": "none"}, children=[
+            html.Label(label, htmlFor=component_id, className="ms-filter-label"),
+            dcc.Dropdown(id=component_id, options=opts, value=value, placeholder=placeholder, clearable=True,
+                         className="ms-dropdown", optionHeight=32, maxHeight=320),
+        ])
+
+    return html.Div(id=ids.TOOLBAR, className="ms-toolbar", children=[
+        dcc.Store(id=ids.TOOLBAR_STATE, data={"path": path, "state": dict(state)}),
+        html.Div(className="ms-range", children=[
+            html.Span("Time", className="ms-filter-label"),
+            dcc.RadioItems(id=ids.RANGE, className="ms-presets", inline=True, value=rng,
+                           options=[{"label": p, "value": p} for p in st.PRESETS]
+                           + ([{"label": state["range"], "value": state["range"]}]
+                              if state.get("range") and state["range"] not in st.PRESETS else [])),
+            dcc.Input(id=ids.START, type="text", debounce=True, placeholder="start, e.g. 2026-11-30T14:00Z",
+                      value=state.get("start") or "", className="ms-input ms-time", spellCheck=False),
+            html.Span("→", className="ms-arrow"),
+            dcc.Input(id=ids.END, type="text", debounce=True, placeholder="end (default now)",
+                      value=state.get("end") or "", className="ms-input ms-time", spellCheck=False),
+            html.Button("Apply", id=ids.APPLY, n_clicks=0, className="ms-button"),
+        ]),
+        html.Div(className="ms-filters", children=[
+            picker("service", ids.SERVICE, state.get("service"), "any service", "Service"),
+            picker("pair", ids.PAIR, pair, "any pair", "Pair"),
+            picker("stage", ids.STAGE, state.get("stage"), "any stage", "Stage"),
+            picker("input_type", ids.INPUT_TYPE, state.get("input_type"), "any input type", "Input type"),
+            html.Button("Clear filters", id=ids.CLEAR, n_clicks=0, className="ms-button ms-button-quiet"),
+        ]),
+        html.Div(error or "", id=ids.TOOLBAR_ERROR, className="ms-toolbar-error", role="alert"),
+    ])
+
+
+def _pair_text(value: str | None) -> str:
+    caller, callee = st.parse_pair_value(value)
+    return f"{caller or 'any'} → {callee or 'any'}"
+
+
+def toolbar_href(path: str, state: Mapping[str, str], trigger: str | None, values: Mapping[str, Any]) -> tuple[str | None, str]:
+    """Pure: the new href after a toolbar change, or (None, error message)."""
+    new = dict(state)
+    if trigger == ids.RANGE:
+        new = st.with_(new, range=values.get("range"), start=None, end=None)
+    elif trigger in (ids.APPLY, ids.START, ids.END):
+        start, end = (values.get("start") or "").strip(), (values.get("end") or "").strip()
+        if not start:
+            return None, "Give a start time (RFC 3339, e.g. 2026-11-30T14:00:00Z, or unix seconds)."
+        try:
+            s = parse_time(start, "start")
+            e = parse_time(end, "end") if end else None
+        except ParamError as exc:
+            return None, exc.message
+        if e is not None and e <= s:
+            return None, "end must be after start"
+        new = st.with_(new, range=None, start=rfc3339(s), end=rfc3339(e) if e is not None else None)
+    elif trigger == ids.CLEAR:
+        new = {k: v for k, v in new.items() if k in st.TIME_KEYS}
+    else:
+        caller, callee = st.parse_pair_value(values.get("pair"))
+        changes = {"service": values.get("service"), "caller": caller, "callee": callee,
+                   "stage": values.get("stage"), "input_type": values.get("input_type")}
+        if any((new.get(k) or None) != (v or None) for k, v in changes.items()):
+            new = st.with_(new, **changes, min_ms=None, max_ms=None)  # a band belongs to its subject
+    return st.to_href(path, new), ""
+
+
+# -- callbacks -------------------------------------------------------------------------
+def register_callbacks() -> None:
+    """Register the shell's callbacks (``dash.callback``) for the app being built."""
+
+    @dash.callback(
+        [Output(link_id, "href") for _, _, link_id in NAV_ITEMS]
+        + [Output(link_id, "className") for _, _, link_id in NAV_ITEMS],
+        Input(ids.URL, "pathname"),
+        Input(ids.URL, "search"),
+    )
+    def _nav_links(pathname, search):
+        from urllib.parse import parse_qs
+
+        state = st.from_query({k: v for k, v in parse_qs((search or "").lstrip("?")).items()})
+        keep = st.carried(state)
+        hrefs = [st.to_href(path, keep) for path, _, _ in NAV_ITEMS]
+        current = pathname or "/"
+        classes = []
+        for path, _, _ in NAV_ITEMS:
+            active = current == path or (path != "/" and current.startswith(path + "/"))
+            classes.append("ms-nav-link active" if active else "ms-nav-link")
+        return hrefs + classes
+
+    @dash.callback(
+        Output(ids.URL, "href", allow_duplicate=True),
+        Output(ids.TOOLBAR_ERROR, "children"),
+        Input(ids.RANGE, "value"),
+        Input(ids.APPLY, "n_clicks"),
+        Input(ids.START, "n_submit"),
+        Input(ids.END, "n_submit"),
+        Input(ids.SERVICE, "value"),
+        Input(ids.PAIR, "value"),
+        Input(ids.STAGE, "value"),
+        Input(ids.INPUT_TYPE, "value"),
+        Input(ids.CLEAR, "n_clicks"),
+        State(ids.START, "value"),
+        State(ids.END, "value"),
+        State(ids.TOOLBAR_STATE, "data"),
+        prevent_initial_call=True,
+    )
+    def _toolbar(rng, _apply, _s1, _s2, service, pair, stage, input_type, _clear, start, end, data):
+        data = data or {}
+        href, error = toolbar_href(data.get("path") or "/", data.get("state") or {}, ctx.triggered_id,
+                                   {"range": rng, "start": start, "end": end, "service": service, "pair": pair,
+                                    "stage": stage, "input_type": input_type})
+        if href is None:
+            return no_update, error
+        current = st.to_href(data.get("path") or "/", data.get("state") or {})
+        return (no_update if href == current else href), ""
+
+    @dash.callback(
+        Output(ids.SERVICE, "options"),
+        Output(ids.PAIR, "options"),
+        Output(ids.STAGE, "options"),
+        Output(ids.INPUT_TYPE, "options"),
+        Input(ids.TOOLBAR_STATE, "data"),
+    )
+    def _filter_options(data):
+        from .queries import filter_options
+
+        state = (data or {}).get("state") or {}
+        values = filter_options(reader())
+        services = list(values["services"])
+        if state.get("service") and state["service"] not in services:
+            services.append(state["service"])
+        pairs = [tuple(p) for p in values["pairs"]]
+        current = (state.get("caller") or "", state.get("callee") or "")
+        if any(current) and current not in pairs:
+            pairs.append(current)
+        stages = list(values["stages"])
+        if state.get("stage") and state["stage"] not in stages:
+            stages.append(state["stage"])
+        its = list(values["input_types"])
+        if state.get("input_type") and state["input_type"] not in its:
+            its.append(state["input_type"])
+        return ([{"label": s, "value": s} for s in services],
+                [{"label": f"{c or 'any'} → {e or 'any'}", "value": json.dumps([c, e])} for c, e in pairs],
+                [{"label": s, "value": s} for s in stages],
+                [{"label": t, "value": t} for t in its])
+
+
+def time_selection(selected: Mapping | None, relayout: Mapping | None) -> tuple[str, str] | None:
+    """Pure: (start, end) RFC 3339 from a box-select (``selectedData``) or a zoom
+    (``relayoutData``) on a time axis; None when neither holds a range."""
+    xs = None
+    if selected and isinstance(selected.get("range"), Mapping):
+        for key, val in selected["range"].items():
+            if key.startswith("x") and isinstance(val, (list, tuple)) and len(val) == 2:
+                xs = val
+                break
+    if xs is None and relayout:
+        for k0 in relayout:
+            if k0.startswith("xaxis") and k0.endswith(".range[0]"):
+                k1 = k0.replace("range[0]", "range[1]")
+                if k1 in relayout:
+                    xs = [relayout[k0], relayout[k1]]
+                    break
+    if not xs:
+        return None
+    try:
+        a, b = sorted(parse_time(str(v).replace(" ", "T"), "start") for v in xs)
+    except ParamError:
+        return None
+    if b - a < 60_000_000_000:  # under a minute: the rollups' resolution
+        b = a + 60_000_000_000
+    return rfc3339(a), rfc3339(b)
+
+
+def narrow_href(path: str, state: Mapping[str, str], selected, relayout) -> str | Any:
+    """The href for a box-select/zoom on a time chart (no_update when there is none)."""
+    sel = time_selection(selected, relayout)
+    if sel is None:
+        return no_update
+    return st.to_href(path, st.with_(state, range=None, start=sel[0], end=sel[1]))

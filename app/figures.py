@@ -1,0 +1,471 @@
+"""Pure figure builders: rows from ``app.queries`` in, a ``plotly.graph_objects.Figure`` out.
+
+No database, no Dash: every builder is tested on its own. Untrusted text (service and
+span names, attribute values) reaches Plotly only through :func:`plot_text`, which
+escapes ``<``, ``>`` and ``&``: Plotly renders a small HTML subset (``<a href>``,
+``<b>``, ...) in labels and hover text, and entities come back out as literal text.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from datetime import datetime
+from typing import Iterable, Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .units import fmt_count, fmt_ms, fmt_pct, fmt_rank, time_unit
+
+FONT = "Inter, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
+INK = "#1f2937"
+MUTED = "#6b7280"
+GRID = "#e5e7eb"
+ACCENT = "#2563eb"
+DANGER = "#dc2626"
+CRITICAL = "#111827"
+
+STAGE_COLORS = {
+    "preprocessing": "#f59e0b",
+    "encoder": "#3b82f6",
+    "fusion": "#8b5cf6",
+    "inference": "#10b981",
+    "network": "#94a3b8",
+    "other": "#d6d3d1",
+}
+INPUT_TYPE_COLORS = {
+    "text": "#3b82f6",
+    "image": "#f59e0b",
+    "multi_image": "#ef4444",
+    "audio": "#14b8a6",
+    "unknown": "#a8a29e",
+}
+PCT_STYLE = {"p50": ("P50", "#10b981", "circle"), "p90": ("P90", "#f59e0b", "diamond"),
+             "p99": ("P99", "#dc2626", "x")}
+HEAT_SCALE = [[0.0, "#f8fafc"], [0.15, "#dbeafe"], [0.4, "#60a5fa"], [0.7, "#1d4ed8"], [1.0, "#172554"]]
+
+
+def plot_text(value: object, limit: int = 120) -> str:
+    """Untrusted text made inert for Plotly (escaped, shortened)."""
+    text = str(value)
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return html.escape(text, quote=False)
+
+
+def stage_color(stage: str | None) -> str:
+    return STAGE_COLORS.get(stage or "other", STAGE_COLORS["other"])
+
+
+def input_type_color(it: str) -> str:
+    return INPUT_TYPE_COLORS.get(it, "#64748b")
+
+
+def base_layout(fig: go.Figure, *, height: int = 360, **kw) -> go.Figure:
+    fig.update_layout(
+        template="plotly_white",
+        font=dict(family=FONT, size=12, color=INK),
+        margin=dict(l=64, r=24, t=36, b=48),
+        height=height,
+        hoverlabel=dict(font=dict(family=FONT, size=12)),
+        legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0, font=dict(size=11)),
+        **kw,
+    )
+    fig.update_xaxes(gridcolor=GRID, zeroline=False, linecolor=GRID)
+    fig.update_yaxes(gridcolor=GRID, zeroline=False, linecolor=GRID)
+    return fig
+
+
+def empty_figure(message: str, height: int = 260) -> go.Figure:
+    """A blank chart that says why it is blank (and what to do)."""
+    fig = go.Figure()
+    base_layout(fig, height=height)
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    fig.add_annotation(text=plot_text(message, 300), showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font=dict(size=14, color=MUTED))
+    return fig
+
+
+def log_ticks(lo_ms: float, hi_ms: float) -> tuple[list[float], list[str]]:
+    """Tick positions (log10 ms) and labels (1 ms, 10 ms, 100 ms, 1 s ...) covering a range."""
+    lo = math.floor(math.log10(max(lo_ms, 1e-6)))
+    hi = math.ceil(math.log10(max(hi_ms, 1e-6)))
+    vals, text = [], []
+    for e in range(lo, hi + 1):
+        for m in ((1, 3) if hi - lo <= 3 else (1,)):
+            v = m * 10.0 ** e
+            if lo_ms * 0.8 <= v <= hi_ms * 1.25:
+                vals.append(math.log10(v))
+                text.append(fmt_ms(v))
+    return vals, text
+
+
+def _lg(ms: float | None) -> float | None:
+    return math.log10(ms) if ms and ms > 0 else None
+
+
+def _times(rows: Iterable[dict]) -> list[datetime]:
+    return [datetime.fromisoformat(r["t"].replace("Z", "+00:00")) for r in rows]
+
+
+# -- service pairs ---------------------------------------------------------------------
+def pair_label(caller: str, callee: str) -> str:
+    return f"{plot_text(caller, 40)} → {plot_text(callee, 40)}"
+
+
+def pair_heatmap(heat: dict, band: tuple[int, float, float] | None = None) -> go.Figure:
+    """x = caller→callee ordered by call volume (busiest right), y = latency bins on a log
+    scale, colour = calls in the cell (log colour scale), P50/P90/P99 markers per pair.
+
+    ``customdata`` of a cell is ``[pair index, bin index]``; of a marker ``[pair index, -1]``.
+    """
+    pairs, bins = heat.get("pairs") or [], heat.get("bins") or []
+    if not pairs or not bins:
+        return empty_figure("No service-pair calls in this window — CLIENT spans with a callee make pairs.")
+    x = list(range(len(pairs)))
+    labels = [pair_label(p["caller"], p["callee"]) for p in pairs]
+    y_edges = [math.log10(bins[0]["lo_ms"])] + [math.log10(b["hi_ms"]) for b in bins]
+    z, zlog, custom, hover = [], [], [], []
+    for j, b in enumerate(bins):
+        row, rowlog, crow, hrow = [], [], [], []
+        for i, p in enumerate(pairs):
+            c = p["counts"][j]
+            row.append(c)
+            rowlog.append(math.log10(c) if c > 0 else None)
+            crow.append([i, j])
+            hrow.append(f"{labels[i]}<br>{fmt_ms(b['min_ms'])} – {fmt_ms(b['max_ms'])}<br>"
+                        f"{fmt_count(c)} calls ({fmt_pct(c / p['count'] if p['count'] else 0)} of the pair)"
+                        "<br><i>click: traces in this band</i>")
+        z.append(row)
+        zlog.append(rowlog)
+        custom.append(crow)
+        hover.append(hrow)
+    zmax = max((v for r in zlog for v in r if v is not None), default=1.0) or 1.0
+    tick_vals = [v for v in range(0, int(math.ceil(zmax)) + 1)]
+    fig = go.Figure()
+    fig.add_trace(go.Heatmap(
+        x=x, y=y_edges, z=zlog, customdata=custom, text=hover, hoverinfo="text", hovertemplate="%{text}<extra></extra>",
+        colorscale=HEAT_SCALE, zmin=0, zmax=max(zmax, 1.0), xgap=2, ygap=0, name="calls",
+        colorbar=dict(title=dict(text="calls", side="right"), tickvals=tick_vals,
+                      ticktext=[fmt_count(10 ** v) for v in tick_vals], thickness=12),
+    ))
+    for key in ("p50", "p90", "p99"):
+        name, color, symbol = PCT_STYLE[key]
+        ys = [_lg(p[f"{key}_ms"]) for p in pairs]
+        fig.add_trace(go.Scatter(
+            x=x, y=ys, mode="markers", name=name, customdata=[[i, -1] for i in x],
+            marker=dict(symbol=symbol, size=9, color=color, line=dict(width=1.5, color="white")),
+            text=[f"{labels[i]}<br>{name} {fmt_ms(p[f'{key}_ms'])}" for i, p in enumerate(pairs)],
+            hovertemplate="%{text}<extra></extra>",
+        ))
+    if band is not None:
+        i, lo, hi = band
+        fig.add_shape(type="rect", x0=i - 0.5, x1=i + 0.5, y0=math.log10(lo), y1=math.log10(hi),
+                      line=dict(color=DANGER, width=2))
+    tv, tt = log_ticks(bins[0]["lo_ms"], bins[-1]["hi_ms"])
+    base_layout(fig, height=max(380, 22 * len(bins) + 120))
+    fig.update_xaxes(tickvals=x, ticktext=labels, tickangle=-30 if len(pairs) > 3 else 0,
+                     title_text="caller → callee (ordered by call volume, busiest right)", showgrid=False)
+    fig.update_yaxes(tickvals=tv, ticktext=tt, title_text="call latency (log scale)",
+                     range=[y_edges[0], y_edges[-1]], showgrid=False)
+    fig.update_layout(clickmode="event", hovermode="closest")
+    return fig
+
+
+# -- distributions ---------------------------------------------------------------------
+def _pct_lines(fig: go.Figure, dist: dict, *, row=None, col=None) -> None:
+    for key in ("p50", "p90", "p99"):
+        v = dist.get(f"{key}_ms")
+        if v is None:
+            continue
+        name, color, _ = PCT_STYLE[key]
+        kw = {} if row is None else {"row": row, "col": col}
+        fig.add_vline(x=math.log10(v), line=dict(color=color, width=1.5, dash="dash"),
+                      annotation_text=f"{name} {fmt_ms(v)}", annotation_position="top",
+                      annotation_font=dict(size=11, color=color), **kw)
+
+
+def latency_histogram(dist: dict, band: tuple[float | None, float | None] = (None, None)) -> go.Figure:
+    """Histogram (bars per log bin) and CDF (line, right axis) with P50/P90/P99 lines.
+
+    x is log10(ms) with readable tick labels; a bar's ``customdata`` is
+    ``[min_ms, max_ms]`` of its band (what a click selects).
+    """
+    bins = dist.get("bins") or []
+    if not bins:
+        return empty_figure("No latency data for this selection in this window.")
+    centers = [(math.log10(b["lo_ms"]) + math.log10(b["hi_ms"])) / 2 for b in bins]
+    width = [math.log10(b["hi_ms"]) - math.log10(b["lo_ms"]) for b in bins]
+    lo_b, hi_b = band
+    colors = []
+    for b in bins:
+        selected = lo_b is not None and hi_b is not None and b["max_ms"] > lo_b and b["min_ms"] < hi_b
+        colors.append(DANGER if selected else ACCENT)
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(go.Bar(
+        x=centers, y=[b["count"] for b in bins], width=width, marker=dict(color=colors, line=dict(width=0)),
+        name="calls" if dist.get("subject") == "pair" else "count",
+        customdata=[[b["min_ms"], b["max_ms"]] for b in bins],
+        text=[f"{fmt_ms(b['min_ms'])} – {fmt_ms(b['max_ms'])}: {fmt_count(b['count'])}"
+              f"<br><i>click: traces in this band</i>" for b in bins],
+        hovertemplate="%{text}<extra></extra>", textposition="none",
+    ), secondary_y=False)
+    fig.add_trace(go.Scatter(
+        x=[math.log10(b["hi_ms"]) for b in bins], y=[b["cdf"] for b in bins], mode="lines",
+        line=dict(color=INK, width=1.5, shape="hv"), name="CDF",
+        text=[f"≤ {fmt_ms(b['max_ms'])}: {fmt_pct(b['cdf'])}" for b in bins], hovertemplate="%{text}<extra></extra>",
+    ), secondary_y=True)
+    _pct_lines(fig, dist)
+    tv, tt = log_ticks(bins[0]["lo_ms"], bins[-1]["hi_ms"])
+    base_layout(fig, height=340, bargap=0.05)
+    fig.update_xaxes(tickvals=tv, ticktext=tt, title_text="latency (log scale)")
+    fig.update_yaxes(title_text="count", secondary_y=False)
+    fig.update_yaxes(title_text="CDF", range=[0, 1.02], tickformat=".0%", secondary_y=True, showgrid=False)
+    fig.update_layout(clickmode="event", hovermode="closest")
+    return fig
+
+
+def percentile_timeseries(rows: Sequence[dict], title: str = "") -> go.Figure:
+    """P50/P90/P99 over time (box-select or zoom on it narrows the window)."""
+    rows = [r for r in rows if r.get("p50_ms") is not None]
+    if not rows:
+        return empty_figure("No data over time for this selection in this window.")
+    div, unit = time_unit(max(r["p99_ms"] or 0 for r in rows))
+    t = _times(rows)
+    fig = go.Figure()
+    for key in ("p50", "p90", "p99"):
+        name, color, symbol = PCT_STYLE[key]
+        fig.add_trace(go.Scatter(
+            x=t, y=[r[f"{key}_ms"] / div for r in rows], mode="lines+markers", name=name,
+            line=dict(color=color, width=2), marker=dict(size=4, color=color),
+            text=[f"{name} {fmt_ms(r[f'{key}_ms'])} · {fmt_count(r['count'])} samples" for r in rows],
+            hovertemplate="%{x|%H:%M} UTC · %{text}<extra></extra>",
+        ))
+    base_layout(fig, height=300, title=dict(text=plot_text(title), font=dict(size=13)) if title else None)
+    fig.update_yaxes(title_text=f"latency ({unit})", rangemode="tozero")
+    fig.update_xaxes(title_text="time (UTC)")
+    fig.update_layout(dragmode="select", selectdirection="h", hovermode="x unified")
+    return fig
+
+
+def traffic_figure(rows: Sequence[dict]) -> go.Figure:
+    """Requests per minute (stacked by input type) and P99 per input type, over time."""
+    if not rows:
+        return empty_figure("No requests in this window — send OTLP to :4318 or run `modalscope demo`.")
+    types = []
+    for r in rows:
+        if r["input_type"] not in types:
+            types.append(r["input_type"])
+    div, unit = time_unit(max(r["p99_ms"] or 0 for r in rows))
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, row_heights=[0.4, 0.6])
+    for it in types:
+        sub = [r for r in rows if r["input_type"] == it]
+        t = _times(sub)
+        color = input_type_color(it)
+        fig.add_trace(go.Bar(x=t, y=[r["rate_per_min"] for r in sub], name=plot_text(it), legendgroup=it,
+                             marker=dict(color=color), hovertemplate="%{y:.3g} req/min<extra>" + plot_text(it) + "</extra>"),
+                      row=1, col=1)
+        fig.add_trace(go.Scatter(x=t, y=[(r["p99_ms"] or 0) / div for r in sub], mode="lines+markers",
+                                 name=plot_text(it) + " P99", legendgroup=it, showlegend=False,
+                                 line=dict(color=color, width=2), marker=dict(size=4),
+                                 text=[fmt_ms(r["p99_ms"]) for r in sub],
+                                 hovertemplate="P99 %{text}<extra>" + plot_text(it) + "</extra>"),
+                      row=2, col=1)
+    base_layout(fig, height=420, barmode="stack", bargap=0.1)
+    fig.update_yaxes(title_text="requests / min", row=1, col=1)
+    fig.update_yaxes(title_text=f"P99 ({unit})", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(title_text="time (UTC)", row=2, col=1)
+    fig.update_layout(dragmode="select", selectdirection="h", hovermode="x")
+    return fig
+
+
+# -- stages ----------------------------------------------------------------------------
+def stage_stack(breakdown: dict) -> go.Figure:
+    """Per input type, stacked per-trace stage time at P50 (left) and P99 (right), with
+    the end-to-end P50/P99 of the traces as a marker."""
+    rows = breakdown.get("stages") or []
+    if not rows:
+        return empty_figure("No settled traces in this window — stage times appear once traces settle.")
+    types = []
+    for r in rows:
+        if r["input_type"] not in types:
+            types.append(r["input_type"])
+    stages = []
+    for r in rows:
+        if r["stage"] not in stages:
+            stages.append(r["stage"])
+    peak = max((r["p99_ms"] or 0) for r in rows)
+    e2e = breakdown.get("traces") or {}
+    peak = max([peak] + [v.get("p99_ms") or 0 for v in e2e.values()])
+    div, unit = time_unit(peak * 2)
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.04,
+                        subplot_titles=("P50 per stage", "P99 per stage (where does the P99 time go?)"))
+    xs = [plot_text(t) for t in types]
+    for col, key in ((1, "p50_ms"), (2, "p99_ms")):
+        for st in stages:
+            vals = []
+            for it in types:
+                match = [r for r in rows if r["input_type"] == it and r["stage"] == st]
+                vals.append((match[0][key] or 0) / div if match else 0)
+            fig.add_trace(go.Bar(x=xs, y=vals, name=plot_text(st), legendgroup=st, showlegend=col == 1,
+                                 marker=dict(color=stage_color(st)),
+                                 text=[fmt_ms(v * div) for v in vals], textposition="none",
+                                 hovertemplate=plot_text(st) + ": %{text}<extra>%{x}</extra>"),
+                          row=1, col=col)
+        mk = "p50_ms" if col == 1 else "p99_ms"
+        ys = [((e2e.get(it) or {}).get(mk) or 0) / div for it in types]
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name="end-to-end", legendgroup="e2e",
+                                 showlegend=col == 1, marker=dict(symbol="line-ew-open", size=36, color=CRITICAL,
+                                                                  line=dict(width=2.5)),
+                                 text=[fmt_ms(y * div) for y in ys],
+                                 hovertemplate="end-to-end " + mk[:3].upper() + ": %{text}<extra>%{x}</extra>"),
+                      row=1, col=col)
+    base_layout(fig, height=400, barmode="stack")
+    fig.update_yaxes(title_text=f"time per trace ({unit})", row=1, col=1)
+    return fig
+
+
+def stage_timeseries(rows: Sequence[dict], title: str = "P99 of per-trace stage time") -> go.Figure:
+    if not rows:
+        return empty_figure("No stage data over time in this window.")
+    div, unit = time_unit(max(r["value_ms"] or 0 for r in rows))
+    stages = []
+    for r in rows:
+        if r["stage"] not in stages:
+            stages.append(r["stage"])
+    fig = go.Figure()
+    for st in stages:
+        sub = [r for r in rows if r["stage"] == st]
+        fig.add_trace(go.Scatter(x=_times(sub), y=[(r["value_ms"] or 0) / div for r in sub], mode="lines+markers",
+                                 name=plot_text(st), line=dict(color=stage_color(st), width=2), marker=dict(size=4),
+                                 text=[fmt_ms(r["value_ms"]) for r in sub],
+                                 hovertemplate="%{text}<extra>" + plot_text(st) + "</extra>"))
+    base_layout(fig, height=320, title=dict(text=plot_text(title), font=dict(size=13)))
+    fig.update_yaxes(title_text=f"P99 ({unit})", rangemode="tozero")
+    fig.update_xaxes(title_text="time (UTC)")
+    fig.update_layout(dragmode="select", selectdirection="h", hovermode="x unified")
+    return fig
+
+
+def vit_layers_figure(rows: Sequence[dict]) -> go.Figure:
+    """ViT layer split: share of encoder time per layer (bars), mean and P99 in the hover."""
+    if not rows:
+        return empty_figure("No spans with mm.layer in this window — tag ViT spans with "
+                            "mm.layer=patch_embed|attention|mlp to see the split.", height=220)
+    names = [plot_text(r["layer"]) for r in rows]
+    has_share = all(r.get("share") is not None for r in rows)
+    vals = [(r["share"] if has_share else r["total_ms"]) for r in rows]
+    fig = go.Figure(go.Bar(
+        x=vals, y=names, orientation="h", marker=dict(color=STAGE_COLORS["encoder"]),
+        text=[fmt_pct(v) if has_share else fmt_ms(v) for v in vals], textposition="outside",
+        customdata=[[fmt_ms(r["mean_ms"]), fmt_ms(r["p99_ms"]), fmt_count(r["count"])] for r in rows],
+        hovertemplate="%{y}: %{text} · mean %{customdata[0]} · P99 %{customdata[1]} · %{customdata[2]} spans<extra></extra>",
+    ))
+    base_layout(fig, height=80 + 46 * len(rows), margin=dict(l=110, r=60, t=24, b=40))
+    if has_share:
+        fig.update_xaxes(title_text="share of encoder-stage time", tickformat=".0%",
+                         range=[0, max(vals) * 1.25 if vals else 1])
+    else:
+        fig.update_xaxes(title_text="total time (ms)")
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+# -- one trace -------------------------------------------------------------------------
+def waterfall(trace: dict, selected: str | None = None) -> go.Figure:
+    """Spans on a time axis (ms from the trace start), coloured by stage, indented by depth;
+    the critical path drawn as a dark bar inside the spans it runs through.
+
+    ``customdata[0]`` of every bar is the span id (a click selects the span)."""
+    spans = trace.get("spans") or []
+    if not spans:
+        return empty_figure("This trace has no spans.")
+    t0 = min(s["start_unix_nano"] for s in spans)
+    n = len(spans)
+    y = list(range(n))
+    labels = []
+    for s in spans:
+        indent = "\u2002" * min(s.get("depth", 0), 24) * 2
+        mark = "● " if s.get("critical") else ""
+        labels.append(f"{indent}{mark}{plot_text(s['name'], 60)}")
+    fig = go.Figure()
+    stages_seen = []
+    for s in spans:
+        if s["stage"] not in stages_seen:
+            stages_seen.append(s["stage"])
+    for st in stages_seen:
+        idx = [i for i, s in enumerate(spans) if s["stage"] == st]
+        fig.add_trace(go.Bar(
+            y=[y[i] for i in idx], x=[max(spans[i]["duration_ms"], 0.0005) for i in idx],
+            base=[(spans[i]["start_unix_nano"] - t0) / 1e6 for i in idx], orientation="h",
+            name=plot_text(st), marker=dict(color=stage_color(st),
+                                            line=dict(width=[2.5 if spans[i]["span_id"] == selected else 0
+                                                             for i in idx], color=DANGER)),
+            customdata=[[spans[i]["span_id"]] for i in idx],
+            text=[_span_hover(spans[i]) for i in idx], hovertemplate="%{text}<extra></extra>", textposition="none",
+        ))
+    crit = [i for i, s in enumerate(spans) if s.get("critical")]
+    if crit:
+        fig.add_trace(go.Bar(
+            y=[y[i] for i in crit], x=[max(spans[i]["duration_ms"], 0.0005) for i in crit],
+            base=[(spans[i]["start_unix_nano"] - t0) / 1e6 for i in crit], orientation="h", width=0.18,
+            name="critical path", marker=dict(color=CRITICAL), customdata=[[spans[i]["span_id"]] for i in crit],
+            text=[_span_hover(spans[i]) for i in crit], hovertemplate="%{text}<extra>critical path</extra>",
+            textposition="none",
+        ))
+    total = max((s["start_unix_nano"] - t0) / 1e6 + s["duration_ms"] for s in spans)
+    base_layout(fig, height=min(60 + 24 * n, 2400) + 60, barmode="overlay", margin=dict(l=260, r=24, t=36, b=44))
+    fig.update_yaxes(tickvals=y, ticktext=labels, autorange="reversed", showgrid=False, tickfont=dict(size=11))
+    fig.update_xaxes(title_text="ms since trace start", range=[0, total * 1.02])
+    fig.update_layout(clickmode="event", hovermode="closest", bargap=0.25)
+    return fig
+
+
+def _span_hover(s: dict) -> str:
+    rank = s.get("rank")
+    rank_text = f"<br>{fmt_rank(rank)} for {plot_text(s['name'], 60)} in the window" if rank is not None else ""
+    err = "<br><b>status ERROR</b>" if s.get("status") == "ERROR" else ""
+    return (f"<b>{plot_text(s['name'], 80)}</b> · {plot_text(s['service'], 40)}<br>"
+            f"{plot_text(s['stage'])} · {s['kind']} · {fmt_ms(s['duration_ms'])} (self {fmt_ms(s['self_ms'])})"
+            f"{rank_text}{err}")
+
+
+def icicle(trace: dict) -> go.Figure:
+    """Flame graph (icicle) of the trace: a span's width is its duration."""
+    spans = trace.get("spans") or []
+    if not spans:
+        return empty_figure("This trace has no spans.")
+    ids = {s["span_id"] for s in spans}
+    # Children can outlast a parent (clock skew): icicle "total" values need parent >= sum of
+    # children, so values are widened bottom-up where necessary.
+    value = {s["span_id"]: max(s["duration_ms"], 0.001) for s in spans}
+    kids: dict[str, list[str]] = {}
+    for s in spans:
+        p = s["parent_span_id"]
+        if p in ids and p != s["span_id"]:
+            kids.setdefault(p, []).append(s["span_id"])
+    for s in reversed(spans):  # spans come depth-first: children after parents
+        ch = kids.get(s["span_id"])
+        if ch:
+            value[s["span_id"]] = max(value[s["span_id"]], sum(value[c] for c in ch))
+    roots = [s for s in spans if s["parent_span_id"] not in ids or s["parent_span_id"] == s["span_id"]]
+    fig = go.Figure(go.Icicle(
+        ids=[s["span_id"] for s in spans],
+        labels=[plot_text(s["name"], 60) for s in spans],
+        parents=[(s["parent_span_id"] if s["parent_span_id"] in ids and s["parent_span_id"] != s["span_id"] else "")
+                 for s in spans],
+        values=[value[s["span_id"]] for s in spans],
+        branchvalues="total",
+        marker=dict(colors=[stage_color(s["stage"]) for s in spans], line=dict(color="white", width=1)),
+        text=[_span_hover(s) for s in spans], hovertemplate="%{text}<extra></extra>",
+        texttemplate="%{label}", tiling=dict(orientation="v"), root=dict(color="white"),
+        sort=False,
+    ))
+    base_layout(fig, height=140 + 34 * min(max(s.get("depth", 0) for s in spans) + 1, 30),
+                margin=dict(l=8, r=8, t=8, b=8))
+    if len(roots) > 1:
+        fig.add_annotation(text=f"{len(roots)} roots", x=1, y=1, xref="paper", yref="paper", showarrow=False,
+                           font=dict(color=MUTED))
+    return fig

@@ -1,0 +1,66 @@
+"""Every Dash component id, in one place (pages import these; tests select by them)."""
+
+# shell
+URL = "url"
+NAV = "nav"
+NAV_LINKS = {  # path -> id of its nav link
+    "/": "nav-overview",
+    "/pairs": "nav-pairs",
+    "/drilldown": "nav-drilldown",
+    "/trace": "nav-trace",
+    "/stages": "nav-stages",
+}
+
+# toolbar (on every page)
+TOOLBAR = "toolbar"
+TOOLBAR_STATE = "toolbar-state"
+RANGE = "range-preset"
+START = "range-start"
+END = "range-end"
+APPLY = "range-apply"
+SERVICE = "filter-service"
+PAIR = "filter-pair"
+STAGE = "filter-stage"
+INPUT_TYPE = "filter-input-type"
+TOOLBAR_ERROR = "toolbar-error"
+WINDOW_LABEL = "window-label"
+CLEAR = "filters-clear"
+
+# overview
+OV_STATE = "overview-state"
+OV_TABLE = "overview-table"
+OV_TRAFFIC = "overview-traffic"
+OV_FINDINGS = "overview-findings"
+
+# service pairs
+PAIRS_STATE = "pairs-state"
+PAIRS_HEATMAP = "pairs-heatmap"
+PAIRS_HEAT_DATA = "pairs-heatmap-data"
+PAIRS_TABLE = "pairs-table"
+PAIRS_EMPTY = "pairs-empty"
+
+# drilldown
+DD_STATE = "drilldown-state"
+DD_TITLE = "drilldown-title"
+DD_SUMMARY = "drilldown-summary"
+DD_HIST = "drilldown-histogram"
+DD_TIME = "drilldown-timeseries"
+DD_EXEMPLARS = "drilldown-exemplars"
+
+# trace
+TR_STATE = "trace-state"
+TR_OPEN_INPUT = "trace-open-id"
+TR_OPEN_BUTTON = "trace-open-button"
+TR_OPEN_ERROR = "trace-open-error"
+TR_HEADER = "trace-header"
+TR_WATERFALL = "trace-waterfall"
+TR_ICICLE = "trace-icicle"
+TR_SPANS = "trace-spans"
+TR_DETAIL = "trace-span-detail"
+
+# stages
+ST_STATE = "stages-state"
+ST_STACK = "stages-stack"
+ST_TIME = "stages-timeseries"
+ST_VIT = "stages-vit"
+ST_TABLE = "stages-table"

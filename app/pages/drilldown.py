@@ -1,0 +1,152 @@
+"""Drilldown (``/drilldown``): one subject's latency — a pair (``caller``/``callee``), a
+stage, a service, or an input type's end-to-end requests (see ``queries.subject_of``).
+
+Histogram and CDF with P50/P90/P99 lines (click a bar to select its band), P50/P90/P99
+over time (box-select narrows the window), and exemplar traces in the band, slowest
+first, linking to the trace view. URL state: window, filters, ``min_ms``/``max_ms``.
+"""
+
+from __future__ import annotations
+
+import dash
+from dash import Input, Output, State, dcc, html, no_update
+
+from modalscope.app import components as c
+from modalscope.app import figures, ids, queries
+from modalscope.app import state as st
+from modalscope.app.params import rfc3339
+from modalscope.app.units import fmt_count, fmt_ms, fmt_pct
+
+dash.register_page(__name__, path="/drilldown", name="Drilldown", title="modalscope · drilldown", order=2)
+
+PATH = "/drilldown"
+EXEMPLARS = 20
+
+
+def layout(**query):
+    state = st.from_query(query)
+    res = st.resolve(state)
+    return html.Div(className="ms-page", children=[
+        dcc.Store(id=ids.DD_STATE, data=state),
+        c.toolbar(PATH, state, error=res.error),
+        html.Div(className="ms-subject", children=[
+            html.H1(queries.subject_label(res.filters), id=ids.DD_TITLE, className="ms-title"),
+            c.loading(html.Div(id=ids.DD_SUMMARY, className="ms-summary")),
+        ]),
+        html.Div(className="ms-grid-2", children=[
+            c.panel("Latency distribution", c.loading(c.graph(ids.DD_HIST)),
+                    actions=html.Span("click a bar: traces in that band", className="ms-note")),
+            c.panel("P50 / P90 / P99 over time", c.loading(c.graph(ids.DD_TIME)),
+                    actions=html.Span("box-select to narrow the window", className="ms-note")),
+        ]),
+        c.panel("Exemplar traces (slowest first)", c.loading(html.Div(id=ids.DD_EXEMPLARS))),
+    ])
+
+
+def summary(dist: dict, state: dict, band) -> list:
+    items = [("samples", fmt_count(dist["count"])), ("P50", fmt_ms(dist["p50_ms"])), ("P90", fmt_ms(dist["p90_ms"])),
+             ("P99", fmt_ms(dist["p99_ms"])), ("errors", fmt_pct(dist["error_rate"]))]
+    out = [html.Div([html.Span(k, className="ms-stat-label"), html.Span(v, className="ms-stat-value")],
+                    className="ms-stat") for k, v in items]
+    lo, hi = band
+    if lo is not None or hi is not None:
+        text = f"band {fmt_ms(lo) if lo is not None else '0'} – {fmt_ms(hi) if hi is not None else '∞'}"
+        out.append(html.Div(className="ms-stat ms-band", children=[
+            html.Span("selected", className="ms-stat-label"), html.Span(text, className="ms-stat-value"),
+            dcc.Link("clear", href=st.to_href(PATH, st.with_(state, min_ms=None, max_ms=None)),
+                     className="ms-clear", id="drilldown-clear-band"),
+        ]))
+    return out
+
+
+def exemplar_table(rows: list[dict], state: dict) -> html.Div:
+    keep = {k: v for k, v in st.carried(state).items() if k in st.TIME_KEYS}
+    span_level = any("span_id" in r for r in rows)
+
+    def row(r):
+        href = st.to_href(f"/trace/{r['trace_id']}", st.with_(keep, span=r.get("span_id")))
+        out = {
+            "trace": dcc.Link(r["trace_id"][:16] + "…", href=href, className="ms-mono ms-trace-link",
+                              title=r["trace_id"]),
+            "start": rfc3339(r["start_unix_nano"]).replace("T", " ").replace("Z", " UTC"),
+            "duration": fmt_ms(r["duration_ms"]),
+            "root": f"{r['root_service'] or '?'} · {r['root_name'] or '?'}",
+            "input_type": r["input_type"],
+            "spans": str(r["span_count"]),
+            "error": "error" if r["error"] else "",
+        }
+        if span_level:
+            out["span"] = f"{r.get('span_service', '')} · {r.get('span_name', '')}"
+            out["span_ms"] = fmt_ms(r.get("span_ms"))
+        return out
+
+    cols = [("trace", "trace")]
+    if span_level:
+        cols += [("span_ms", "matched span"), ("span", "span")]
+    cols += [("duration", "trace duration"), ("start", "start"), ("root", "root"), ("input_type", "input type"),
+             ("spans", "spans"), ("error", "status")]
+    return c.text_table(cols, [row(r) for r in rows], id="drilldown-exemplar-table",
+                        row_class=lambda r: "ms-row-error" if r["error"] else None)
+
+
+@dash.callback(
+    Output(ids.DD_SUMMARY, "children"),
+    Output(ids.DD_HIST, "figure"),
+    Output(ids.DD_TIME, "figure"),
+    Output(ids.DD_EXEMPLARS, "children"),
+    Input(ids.DD_STATE, "data"),
+)
+def _fill(state):
+    state = state or {}
+    res = st.resolve(state)
+    reader = c.reader()
+    band = st.band(state)
+    dist = queries.latency_distribution(reader, res.window, res.filters)
+    series = queries.percentile_series(reader, res.window, res.filters, st.step_minutes(res.window))
+    if dist["count"] == 0:
+        exemplars = c.no_data("samples for this selection")
+        return summary(dist, state, band), figures.latency_histogram(dist), figures.percentile_timeseries(series), exemplars
+    rows = queries.exemplar_traces(reader, res.window, res.filters, band[0], band[1], limit=EXEMPLARS)
+    if rows:
+        exemplars = exemplar_table(rows, state)
+    elif band != (None, None):
+        exemplars = c.empty_state("No stored traces in this band.",
+                                  "Raw spans may have passed retention, or the band is empty: pick another bar, "
+                                  "or clear the band.")
+    else:
+        exemplars = c.empty_state("No stored traces for this selection.",
+                                  "Raw spans may have passed retention (MODALSCOPE_RETENTION_DAYS).")
+    return (summary(dist, state, band), figures.latency_histogram(dist, band),
+            figures.percentile_timeseries(series), exemplars)
+
+
+def band_click_href(state: dict, click: dict | None) -> str | None:
+    """Pure: the href selecting the clicked histogram bar's band."""
+    try:
+        lo, hi = click["points"][0]["customdata"][:2]
+        lo, hi = float(lo), float(hi)
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    return st.to_href(PATH, st.with_(state, min_ms=st.num(lo), max_ms=st.num(hi)))
+
+
+@dash.callback(
+    Output(ids.URL, "href", allow_duplicate=True),
+    Input(ids.DD_HIST, "clickData"),
+    State(ids.DD_STATE, "data"),
+    prevent_initial_call=True,
+)
+def _band(click, state):
+    href = band_click_href(state or {}, click)
+    return href if href else no_update
+
+
+@dash.callback(
+    Output(ids.URL, "href", allow_duplicate=True),
+    Input(ids.DD_TIME, "selectedData"),
+    Input(ids.DD_TIME, "relayoutData"),
+    State(ids.DD_STATE, "data"),
+    prevent_initial_call=True,
+)
+def _narrow(selected, relayout, state):
+    return c.narrow_href(PATH, state or {}, selected, relayout)

@@ -1,0 +1,131 @@
+"""Overview (``/``): the seed's input-type table computed live against a baseline, request
+rate and P99 over time, and room for the top findings.
+
+URL state: the window and filters, ``baseline=text:320:410,image:1300:2100,...`` (P50 and
+P95 in ms per input type; unnamed types keep the seed's figures) and ``margin`` (percent
+over the baseline P95 that counts as a regression, default 10).
+"""
+
+from __future__ import annotations
+
+import dash
+from dash import Input, Output, State, dcc, html
+
+from modalscope.app import components as c
+from modalscope.app import figures, ids, queries
+from modalscope.app import state as st
+from modalscope.app.units import fmt_count, fmt_ms, fmt_pct
+
+dash.register_page(__name__, path="/", name="Overview", title="modalscope · overview", order=0)
+
+PATH = "/"
+
+
+def layout(**query):
+    state = st.from_query(query)
+    res = st.resolve(state)
+    return html.Div(className="ms-page", children=[
+        dcc.Store(id=ids.OV_STATE, data=state),
+        c.toolbar(PATH, state, show=("service", "input_type"), error=res.error),
+        c.panel("Input types vs baseline", c.loading(html.Div(id=ids.OV_TABLE)),
+                actions=html.Span("baseline: the seed's P50/P95 unless the URL sets baseline=", className="ms-note")),
+        html.Div(className="ms-grid-2-1", children=[
+            c.panel("Request rate and P99 over time", c.loading(c.graph(ids.OV_TRAFFIC)),
+                    actions=html.Span("box-select to narrow the window", className="ms-note")),
+            c.panel("Top findings", html.Div(id=ids.OV_FINDINGS, children=[
+                c.empty_state("No findings evaluated yet.",
+                              "Anomaly detection (P99 band breaks, hot spots, cache penetration, baseline "
+                              "regressions …) is not part of this build; the input-type table marks regressions "
+                              "against the baseline meanwhile."),
+            ])),
+        ]),
+    ])
+
+
+def _margin(state) -> tuple[float, str | None]:
+    raw = state.get("margin")
+    if not raw:
+        return queries.DEFAULT_MARGIN, None
+    try:
+        v = float(raw)
+    except ValueError:
+        return queries.DEFAULT_MARGIN, f"margin must be a number of percent, not {raw!r}"
+    if not 0 <= v <= 1000:
+        return queries.DEFAULT_MARGIN, "margin must be between 0 and 1000 (percent)"
+    return v / 100, None
+
+
+def overview_table(rows, state, margin):
+    """The input-type table: live P50/P95/P99 and bottleneck stage against the baseline."""
+    keep = st.carried(state)
+
+    def row(r):
+        it = r["input_type"]
+        change = r["p95_change"]
+        if change is None:
+            status = "no baseline" if r["baseline_p95_ms"] is None else "no traffic"
+        elif r["regression"]:
+            status = f"▲ regression: P95 {fmt_pct(change, 0)} over baseline"
+        else:
+            status = f"ok ({'+' if change >= 0 else ''}{fmt_pct(change, 0)})"
+        link = dcc.Link(it, href=st.to_href("/drilldown", st.with_(keep, input_type=it, caller=None, callee=None,
+                                                                    stage=None, service=None)))
+        return {
+            "input_type": link,
+            "count": fmt_count(r["count"]),
+            "rate": f"{r['rate_per_min']:.3g}/min" if r["count"] else "—",
+            "p50": fmt_ms(r["p50_ms"]),
+            "p95": fmt_ms(r["p95_ms"]),
+            "p99": fmt_ms(r["p99_ms"]),
+            "baseline": (f"{fmt_ms(r['baseline_p50_ms'])} / {fmt_ms(r['baseline_p95_ms'])}"
+                         if r["baseline_p95_ms"] else "—"),
+            "bottleneck": r["bottleneck_stage"] or "—",
+            "errors": fmt_pct(r["error_rate"]) if r["count"] else "—",
+            "status": html.Span(status, className="ms-regression" if r["regression"] else "ms-ok"),
+            "_regression": r["regression"],
+        }
+
+    cols = [("input_type", "input type"), ("count", "traces"), ("rate", "rate"), ("p50", "P50"), ("p95", "P95"),
+            ("p99", "P99"), ("baseline", "baseline P50 / P95"), ("bottleneck", "bottleneck stage"),
+            ("errors", "errors"), ("status", f"vs baseline (margin {margin * 100:g} %)")]
+    return c.text_table(cols, [row(r) for r in rows], id="overview-input-types",
+                        row_class=lambda r: "ms-row-regression" if r["_regression"] else None)
+
+
+@dash.callback(
+    Output(ids.OV_TABLE, "children"),
+    Output(ids.OV_TRAFFIC, "figure"),
+    Input(ids.OV_STATE, "data"),
+)
+def _fill(state):
+    state = state or {}
+    res = st.resolve(state)
+    reader = c.reader()
+    margin, margin_error = _margin(state)
+    notes = []
+    try:
+        baseline = queries.parse_baseline(state.get("baseline"))
+    except ValueError as exc:
+        baseline = dict(queries.SEED_BASELINE)
+        notes.append(c.banner(f"baseline: {exc}; using the seed's figures"))
+    if margin_error:
+        notes.append(c.banner(margin_error))
+    rows = queries.overview_rows(reader, res.window, res.filters, baseline, margin)
+    traffic = queries.traffic_series(reader, res.window, res.filters, st.step_minutes(res.window))
+    if not any(r["count"] for r in rows):
+        table = html.Div([*notes, c.no_data("traces"),
+                          overview_table(rows, state, margin)])
+    else:
+        table = html.Div([*notes, overview_table(rows, state, margin)])
+    return table, figures.traffic_figure(traffic)
+
+
+@dash.callback(
+    Output(ids.URL, "href", allow_duplicate=True),
+    Input(ids.OV_TRAFFIC, "selectedData"),
+    Input(ids.OV_TRAFFIC, "relayoutData"),
+    State(ids.OV_STATE, "data"),
+    prevent_initial_call=True,
+)
+def _narrow(selected, relayout, state):
+    return c.narrow_href(PATH, state or {}, selected, relayout)

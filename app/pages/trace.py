@@ -1,0 +1,231 @@
+"""Trace view (``/trace/<trace_id>``): waterfall coloured by stage and indented by parent,
+with the critical path; an icicle flame graph; each span's percentile rank against its
+own operation in the window ("P97 for vit.forward", from the ``op`` rollups); the
+selected span's attributes as an escaped key/value table; a box to open any trace id.
+
+URL state: the window (for the ranks) and ``span`` (the selected span). Every piece of
+span text is a Dash text child or goes through ``figures.plot_text``; nothing from a span
+becomes a link target.
+"""
+
+from __future__ import annotations
+
+import json
+
+import dash
+from dash import Input, Output, State, ctx, dcc, html, no_update
+
+from modalscope.app import components as c
+from modalscope.app import figures, ids, queries
+from modalscope.app import state as st
+from modalscope.app.params import ParamError, parse_trace_id, rfc3339
+from modalscope.app.units import fmt_count, fmt_ms, fmt_rank
+
+dash.register_page(__name__, path="/trace", path_template="/trace/<trace_id>", name="Trace",
+                   title="modalscope · trace", order=3)
+
+PATH = "/trace"
+
+
+def layout(trace_id: str | None = None, **query):
+    state = st.from_query(query)
+    res = st.resolve(state)
+    tid, error = None, None
+    if trace_id and trace_id != "none":
+        try:
+            tid = parse_trace_id(trace_id)
+        except ParamError as exc:
+            error = f"{exc.message} — got {trace_id[:80]!r}"
+    path = f"{PATH}/{tid}" if tid else PATH
+    children = [
+        dcc.Store(id=ids.TR_STATE, data={"trace_id": tid, "state": state}),
+        c.toolbar(path, state, show=(), error=res.error),
+        html.Div(className="ms-open", children=[
+            html.Label("Open a trace", htmlFor=ids.TR_OPEN_INPUT, className="ms-filter-label"),
+            dcc.Input(id=ids.TR_OPEN_INPUT, type="text", value=tid or "", placeholder="32 hexadecimal digits",
+                      className="ms-input ms-mono ms-open-input", spellCheck=False, debounce=False),
+            html.Button("Open", id=ids.TR_OPEN_BUTTON, n_clicks=0, className="ms-button"),
+            html.Span(error or "", id=ids.TR_OPEN_ERROR, className="ms-toolbar-error", role="alert"),
+        ]),
+    ]
+    if tid is None:
+        children.append(c.empty_state("No trace selected.", "Paste a trace id above, or pick an exemplar trace on a ",
+                                      dcc.Link("drilldown", href="/drilldown"), " page."))
+        # The callback targets exist on every trace page, empty here.
+        children.append(html.Div(style={"display": "none"}, children=[
+            html.Div(id=ids.TR_HEADER), c.graph(ids.TR_WATERFALL), c.graph(ids.TR_ICICLE),
+            html.Div(id=ids.TR_SPANS), html.Div(id=ids.TR_DETAIL)]))
+        return html.Div(className="ms-page", children=children)
+    children += [
+        c.loading(html.Div(id=ids.TR_HEADER, className="ms-trace-header")),
+        c.panel("Waterfall", c.loading(c.graph(ids.TR_WATERFALL)),
+                actions=html.Span("● critical path · click a span for its attributes", className="ms-note")),
+        html.Div(className="ms-grid-2", children=[
+            c.panel("Selected span", c.loading(html.Div(id=ids.TR_DETAIL))),
+            c.panel("Flame graph", c.loading(c.graph(ids.TR_ICICLE))),
+        ]),
+        c.panel("Spans", c.loading(html.Div(id=ids.TR_SPANS))),
+    ]
+    return html.Div(className="ms-page", children=children)
+
+
+def _value_text(value) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def kv_table(mapping: dict, id: str | None = None) -> html.Table | html.Div:
+    if not mapping:
+        return html.Div("none", className="ms-note")
+    rows = [{"key": str(k), "value": _value_text(v)} for k, v in sorted(mapping.items(), key=lambda kv: str(kv[0]))]
+    return c.text_table([("key", "key"), ("value", "value")], rows, id=id, className="ms-table ms-kv")
+
+
+def rank_text(span: dict) -> str:
+    if span.get("rank") is None:
+        return "no samples of this operation in the window"
+    return f"{fmt_rank(span['rank'])} for {span['name']} ({fmt_count(span['op_count'])} spans in the window)"
+
+
+def span_detail(trace: dict, span: dict) -> html.Div:
+    t0 = trace["start_unix_nano"]
+    facts = [
+        ("name", span["name"]), ("service", span["service"]), ("kind", span["kind"]), ("stage", span["stage"]),
+        ("span id", span["span_id"]), ("parent", span["parent_span_id"] or "(root)"),
+        ("starts at", f"+{fmt_ms((span['start_unix_nano'] - t0) / 1e6)}"),
+        ("duration", fmt_ms(span["duration_ms"])), ("self time", fmt_ms(span["self_ms"])),
+        ("rank", rank_text(span)), ("critical path", "yes" if span.get("critical") else "no"),
+        ("status", span["status"] + (f": {span['status_message']}" if span.get("status_message") else "")),
+        ("instance", span.get("instance") or "—"), ("source", span["source"]),
+    ]
+    events = span.get("events") or []
+    ev_rows = []
+    for e in events if isinstance(events, list) else []:
+        if not isinstance(e, dict):
+            continue
+        t = e.get("time_unix_nano") or e.get("timeUnixNano")
+        try:
+            when = f"+{fmt_ms((int(t) - t0) / 1e6)}" if t is not None else ""
+        except (TypeError, ValueError):
+            when = ""
+        ev_rows.append({"when": when, "name": str(e.get("name", "")),
+                        "attributes": _value_text(e.get("attributes", {}))})
+    return html.Div(id="trace-span-detail-body", children=[
+        c.text_table([("k", ""), ("v", "")], [{"k": k, "v": v} for k, v in facts], className="ms-table ms-kv ms-facts"),
+        html.H3("Attributes", className="ms-subhead"),
+        kv_table(span.get("attributes") or {}, id="trace-attributes"),
+        html.H3("Resource", className="ms-subhead"),
+        kv_table(span.get("resource") or {}),
+        *([html.H3("Events", className="ms-subhead"),
+           c.text_table([("when", "at"), ("name", "event"), ("attributes", "attributes")], ev_rows)] if ev_rows else []),
+    ])
+
+
+def spans_table(trace: dict, state: dict, selected: str | None) -> html.Table:
+    base = f"{PATH}/{trace['trace_id']}"
+    rows = []
+    for s in trace["spans"]:
+        indent = "\u2003" * min(s.get("depth", 0), 24)
+        rows.append({
+            "_id": s["span_id"],
+            "name": [indent, dcc.Link(s["name"] if len(s["name"]) <= 120 else s["name"][:119] + "…",
+                                      href=st.to_href(base, st.with_(state, span=s["span_id"])),
+                                      className="ms-span-link")],
+            "service": s["service"], "stage": s["stage"], "kind": s["kind"],
+            "duration": fmt_ms(s["duration_ms"]), "self": fmt_ms(s["self_ms"]),
+            "rank": f"{fmt_rank(s['rank'])}" if s.get("rank") is not None else "—",
+            "critical": "●" if s.get("critical") else "",
+            "status": s["status"] if s["status"] == "ERROR" else "",
+        })
+    cols = [("critical", ""), ("name", "span"), ("service", "service"), ("stage", "stage"), ("kind", "kind"),
+            ("duration", "duration"), ("self", "self"), ("rank", "rank vs its operation"), ("status", "status")]
+    return c.text_table(cols, rows, id="trace-span-table",
+                        row_class=lambda r: "ms-row-selected" if r["_id"] == selected else None)
+
+
+@dash.callback(
+    Output(ids.TR_HEADER, "children"),
+    Output(ids.TR_WATERFALL, "figure"),
+    Output(ids.TR_ICICLE, "figure"),
+    Output(ids.TR_SPANS, "children"),
+    Output(ids.TR_DETAIL, "children"),
+    Input(ids.TR_STATE, "data"),
+)
+def _fill(data):
+    data = data or {}
+    tid, state = data.get("trace_id"), data.get("state") or {}
+    blank = figures.empty_figure("No trace selected.")
+    if not tid:
+        return None, blank, blank, None, None
+    res = st.resolve(state)
+    trace = queries.trace_view(c.reader(), tid, res.window)
+    if trace is None:
+        msg = c.empty_state(f"Trace {tid} is not stored.",
+                            "It may not have arrived yet, or its raw spans passed retention "
+                            "(MODALSCOPE_RETENTION_DAYS).")
+        nothing = figures.empty_figure("Trace not found.")
+        return msg, nothing, nothing, None, None
+    selected_id = state.get("span")
+    by_id = {s["span_id"]: s for s in trace["spans"]}
+    selected = by_id.get(selected_id) or next((s for s in trace["spans"] if not s["parent_span_id"]),
+                                              trace["spans"][0])
+    errors = sum(1 for s in trace["spans"] if s["status"] == "ERROR")
+    header = html.Div(children=[
+        html.H1(["Trace ", html.Span(tid, className="ms-mono")], className="ms-title"),
+        html.Div(className="ms-summary", children=[
+            html.Div([html.Span(k, className="ms-stat-label"), html.Span(v, className="ms-stat-value")],
+                     className="ms-stat")
+            for k, v in (("root", f"{trace['root_service'] or '?'} · {trace['root_name'] or '?'}"),
+                         ("duration", fmt_ms(trace["duration_ms"])), ("input type", trace["input_type"]),
+                         ("spans", fmt_count(trace["span_count"])), ("errors", str(errors)),
+                         ("started", rfc3339(trace["start_unix_nano"]).replace("T", " ").replace("Z", " UTC")))
+        ]),
+        c.banner(None if trace["in_window"] else
+                 "This trace started outside the selected window; ranks compare it with the window's spans.",
+                 "info"),
+        c.banner(None if trace["settled"] else "This trace has not settled yet (spans may still arrive).", "info"),
+    ])
+    return (header, figures.waterfall(trace, selected["span_id"]), figures.icicle(trace),
+            spans_table(trace, state, selected["span_id"]), span_detail(trace, selected))
+
+
+def open_href(value: str | None, state: dict) -> tuple[str | None, str]:
+    """Pure: the href opening the trace id typed in the box, or (None, why not)."""
+    try:
+        tid = parse_trace_id((value or "").strip())
+    except ParamError as exc:
+        return None, exc.message
+    keep = {k: v for k, v in state.items() if k in st.TIME_KEYS}
+    return st.to_href(f"{PATH}/{tid}", keep), ""
+
+
+@dash.callback(
+    Output(ids.URL, "href", allow_duplicate=True),
+    Output(ids.TR_OPEN_ERROR, "children"),
+    Input(ids.TR_OPEN_BUTTON, "n_clicks"),
+    Input(ids.TR_OPEN_INPUT, "n_submit"),
+    State(ids.TR_OPEN_INPUT, "value"),
+    State(ids.TR_STATE, "data"),
+    prevent_initial_call=True,
+)
+def _open(_clicks, _submit, value, data):
+    href, error = open_href(value, (data or {}).get("state") or {})
+    return (href, "") if href else (no_update, error)
+
+
+@dash.callback(
+    Output(ids.URL, "href", allow_duplicate=True),
+    Input(ids.TR_WATERFALL, "clickData"),
+    State(ids.TR_STATE, "data"),
+    prevent_initial_call=True,
+)
+def _select_span(click, data):
+    data = data or {}
+    try:
+        span_id = str(click["points"][0]["customdata"][0])
+    except (KeyError, IndexError, TypeError):
+        return no_update
+    if not data.get("trace_id"):
+        return no_update
+    return st.to_href(f"{PATH}/{data['trace_id']}", st.with_(data.get("state") or {}, span=span_id))

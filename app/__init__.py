@@ -1,14 +1,26 @@
-"""The web app: ``create_app(settings=None)`` builds the Flask server with ``/api/v1``.
+"""The web app: ``create_app(settings=None)`` builds the Flask server with ``/api/v1`` and
+the Dash dashboard (Dash Pages, one module per page under ``app/pages/``).
 
-Nothing heavy happens at import time; tests build the app through the factory with a
-temporary database.
+Nothing heavy happens at import time (Dash is imported inside the factory); tests build
+the app through the factory with a temporary database. The factory returns the Flask
+server, so ``gunicorn 'modalscope.app:create_app()'`` serves everything.
 """
 
 from __future__ import annotations
 
-from flask import Flask, jsonify
+from pathlib import Path
+
+from flask import Flask
 
 from ..settings import Settings
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def assets_folder() -> Path:
+    """``assets/`` beside the package folders: the source tree's top level (editable
+    installs, the Docker image) or ``modalscope/assets`` when installed as a package."""
+    return PACKAGE_DIR.parent / "assets"
 
 
 def create_app(settings: Settings | None = None) -> Flask:
@@ -25,32 +37,68 @@ def create_app(settings: Settings | None = None) -> Flask:
     server.extensions["modalscope"] = {"settings": settings, "engine": engine, "reader": StoreReader(engine)}
     server.register_blueprint(api.bp)
 
-    @server.get("/")
-    def index():
-        return jsonify({
-            "name": "modalscope",
-            "api": ["/api/v1/health", "/api/v1/pairs", "/api/v1/input-types", "/api/v1/stages",
-                    "/api/v1/traces/<trace_id>"],
-        })
-
     if settings.auth_token:
         _require_bearer_token(server, settings.auth_token)
+
+    dash_app = _add_dashboard(server, settings)
+    server.extensions["modalscope"]["dash"] = dash_app
 
     @server.after_request
     def _headers(resp):
         resp.headers.setdefault("X-Content-Type-Options", "nosniff")
         resp.headers.setdefault("X-Frame-Options", "DENY")
         resp.headers.setdefault("Content-Security-Policy", "frame-ancestors 'self'")
+        resp.headers.setdefault("Referrer-Policy", "same-origin")
         return resp
 
     return server
+
+
+def _add_dashboard(server: Flask, settings: Settings):
+    """Mount the Dash app (pages, shell, callbacks) on ``server``."""
+    import dash
+    from dash import _callback
+
+    from . import components
+
+    dash_app = dash.Dash(
+        "modalscope.app",
+        server=server,
+        use_pages=True,
+        pages_folder=str(PACKAGE_DIR / "pages"),
+        assets_folder=str(assets_folder()),
+        title="modalscope",
+        update_title=None,
+        serve_locally=True,
+        suppress_callback_exceptions=False,
+        compress=False,
+        meta_tags=[{"name": "viewport", "content": "width=device-width, initial-scale=1"}],
+    )
+    dash_app.layout = components.shell()
+    components.register_callbacks()
+    # Dash collects ``dash.callback`` registrations in module-level lists and hands them to
+    # whichever app serves its first request. Page modules are (re-)executed for every app
+    # the factory builds, so claim this app's callbacks now: several apps in one process
+    # (tests, a gunicorn worker re-creating its app) each get their own complete set.
+    dash_app.callback_map.update(_callback.GLOBAL_CALLBACK_MAP)
+    _callback.GLOBAL_CALLBACK_MAP.clear()
+    dash_app._callback_list.extend(_callback.GLOBAL_CALLBACK_LIST)  # noqa: SLF001
+    _callback.GLOBAL_CALLBACK_LIST.clear()
+    dash_app._inline_scripts.extend(_callback.GLOBAL_INLINE_SCRIPTS)  # noqa: SLF001
+    _callback.GLOBAL_INLINE_SCRIPTS.clear()
+    if settings.debug:
+        # MODALSCOPE_DEBUG=1 only: the dev tools expose a debugger.
+        dash_app.enable_dev_tools(debug=True, dev_tools_hot_reload=False, dev_tools_ui=True,
+                                  dev_tools_props_check=True, dev_tools_serve_dev_bundles=True,
+                                  dev_tools_disable_version_check=True)
+    return dash_app
 
 
 def _require_bearer_token(server: Flask, token: str) -> None:
     """MODALSCOPE_AUTH_TOKEN: everything but /api/v1/health needs ``Authorization: Bearer``."""
     import hmac
 
-    from flask import request
+    from flask import jsonify, request
 
     expected = f"Bearer {token}".encode()
 

@@ -96,7 +96,7 @@ def loading(*children: Any) -> dcc.Loading:
 
 
 def graph(component_id: str, **kw) -> dcc.Graph:
-    config = {"displaylogo": False, "responsive": True,
+    config = {"displaylogo": False,
               "modeBarButtonsToRemove": ["lasso2d", "autoScale2d", "toImage"]}
     config.update(kw.pop("config", {}))
     return dcc.Graph(id=component_id, config=config, className="ms-graph", **kw)

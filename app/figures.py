@@ -63,15 +63,16 @@ def input_type_color(it: str) -> str:
 
 
 def base_layout(fig: go.Figure, *, height: int = 360, **kw) -> go.Figure:
-    fig.update_layout(
+    settings = dict(
         template="plotly_white",
         font=dict(family=FONT, size=12, color=INK),
         margin=dict(l=64, r=24, t=36, b=48),
         height=height,
         hoverlabel=dict(font=dict(family=FONT, size=12)),
         legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0, font=dict(size=11)),
-        **kw,
     )
+    settings.update(kw)
+    fig.update_layout(**settings)
     fig.update_xaxes(gridcolor=GRID, zeroline=False, linecolor=GRID)
     fig.update_yaxes(gridcolor=GRID, zeroline=False, linecolor=GRID)
     return fig
@@ -94,7 +95,7 @@ def log_ticks(lo_ms: float, hi_ms: float) -> tuple[list[float], list[str]]:
     hi = math.ceil(math.log10(max(hi_ms, 1e-6)))
     vals, text = [], []
     for e in range(lo, hi + 1):
-        for m in ((1, 3) if hi - lo <= 3 else (1,)):
+        for m in ((1, 2, 5) if hi - lo <= 2 else (1, 3) if hi - lo <= 4 else (1,)):
             v = m * 10.0 ** e
             if lo_ms * 0.8 <= v <= hi_ms * 1.25:
                 vals.append(math.log10(v))
@@ -183,8 +184,9 @@ def _pct_lines(fig: go.Figure, dist: dict, *, row=None, col=None) -> None:
         name, color, _ = PCT_STYLE[key]
         kw = {} if row is None else {"row": row, "col": col}
         fig.add_vline(x=math.log10(v), line=dict(color=color, width=1.5, dash="dash"),
-                      annotation_text=f"{name} {fmt_ms(v)}", annotation_position="top",
-                      annotation_font=dict(size=11, color=color), **kw)
+                      annotation=dict(text=f"{name} {fmt_ms(v)}", yshift=-16 * ("p50", "p90", "p99").index(key),
+                                      font=dict(size=11, color=color), bgcolor="rgba(255,255,255,0.85)"),
+                      annotation_position="top right", **kw)
 
 
 def latency_histogram(dist: dict, band: tuple[float | None, float | None] = (None, None)) -> go.Figure:
@@ -222,7 +224,8 @@ def latency_histogram(dist: dict, band: tuple[float | None, float | None] = (Non
     base_layout(fig, height=340, bargap=0.05)
     fig.update_xaxes(tickvals=tv, ticktext=tt, title_text="latency (log scale)")
     fig.update_yaxes(title_text="count", secondary_y=False)
-    fig.update_yaxes(title_text="CDF", range=[0, 1.02], tickformat=".0%", secondary_y=True, showgrid=False)
+    fig.update_yaxes(title_text="CDF", range=[0, 1.02], tickformat=".0%", tickvals=[0, 0.25, 0.5, 0.75, 1],
+                     secondary_y=True, showgrid=False)
     fig.update_layout(clickmode="event", hovermode="closest")
     return fig
 

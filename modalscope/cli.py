@@ -149,24 +149,22 @@ def cmd_ingest_otlp(args) -> int:
     return 0
 
 
-def cmd_serve(args) -> int:
-    from werkzeug.serving import make_server
-
+def serve_dashboard(settings, port: int | None = None):
+    """Start the dashboard on a thread; returns the server (``.shutdown()``, ``.url``)."""
     from .app import create_app
+    from .ingest.otlp_http import serve_http
 
+    app = create_app(settings)
+    return serve_http(app, settings.bind, port or settings.port, what="dashboard")
+
+
+def cmd_serve(args) -> int:
     settings = _settings()
     engine = _open_store(settings)
     engine.dispose()
-    app = create_app(settings)
-    port = args.port or settings.port
-    try:
-        server = make_server(settings.bind, port, app, threaded=True)
-    except OSError as exc:
-        raise CommandError(f"cannot listen on {settings.bind}:{port} (dashboard): {exc.strerror or exc}") from None
-    print(f"modalscope {__version__} at http://{settings.bind}:{port}/ (development server; "
+    server = serve_dashboard(settings, args.port)
+    print(f"modalscope {__version__} at http://{settings.bind}:{server.port}/ (development server; "
           "use gunicorn in production); Ctrl-C stops", flush=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
     try:
         _wait_for_signal()
     finally:

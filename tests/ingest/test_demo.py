@@ -1,0 +1,612 @@
+"""The demo generator (ingest/demo.py) and `modalscope demo`.
+
+The numbers are checked where a user sees them: through /api/v1 (rollups built by the real
+decode -> tag -> write -> settle path), and through the stored spans for what the API
+does not cover yet (cache hits, batch sizes, instances). Two stores are filled once per
+test session and shared between xdist workers: a clean one with an even input-type mix
+(~2,000 traces a type, for stable P95s) and the default 3-hour run with every pattern
+injected (at a low rate, so it fills in seconds).
+"""
+
+from __future__ import annotations
+
+import collections
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from sqlalchemy import delete, select
+
+from modalscope.app import create_app
+from modalscope.ingest import demo
+from modalscope.ingest.otlp import decode_protobuf
+from modalscope.ingest.records import KIND_CLIENT, KIND_SERVER, STATUS_ERROR
+from modalscope.ingest.settle import settle
+from modalscope.ingest.stages import default_rules
+from modalscope.ingest.traces import input_type_of, service_pairs
+from modalscope.models import Rollup, Series, Span, Trace
+from modalscope.models.engine import make_engine
+from modalscope.models.migrate import upgrade
+from modalscope.settings import Settings
+from tests.test_cli import run
+
+MIN = 60_000_000_000
+# A fixed "now" (2025-11-30 12:00:30 UTC): the stores are the same in every run.
+NOW = 1_764_504_030 * 1_000_000_000
+EVEN_MIX = (("text", 1.0), ("image", 1.0), ("multi_image", 1.0), ("audio", 1.0))
+
+CLEAN = demo.DemoConfig(now_ns=NOW, hours=1.0, rate=2.3, clean=True, mix=EVEN_MIX)
+PATTERNS = demo.DemoConfig(now_ns=NOW, hours=3.0, rate=1.0)
+
+
+# --------------------------------------------------------------------------------------
+# Stores shared by the whole session (and by xdist workers: built once, under a lock)
+# --------------------------------------------------------------------------------------
+
+
+def _build(path, config: demo.DemoConfig) -> None:
+    url = f"sqlite:///{path}"
+    upgrade(url)
+    engine = make_engine(url, write=True)
+    try:
+        demo.fill(engine, config)
+        settle(engine, force=True)
+    finally:
+        engine.dispose()
+
+
+def _shared_store(tmp_path_factory, worker_id: str, name: str, config: demo.DemoConfig) -> str:
+    root = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        root = root.parent  # shared by this session's workers
+    path = root / f"demo-{name}.db"
+    with open(root / f"demo-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / f"demo-{name}.done").exists():
+            _build(path, config)
+            (root / f"demo-{name}.done").write_text("ok")
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture(scope="session")
+def worker_id(request):  # pytest-xdist provides it; this covers plain pytest
+    return getattr(request.config, "workerinput", {}).get("workerid", "master")
+
+
+class Store:
+    def __init__(self, url: str, config: demo.DemoConfig) -> None:
+        self.url = url
+        self.config = config
+        self.app = create_app(Settings(database_url=url))
+        self.client = self.app.test_client()
+        self.engine = self.app.extensions["modalscope"]["engine"]
+
+    def get(self, path: str, **params):
+        params.setdefault("start", self.config.start_ns / 1e9)
+        params.setdefault("end", self.config.end_ns / 1e9 + 120)
+        r = self.client.get(f"/api/v1/{path}", query_string=params)
+        assert r.status_code == 200, r.get_json()
+        return r.get_json()
+
+    def spans(self, *where, attrs: bool = True):
+        cols = [Span.trace_id, Span.span_id, Span.parent_span_id, Span.service, Span.name, Span.kind,
+                Span.start_ns, Span.duration_ns, Span.status, Span.instance, Span.stage]
+        if attrs:
+            cols.append(Span.attributes)
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(*cols).where(*where).order_by(Span.start_ns)).all()
+        out = []
+        for r in rows:
+            d = dict(r._mapping)
+            if attrs:
+                d["attributes"] = json.loads(d["attributes"])
+            out.append(d)
+        return out
+
+    def close(self):
+        self.engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def clean_store(tmp_path_factory, worker_id):
+    store = Store(_shared_store(tmp_path_factory, worker_id, "clean", CLEAN), CLEAN)
+    yield store
+    store.close()
+
+
+@pytest.fixture(scope="session")
+def pattern_store(tmp_path_factory, worker_id):
+    store = Store(_shared_store(tmp_path_factory, worker_id, "patterns", PATTERNS), PATTERNS)
+    yield store
+    store.close()
+
+
+def _pattern(kind: str) -> demo.InjectedPattern:
+    (p,) = [p for p in demo.injected_patterns(PATTERNS) if p.kind == kind]
+    return p
+
+
+def _iso(ns: int) -> float:
+    return ns / 1e9
+
+
+# --------------------------------------------------------------------------------------
+# Generation: deterministic, real OTLP, the right stages and pairs (no database)
+# --------------------------------------------------------------------------------------
+
+SMALL = demo.DemoConfig(now_ns=NOW, hours=0.1, rate=3.0)
+
+
+def _digest(payloads) -> str:
+    h = hashlib.sha256()
+    for p in payloads:
+        h.update(len(p).to_bytes(8, "big"))
+        h.update(p)
+    return h.hexdigest()
+
+
+def test_same_seed_gives_byte_identical_requests():
+    first = list(demo.requests(SMALL))
+    assert len(first) >= 2
+    assert _digest(first) == _digest(demo.requests(SMALL))
+    assert _digest(first) != _digest(demo.requests(demo.DemoConfig(now_ns=NOW, hours=0.1, rate=3.0, seed=43)))
+    # The injection plan is data, the same for the same config.
+    assert demo.injected_patterns(SMALL) == demo.injected_patterns(SMALL)
+
+
+def test_cli_defaults_match_the_generator():
+    from modalscope import demo_cmd
+
+    assert (demo_cmd.DEFAULT_SEED, demo_cmd.DEFAULT_HOURS, demo_cmd.DEFAULT_RATE) == (
+        demo.DEFAULT_SEED, demo.DEFAULT_HOURS, demo.DEFAULT_RATE)
+
+
+def _decoded(config):
+    rules = default_rules()
+    traces = collections.defaultdict(list)
+    n_traces = 0
+    for payload, nt, ns in demo.iter_requests(config):
+        result = decode_protobuf(payload)
+        assert result.rejected == 0, result.errors
+        assert len(result.spans) == ns
+        rules.tag(result.spans)
+        n_traces += nt
+        for s in result.spans:
+            traces[s.trace_id].append(s)
+    assert len(traces) == n_traces
+    return traces
+
+
+# (service, span name) -> stage, for every span the generator emits.
+EXPECTED_STAGES = {
+    ("gateway", "POST /v1/chat/completions"): "other",
+    ("auth", "auth.v1.Auth/Verify"): "other",
+    ("billing", "billing.v1.Billing/RecordUsage"): "other",
+    ("preprocessor", "preprocess.v1.Preprocessor/Preprocess"): "preprocessing",
+    ("preprocessor", "text.tokenize"): "preprocessing",
+    ("preprocessor", "image.fetch"): "preprocessing",
+    ("preprocessor", "audio.decode"): "preprocessing",
+    ("preprocessor", "audio.resample"): "preprocessing",
+    ("vision-encoder", "vision.v1.VisionEncoder/Encode"): "encoder",
+    ("vision-encoder", "image.decode"): "preprocessing",
+    ("vision-encoder", "image.resize"): "preprocessing",
+    ("vision-encoder", "image.normalize"): "preprocessing",
+    ("vision-encoder", "vit.forward"): "encoder",
+    ("vision-encoder", "vit.patch_embed"): "encoder",
+    ("vision-encoder", "vit.attention"): "encoder",
+    ("vision-encoder", "vit.mlp"): "encoder",
+    ("text-encoder", "text.v1.TextEncoder/Encode"): "encoder",
+    ("text-encoder", "text_encoder.forward"): "encoder",
+    ("audio-encoder", "audio.v1.AudioEncoder/Encode"): "encoder",
+    ("audio-encoder", "audio_encoder.forward"): "encoder",
+    ("fusion", "fusion.v1.Fusion/Fuse"): "fusion",
+    ("fusion", "fusion.sync_wait"): "fusion",
+    ("fusion", "fusion.align"): "fusion",
+    ("fusion", "fusion.cross_attn"): "fusion",
+    ("fusion", "fusion.memcpy"): "fusion",
+    ("llm", "llm.v1.LLM/Generate"): "inference",
+    ("llm", "llm.prefill"): "inference",
+    ("llm", "llm.generate"): "inference",
+}
+EXPECTED_PAIRS = {
+    ("gateway", callee) for callee in (
+        "auth", "userdb", "profile-cache", "preprocessor", "vision-encoder", "text-encoder",
+        "audio-encoder", "fusion", "llm", "billing")
+}
+
+
+def test_spans_land_in_their_stages_and_pairs():
+    traces = _decoded(demo.DemoConfig(now_ns=NOW, hours=0.25, rate=3.0))
+    seen_stages = {}
+    pairs = collections.Counter()
+    types = collections.Counter()
+    for spans in traces.values():
+        types[input_type_of(spans)] += 1
+        for s in spans:
+            if s.kind == KIND_CLIENT:
+                assert s.stage == "network", (s.service, s.name)
+                assert s.service == "gateway"
+            else:
+                seen_stages[(s.service, s.name)] = s.stage
+            assert s.resource["service.instance.id"].startswith("pod-")
+        for caller, callee in service_pairs(spans).values():
+            pairs[(caller, callee)] += 1
+        # Children lie inside their parents (stage time is self time).
+        by_id = {s.span_id: s for s in spans}
+        for s in spans:
+            parent = by_id.get(s.parent_span_id)
+            if parent is not None:
+                assert parent.start_ns <= s.start_ns and s.end_ns <= parent.end_ns, (parent.name, s.name)
+    assert seen_stages == EXPECTED_STAGES
+    assert set(pairs) == EXPECTED_PAIRS
+    # userdb is the busiest callee (session + quota on every request, the profile on a miss).
+    assert pairs[("gateway", "userdb")] > 2 * pairs[("gateway", "llm")]
+    assert set(types) == {"text", "image", "multi_image", "audio"}
+
+
+def test_clean_run_injects_nothing():
+    cfg = demo.DemoConfig(now_ns=NOW, hours=3.0, rate=0.3, clean=True)
+    assert demo.injected_patterns(cfg) == []
+    traces = _decoded(cfg)
+    generate = [s for spans in traces.values() for s in spans if s.name == "llm.generate"]
+    fallback = sum(s.attributes["gpu.cuda_graph"] == "fallback" for s in generate)
+    assert fallback <= 3 * demo.BASELINE_FALLBACK_RATE * len(generate) + 2
+    roots = [s for spans in traces.values() for s in spans if s.parent_span_id is None]
+    assert max(s.duration_ns for s in roots) < 20e9  # nothing near the 30 s LB timeout
+    vit = [s.attributes["batch.size"] for spans in traces.values() for s in spans if s.name == "vit.forward"]
+    assert min(vit) >= 2  # dynamic batching works
+    errors = sum(any(s.status == STATUS_ERROR for s in spans) for spans in traces.values())
+    assert 0.004 < errors / len(traces) < 0.025
+
+
+def test_default_run_plans_every_pattern_in_its_window():
+    patterns = demo.injected_patterns(PATTERNS)
+    assert [p.kind for p in patterns] == list(demo.PATTERN_KINDS)
+    for p in patterns:
+        assert PATTERNS.start_ns <= p.start_ns < p.end_ns <= PATTERNS.end_ns, p.kind
+        assert p.start_ns % MIN == 0 and p.end_ns % MIN == 0
+        assert p.subject and p.description
+    band = _pattern("p99_band_break")
+    assert band.end_ns - band.start_ns >= 10 * MIN and band.start_ns - PATTERNS.start_ns >= 30 * MIN
+
+
+# --------------------------------------------------------------------------------------
+# The seed's table, through /api/v1 (clean run, even mix)
+# --------------------------------------------------------------------------------------
+
+
+def test_input_type_percentiles_match_the_seed(clean_store):
+    rows = {r["input_type"]: r for r in clean_store.get("input-types")}
+    assert set(rows) == {"text", "image", "multi_image", "audio"}
+    for it, profile in demo.PROFILES.items():
+        row = rows[it]
+        assert row["count"] >= 1900, (it, row["count"])
+        assert row["p50_ms"] == pytest.approx(profile.p50_s * 1000, rel=0.10), (it, row)
+        assert row["p95_ms"] == pytest.approx(profile.p95_s * 1000, rel=0.10), (it, row)
+        assert row["bottleneck_stage"] == demo.BOTTLENECK_STAGE[it], (it, row)
+        assert 0.004 < row["error_rate"] < 0.03
+
+
+def test_stage_shares_follow_the_bottleneck_column(clean_store):
+    rows = clean_store.get("stages", group_by="input_type")
+    shares = collections.defaultdict(dict)
+    for r in rows:
+        shares[r["input_type"]][r["stage"]] = r["share"]
+    for it, expected in demo.STAGE_SHARES.items():
+        got = shares[it]
+        for stage, want in expected.items():
+            assert got.get(stage, 0.0) == pytest.approx(want, rel=0.10, abs=0.01), (it, stage, got)
+        # The stages the seed names hold the bulk of the time.
+        assert sum(got[s] for s in demo.BOTTLENECK_STAGES[it]) >= 0.38, (it, got)
+    # Two images: fusion grows (cross-modal attention scheduling + memory copies).
+    assert shares["multi_image"]["fusion"] > 3 * shares["image"]["fusion"]
+
+
+def test_seed_pair_latencies(clean_store):
+    pairs = {(r["caller"], r["callee"]): r for r in clean_store.get("pairs")}
+    userdb, billing = pairs[("gateway", "userdb")], pairs[("gateway", "billing")]
+    # The seed: api->billing 12 / 87 ms, api->userdb 8 / 43 ms (P50 / P90).
+    assert billing["p50_ms"] == pytest.approx(12, rel=0.2) and billing["p90_ms"] == pytest.approx(87, rel=0.2)
+    assert userdb["p50_ms"] == pytest.approx(8, rel=0.2) and userdb["p90_ms"] == pytest.approx(43, rel=0.25)
+    assert userdb["count"] / billing["count"] == pytest.approx(326_502 / 142_891, rel=0.1)
+
+
+# --------------------------------------------------------------------------------------
+# Each injected pattern is in the stored data (default 3-hour run, low rate)
+# --------------------------------------------------------------------------------------
+
+
+def _in(p: demo.InjectedPattern, ns: int) -> bool:
+    return p.start_ns <= ns < p.end_ns
+
+
+def test_hot_spot(pattern_store):
+    p = _pattern("hot_spot")
+    rows = pattern_store.get("pairs", start=_iso(p.start_ns), end=_iso(p.end_ns))
+    by = {(r["caller"], r["callee"]): r for r in rows}
+    hot = by[(p.subject["caller"], p.subject["callee"])]
+    p99s = sorted((r["p99_ms"] for r in rows), reverse=True)
+    counts = sorted((r["count"] for r in rows), reverse=True)
+    quartile = max(1, len(rows) // 4)
+    assert hot["count"] == counts[0]
+    assert hot["p99_ms"] >= p99s[quartile - 1], (hot, p99s)
+    before = {(r["caller"], r["callee"]): r for r in pattern_store.get(
+        "pairs", start=_iso(p.start_ns - 45 * MIN), end=_iso(p.start_ns - 15 * MIN))}
+    assert hot["p99_ms"] > 10 * before[("gateway", "userdb")]["p99_ms"]
+
+
+def test_p99_band_break(pattern_store):
+    p = _pattern("p99_band_break")
+    q = {"caller": p.subject["caller"], "callee": p.subject["callee"]}
+    (win,) = pattern_store.get("pairs", start=_iso(p.start_ns), end=_iso(p.end_ns), **q)
+    (base,) = pattern_store.get("pairs", start=_iso(p.start_ns - 30 * MIN), end=_iso(p.start_ns), **q)
+    assert win["p99_ms"] >= 3 * base["p99_ms"], (win, base)
+    assert win["p50_ms"] == pytest.approx(base["p50_ms"], rel=0.2)
+
+
+def test_cache_penetration(pattern_store):
+    p = _pattern("cache_penetration")
+    lookups = pattern_store.spans(Span.name == "GET profile")
+    stats = collections.defaultdict(lambda: [0, 0])  # (inside, tier) -> [hits, total]
+    for s in lookups:
+        a = s["attributes"]
+        assert a["cache.name"] == p.subject["cache"]
+        k = (_in(p, s["start_ns"]), a["user_tier"])
+        stats[k][0] += bool(a["cache.hit"])
+        stats[k][1] += 1
+    rate = {k: h / n for k, (h, n) in stats.items()}
+    assert rate[(False, "bronze")] > 0.75 and rate[(True, "bronze")] < 0.2
+    assert rate[(True, "gold")] > 0.8 and rate[(False, "gold")] > 0.8  # the other tag holds
+    inside = sum(n for (i, _), (_, n) in stats.items() if i)
+    assert stats[(True, "gold")][1] / inside > 0.5  # gold dominates the volume
+
+
+def test_fusion_sync_wait(pattern_store):
+    p = _pattern("fusion_sync_wait")
+    encoders = pattern_store.spans(Span.kind == KIND_SERVER,
+                                   Span.service.in_(("vision-encoder", "text-encoder", "audio-encoder")),
+                                   attrs=False)
+    ends = collections.defaultdict(list)
+    start = {}
+    for s in encoders:
+        ends[s["trace_id"]].append(s["start_ns"] + s["duration_ns"])
+        start[s["trace_id"]] = min(start.get(s["trace_id"], s["start_ns"]), s["start_ns"])
+    spread = {True: [], False: []}
+    for tid, e in ends.items():
+        if len(e) >= 2:
+            spread[_in(p, start[tid])].append((max(e) - min(e)) / 1e6)
+    assert np.median(spread[True]) > 100 and np.median(spread[False]) < 25
+    waits = pattern_store.spans(Span.name == "fusion.sync_wait", attrs=False)
+    inside = [w["duration_ns"] / 1e6 for w in waits if _in(p, w["start_ns"])]
+    outside = [w["duration_ns"] / 1e6 for w in waits if not _in(p, w["start_ns"])]
+    assert np.median(inside) > 5 * np.median(outside)
+
+
+def test_preprocessing_bound(pattern_store):
+    p = _pattern("preprocessing_bound")
+    it = p.subject["input_type"]
+
+    def share(**window):
+        rows = pattern_store.get("stages", group_by="input_type", input_type=it, **window)
+        return {r["stage"]: r["share"] for r in rows}["preprocessing"]
+
+    inside = share(start=_iso(p.start_ns), end=_iso(p.end_ns))
+    before = share(start=_iso(p.start_ns - 40 * MIN), end=_iso(p.start_ns))
+    assert inside > 1.6 * before and inside > 0.3, (inside, before)
+    # The slow decodes concentrate on one pod.
+    decodes = pattern_store.spans(Span.name == "image.decode", Span.start_ns >= p.start_ns,
+                                  Span.start_ns < p.end_ns, attrs=False)
+    by_pod = collections.defaultdict(list)
+    for s in decodes:
+        by_pod[s["instance"]].append(s["duration_ns"])
+    slow = p.details["instance"]
+    others = [d for pod, ds in by_pod.items() if pod != slow for d in ds]
+    assert np.median(by_pod[slow]) > 1.5 * np.median(others)
+
+
+def test_batching_failure(pattern_store):
+    p = _pattern("batching_failure")
+    vit = pattern_store.spans(Span.name == "vit.forward")
+    inside = [s["attributes"]["batch.size"] for s in vit if _in(p, s["start_ns"])]
+    outside = [s["attributes"]["batch.size"] for s in vit if not _in(p, s["start_ns"])]
+    assert inside and set(inside) == {1}
+    assert np.mean(outside) > 3 and sum(b == 1 for b in outside) == 0
+    # ... while the load is high: more requests a minute than in the hour before.
+    roots = pattern_store.spans(Span.parent_span_id.is_(None), attrs=False)
+    per_min_in = sum(_in(p, r["start_ns"]) for r in roots) / ((p.end_ns - p.start_ns) / MIN)
+    per_min_out = sum(r["start_ns"] < p.start_ns for r in roots) / ((p.start_ns - PATTERNS.start_ns) / MIN)
+    assert per_min_in > 1.3 * per_min_out
+
+
+def test_cuda_graph_fallback(pattern_store):
+    p = _pattern("cuda_graph_fallback")
+    gens = pattern_store.spans(Span.name == "llm.generate")
+    inside = [s for s in gens if _in(p, s["start_ns"])]
+    fb_in = [s for s in inside if s["attributes"]["gpu.cuda_graph"] == "fallback"]
+    fb_out = [s for s in gens if not _in(p, s["start_ns"]) and s["attributes"]["gpu.cuda_graph"] == "fallback"]
+    assert {s["instance"] for s in fb_in} >= {p.details["instance"]}
+    assert len(fb_in) / len(inside) > 0.2
+    assert len(fb_out) / (len(gens) - len(inside)) < 3 * demo.BASELINE_FALLBACK_RATE + 0.002
+    # Extra latency: per output token, fallback generate steps are slower than captured ones.
+    def per_token(spans):
+        return np.median([s["duration_ns"] / s["attributes"]["gen_ai.usage.output_tokens"] for s in spans])
+
+    captured = [s for s in inside if s["attributes"]["gpu.cuda_graph"] == "captured"]
+    assert per_token(fb_in) > 1.3 * per_token(captured)
+
+
+def test_lb_timeout_truncation(pattern_store):
+    p = _pattern("lb_timeout_truncation")
+    ceiling = p.details["ceiling_s"] * 1e9
+    with pattern_store.engine.connect() as conn:
+        rows = conn.execute(select(Trace.start_ns, Trace.duration_ns, Trace.error, Trace.input_type)).all()
+    near = [r for r in rows if 0.98 * ceiling <= r.duration_ns < ceiling]
+    assert len(near) >= 3
+    assert all(r.error and r.input_type == p.subject["input_type"] and _in(p, r.start_ns) for r in near)
+    assert max(r.duration_ns for r in rows) < ceiling  # piled up just under it, none past
+    assert not [r for r in rows if 0.6 * ceiling < r.duration_ns < 0.98 * ceiling and not _in(p, r.start_ns)]
+
+
+def test_cold_start(pattern_store):
+    p = _pattern("cold_start")
+    pod = p.subject["attribute"]["value"]
+    servers = pattern_store.spans(Span.service == "llm", Span.kind == KIND_SERVER, attrs=False)
+    mine = [s for s in servers if s["instance"] == pod]
+    assert mine and all(s["start_ns"] >= p.start_ns for s in mine)  # a new instance
+    first = [s["duration_ns"] for s in mine if s["start_ns"] < p.start_ns + 2 * MIN]
+    steady = [s["duration_ns"] for s in mine if s["start_ns"] >= p.end_ns + 10 * MIN]
+    assert len(first) >= 5 and len(steady) >= 50
+    assert np.median(first) > 5 * np.median(steady)
+
+
+def test_baseline_regression(pattern_store):
+    p = _pattern("baseline_regression")
+    it = p.subject["input_type"]
+    (inside,) = pattern_store.get("input-types", input_type=it, start=_iso(p.start_ns), end=_iso(p.end_ns))
+    (before,) = pattern_store.get("input-types", input_type=it, start=_iso(p.start_ns - 40 * MIN),
+                                  end=_iso(p.start_ns))
+    slo = p.details["slo_p95_ms"]
+    assert inside["p95_ms"] > 1.1 * slo and before["p95_ms"] < 1.1 * slo, (inside, before)
+
+
+# --------------------------------------------------------------------------------------
+# Storage: SQLite and PostgreSQL (small)
+# --------------------------------------------------------------------------------------
+
+TINY = demo.DemoConfig(now_ns=NOW, hours=0.05, rate=2.0)
+
+
+def _store_digest(engine) -> str:
+    h = hashlib.sha256()
+    cols = [c for c in Span.__table__.columns if c.key != "id"]
+    with engine.connect() as conn:
+        for row in conn.execute(select(*cols).order_by(Span.trace_id, Span.span_id)):
+            h.update(repr(tuple(row)).encode())
+        for row in conn.execute(select(Trace.trace_id, Trace.root_service, Trace.root_name, Trace.start_ns,
+                                       Trace.duration_ns, Trace.span_count, Trace.error, Trace.input_type)
+                                .order_by(Trace.trace_id)):
+            h.update(repr(tuple(row)).encode())
+        for row in conn.execute(select(Series.key_hash, Rollup.minute, Rollup.count, Rollup.error_count,
+                                       Rollup.sum_ns, Rollup.sketch).join(Series, Series.id == Rollup.series_id)
+                                .order_by(Series.key_hash, Rollup.minute)):
+            h.update(repr(tuple(row)).encode())
+    return h.hexdigest()
+
+
+def test_two_runs_with_one_seed_store_identical_data(engine):
+    first = demo.fill(engine, TINY)
+    settle(engine, force=True)
+    digest = _store_digest(engine)
+    assert first.traces > 100 and first.inserted == first.spans
+    with engine.begin() as conn:
+        for table in (Rollup, Series, Trace, Span):
+            conn.execute(delete(table))
+    second = demo.fill(engine, TINY)
+    settle(engine, force=True)
+    assert (second.traces, second.spans) == (first.traces, first.spans)
+    assert _store_digest(engine) == digest
+    # A resent run stores nothing twice.
+    assert demo.fill(engine, TINY).inserted == 0
+
+
+class _Collecting:
+    def __init__(self):
+        self.spans = []
+
+    def accept(self, records):
+        self.spans.extend(records)
+
+
+def test_live_traffic_sends_traces_once_they_have_ended():
+    sink = _Collecting()
+    live = demo.LiveTraffic(sink, demo.DemoConfig(now_ns=NOW, hours=1.0), rate=20.0)
+    live.step(NOW, NOW + 5 * 1_000_000_000)
+    early = len(sink.spans)
+    live.step(NOW + 5 * 1_000_000_000, NOW + 60 * 1_000_000_000)
+    assert live.sent_traces > 50 and len(sink.spans) > early
+    assert all(s.end_ns <= NOW + 60 * 1_000_000_000 for s in sink.spans)
+    assert all(NOW <= s.start_ns for s in sink.spans)
+
+
+# --------------------------------------------------------------------------------------
+# The command
+# --------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_demo_generate_only_fills_a_fresh_sqlite_store(tmp_path):
+    url = f"sqlite:///{tmp_path / 'demo.db'}"
+    r = run(["demo", "--generate-only", "--hours", "0.2"], {"MODALSCOPE_DATABASE_URL": url}, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and "injected patterns" in r.stdout
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        traces = conn.execute(select(Trace.pending)).scalars().all()
+        spans = conn.execute(select(Span.id).limit(1)).first()
+    engine.dispose()
+    assert spans is not None and len(traces) > 1000 and not any(traces)
+    # A second run finds the spans and generates nothing.
+    r2 = run(["demo", "--generate-only", "--hours", "0.2"], {"MODALSCOPE_DATABASE_URL": url}, cwd=tmp_path)
+    assert r2.returncode == 0 and "already holds spans" in r2.stdout
+
+
+def test_demo_taken_port_is_one_line(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        r = run(["demo", "--port", str(port), "--hours", "0.05"],
+                {"MODALSCOPE_DATABASE_URL": f"sqlite:///{tmp_path / 'd.db'}"}, cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and str(port) in r.stderr and "in use" in r.stderr, r.stderr
+
+
+def test_demo_serves_and_stops_cleanly(tmp_path):
+    import requests
+
+    port, http_port, grpc_port = _free_port(), _free_port(), _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODALSCOPE_")}
+    env.update({"MODALSCOPE_DATABASE_URL": f"sqlite:///{tmp_path / 'd.db'}",
+                "MODALSCOPE_OTLP_HTTP_PORT": str(http_port), "MODALSCOPE_OTLP_GRPC_PORT": str(grpc_port),
+                "MODALSCOPE_SETTLE_SECONDS": "1"})
+    proc = subprocess.Popen([sys.executable, "-m", "modalscope", "demo", "--hours", "0.05", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        line = ""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line or "http://" in line:
+                break
+        assert f"http://127.0.0.1:{port}/" in line, (line, proc.poll())
+        health = requests.get(f"http://127.0.0.1:{port}/api/v1/health", timeout=5)
+        assert health.status_code == 200
+        # The receivers are up too.
+        r = requests.post(f"http://127.0.0.1:{http_port}/v1/traces", data=b"",
+                          headers={"Content-Type": "application/x-protobuf"}, timeout=5)
+        assert r.status_code == 200
+        time.sleep(2.5)  # live traffic flows
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    engine = make_engine(env["MODALSCOPE_DATABASE_URL"])
+    with engine.connect() as conn:
+        newest = conn.execute(select(Span.start_ns).order_by(Span.start_ns.desc()).limit(1)).scalar_one()
+    engine.dispose()
+    assert newest > time.time_ns() - 60 * 1_000_000_000  # live spans arrived
+

@@ -31,8 +31,12 @@ Injected patterns
 -----------------
 Unless ``clean``, every kind of DESIGN.md's anomaly catalog is injected at a known time
 and subject; :func:`injected_patterns` returns the plan as data. The windows are laid out
-for the default 3 hours (a 30-minute clean baseline before the P99 band break, no two
-patterns on one subject at once) and scaled to other lengths, to whole minutes.
+for the default 3 hours (a clean 30-minute baseline before the P99 band break; patterns
+with one cause share a window: the cache penetration feeds the userdb hot spot, the
+CPU-bound image decode makes the multi-image regression) and scaled to other lengths, to
+whole minutes. Patterns that cost user-visible latency also lift the end-to-end
+percentiles of their window (the hot spot those of every input type, the LB truncation
+the multi-image P99): detectors may rightly report that too.
 
 Determinism: everything is drawn from generators seeded with ``config.seed`` (one per
 minute of traffic), never the global ``random`` or the wall clock; ``config.now_ns`` is
@@ -49,7 +53,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -59,23 +63,26 @@ from .records import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, STATUS_ERROR
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "BOTTLENECK_STAGE",
+    "BOTTLENECK_STAGES",
     "CORE_SHARES",
     "DEFAULT_HOURS",
     "DEFAULT_RATE",
     "DEFAULT_SEED",
-    "BOTTLENECK_STAGE",
     "DemoConfig",
     "FillResult",
     "InjectedPattern",
+    "LIVE_RATE",
     "LiveTraffic",
     "PATTERN_KINDS",
     "PROFILES",
     "SERVICES",
     "STAGE_SHARES",
+    "expected_traces",
+    "export_requests",
     "fill",
     "injected_patterns",
     "iter_requests",
-    "requests",
 ]
 
 NS = 1_000_000_000
@@ -93,7 +100,7 @@ LIVE_RATE = 2.0
 SPANS_PER_REQUEST = 4000
 
 LB_TIMEOUT_S = 30.0  # the load balancer's default timeout (the seed: 30 s / 60 s)
-LB_TRUNCATED_FRACTION = 0.04  # of multi-image requests in the truncation window
+LB_GIANT_PER_MINUTE = 0.4  # 6-8 image requests a minute in the truncation window (at any rate)
 HOT_SPOT_QUERY_S = 1.5  # median of the slow, uncached profile query in the hot-spot window
 SCOPE_NAME = "modalscope.demo"
 NAMESPACE = "mm-inference"
@@ -171,13 +178,13 @@ CORE_SHARES: dict[str, dict[str, float]] = {
 #: (what ``/api/v1/stages`` reports as ``share``); the tests hold the stored data to it.
 STAGE_SHARES: dict[str, dict[str, float]] = {
     "text": {"preprocessing": 0.04, "encoder": 0.24, "fusion": 0.0, "inference": 0.52,
-             "network": 0.09, "other": 0.11},
-    "image": {"preprocessing": 0.36, "encoder": 0.30, "fusion": 0.08, "inference": 0.21,
-              "network": 0.02, "other": 0.03},
-    "multi_image": {"preprocessing": 0.19, "encoder": 0.19, "fusion": 0.40, "inference": 0.19,
-                    "network": 0.01, "other": 0.02},
-    "audio": {"preprocessing": 0.19, "encoder": 0.39, "fusion": 0.12, "inference": 0.27,
-              "network": 0.02, "other": 0.03},
+             "network": 0.11, "other": 0.10},
+    "image": {"preprocessing": 0.34, "encoder": 0.30, "fusion": 0.08, "inference": 0.22,
+              "network": 0.03, "other": 0.03},
+    "multi_image": {"preprocessing": 0.21, "encoder": 0.20, "fusion": 0.39, "inference": 0.19,
+                    "network": 0.01, "other": 0.01},
+    "audio": {"preprocessing": 0.19, "encoder": 0.37, "fusion": 0.12, "inference": 0.25,
+              "network": 0.04, "other": 0.03},
 }
 
 # ViT layer profile (the seed's TensorRT-LLM table): patch embedding 3.1%, attention
@@ -411,10 +418,10 @@ class _Plan:
             InjectedPattern(
                 "lb_timeout_truncation", {"service": "gateway", "input_type": "multi_image"},
                 *w("lb_timeout_truncation"),
-                "~4% of multi-image requests (6-8 images) need 34-50 s; the load balancer's 30 s "
-                "timeout cuts them: root spans end just under 30 s with errors (504). (They also lift "
-                "the window's multi-image P95 past its SLO.)",
-                {"ceiling_s": LB_TIMEOUT_S, "fraction": LB_TRUNCATED_FRACTION},
+                f"a client starts sending multi-image requests with 6-8 images (~{LB_GIANT_PER_MINUTE:g} a "
+                "minute) that need 34-50 s; the load balancer's 30 s timeout cuts them: root spans "
+                "end just under 30 s, with errors (504)",
+                {"ceiling_s": LB_TIMEOUT_S, "per_minute": LB_GIANT_PER_MINUTE},
             ),
             InjectedPattern(
                 "preprocessing_bound", {"input_type": "multi_image", "stage": "preprocessing"},
@@ -588,8 +595,10 @@ class _Factory:
         return self.types[min(i, len(self.types) - 1)]
 
     # -- one trace --------------------------------------------------------------------
-    def trace(self, rng: random.Random, t_ns: int, itype: str, req: _Request, load: float = 1.0) -> None:
-        """Add one trace starting at ``t_ns`` to ``req``."""
+    def trace(self, rng: random.Random, t_ns: int, itype: str, req: _Request, load: float = 1.0,
+              giant: bool = False) -> None:
+        """Add one trace starting at ``t_ns`` to ``req`` (``giant``: a 6-8 image request
+        longer than the load balancer's timeout)."""
         on = self._on
         spans: list[list] = []
         ids = rng.getrandbits
@@ -600,8 +609,8 @@ class _Factory:
             return sid
 
         def call(caller, callee, method, parent, start, dur, client_extra=(), server_extra=()):
-            """A gRPC call: CLIENT span in caller, SERVER span in callee; returns the
-            server span id and its [start, end]."""
+            """A gRPC call: CLIENT span in caller, SERVER span in callee (wire time on
+            both sides); returns (client id, server id, server start, server end)."""
             w1 = rng.uniform(0.0002, 0.0008)
             w2 = rng.uniform(0.0002, 0.0008)
             if dur < 4 * (w1 + w2):
@@ -652,7 +661,7 @@ class _Factory:
 
         # End-to-end latency, from the seed's distribution.
         T = math.exp(profile.mu + profile.sigma * rng.gauss(0.0, 1.0))
-        if itype == "multi_image" and on("lb_timeout_truncation", t_ns) and rng.random() < LB_TRUNCATED_FRACTION:
+        if giant:
             images = rng.choice((6, 7, 8))
             T = rng.uniform(34.0, 50.0)
             truncate_at = LB_TIMEOUT_S - rng.uniform(0.005, 0.1)
@@ -699,7 +708,7 @@ class _Factory:
         root_span = spans[-1]
         t = g0
 
-        _, _, _, _ = call("gateway", "auth", _M_AUTH, root, t, auth_d)
+        call("gateway", "auth", _M_AUTH, root, t, auth_d)
         t += auth_d + gaps[0]
         span("gateway", root, "SELECT sessions", KIND_CLIENT, t, t + session_d, _DB_SESSION)
         t += session_d + gaps[1]
@@ -797,12 +806,13 @@ class _Factory:
             age = (t_ns - self.plan.born_ns[llm_pod]) / NS
             cold_extra = 7.0 * math.exp(-age / 80.0) * rng.uniform(0.8, 1.2)
         gen_w, prefill_w = 0.74, 0.22
+        # ~8 ms an output token with CUDA graphs; a fallback to per-kernel launches costs +60%.
+        out_tokens = max(1, int(llm_d * gen_w / 0.008))
+        in_tokens = max(8, prompt_chars // 4 + images * 258 + audio * 320)
         if fallback:
             gen_w *= 1.6
-            llm_d *= (1 + 0.6 * 0.74)
+            llm_d *= 1 + 0.6 * 0.74
         llm_d += cold_extra
-        in_tokens = max(8, prompt_chars // 4 + images * 258 + audio * 320)
-        out_tokens = max(1, int(llm_d * gen_w / 0.008))
         gen_attrs = [
             _kv("gen_ai.operation.name", "chat"), _kv("gen_ai.request.model", _MODEL),
             KeyValue(key="gen_ai.usage.input_tokens", value=AnyValue(int_value=in_tokens)),
@@ -1058,8 +1068,18 @@ class _Schedule:
                 load *= 1.5
             self.minutes.append((a, b, config.rate * (b - a) / NS * load, load))
 
-    def counts(self) -> list[int]:
-        return [_poisson(_minute_rng(self.config.seed, "count", m), lam)
+    def counts(self) -> list[tuple[int, int]]:
+        """Per minute: (requests, giant requests of the LB-truncation pattern)."""
+        giants = [0] * len(self.minutes)
+        if "lb_timeout_truncation" in self.plan.windows:
+            # A fixed number over the window (at least 3, to make a pile), in random minutes.
+            first, last = self.plan.window_min["lb_timeout_truncation"]
+            last = min(last, len(self.minutes))
+            if last > first:
+                rng = _minute_rng(self.config.seed, "giants", first)
+                for _ in range(max(3, round(LB_GIANT_PER_MINUTE * (last - first)))):
+                    giants[rng.randrange(first, last)] += 1
+        return [(_poisson(_minute_rng(self.config.seed, "count", m), lam), giants[m])
                 for m, (_, _, lam, _) in enumerate(self.minutes)]
 
 
@@ -1072,6 +1092,38 @@ class FillResult:
     seconds: float = 0.0
 
 
+#: Requests never span a block of this many minutes: a block can be generated on its own
+#: (and the requests' bytes do not depend on how a run is cut up).
+BLOCK_MINUTES = 10
+
+
+def _block_requests(config: DemoConfig, factory: "_Factory", schedule: _Schedule, counts: list[tuple[int, int]],
+                    first: int, last: int) -> list[tuple[bytes, int, int]]:
+    """The requests of minutes [first, last) of the history window."""
+    out = []
+    req = _Request()
+    for m in range(first, min(last, len(counts))):
+        a, b, _lam, load = schedule.minutes[m]
+        n, n_giants = counts[m]
+        if not n and not n_giants:
+            continue
+        rng = _minute_rng(config.seed, "traffic", m)
+        # (start, giant?): the giants of the LB-truncation pattern come on top of the traffic.
+        starts = sorted([(a + int(rng.random() * (b - a)), False) for _ in range(n)]
+                        + [(a + int(rng.random() * (b - a)), True) for _ in range(n_giants)])
+        for t_ns, giant in starts:
+            if giant:
+                factory.trace(rng, t_ns, "multi_image", req, load, giant=True)
+            else:
+                factory.trace(rng, t_ns, factory.pick_type(rng), req, load)
+            if req.n_spans >= config.spans_per_request:
+                out.append((req.serialize(), req.n_traces, req.n_spans))
+                req = _Request()
+    if req.n_spans:
+        out.append((req.serialize(), req.n_traces, req.n_spans))
+    return out
+
+
 def iter_requests(config: DemoConfig) -> Iterator[tuple[bytes, int, int]]:
     """``(serialized ExportTraceServiceRequest, traces, spans)`` for the history window,
     in time order, each of about ``config.spans_per_request`` spans (whole traces)."""
@@ -1079,22 +1131,11 @@ def iter_requests(config: DemoConfig) -> Iterator[tuple[bytes, int, int]]:
     factory = _Factory(config, plan)
     schedule = _Schedule(config, plan)
     counts = schedule.counts()
-    req = _Request()
-    for m, ((a, b, _lam, load), n) in enumerate(zip(schedule.minutes, counts)):
-        if not n:
-            continue
-        rng = _minute_rng(config.seed, "traffic", m)
-        starts = sorted(a + int(rng.random() * (b - a)) for _ in range(n))
-        for t_ns in starts:
-            factory.trace(rng, t_ns, factory.pick_type(rng), req, load)
-            if req.n_spans >= config.spans_per_request:
-                yield req.serialize(), req.n_traces, req.n_spans
-                req = _Request()
-    if req.n_spans:
-        yield req.serialize(), req.n_traces, req.n_spans
+    for first in range(0, plan.total_min, BLOCK_MINUTES):
+        yield from _block_requests(config, factory, schedule, counts, first, first + BLOCK_MINUTES)
 
 
-def requests(config: DemoConfig) -> Iterator[bytes]:
+def export_requests(config: DemoConfig) -> Iterator[bytes]:
     """The history window as serialized ``ExportTraceServiceRequest`` messages."""
     for payload, _, _ in iter_requests(config):
         yield payload
@@ -1103,7 +1144,7 @@ def requests(config: DemoConfig) -> Iterator[bytes]:
 def expected_traces(config: DemoConfig) -> int:
     """How many traces the history window holds (cheap: no trace is built)."""
     plan = _Plan(config)
-    return sum(_Schedule(config, plan).counts())
+    return sum(n + g for n, g in _Schedule(config, plan).counts())
 
 
 def fill(engine, config: DemoConfig, rules=None, progress: Callable[[int], Any] | None = None) -> FillResult:
@@ -1139,7 +1180,9 @@ class LiveTraffic:
     """A thread sending "now" traffic through a pipeline's ``accept`` while the demo runs.
 
     Traces are generated as they start and handed over once they have ended (as an
-    exporter would send them), at ``rate`` requests per second, without injected patterns.
+    exporter would send them), at ``rate`` requests per second times the daily curve,
+    without injected patterns. A full writer queue drops the request (counted in
+    ``dropped``); a failed write is logged.
     """
 
     def __init__(self, pipeline, config: DemoConfig, rate: float = LIVE_RATE, tick: float = 1.0,
@@ -1154,7 +1197,7 @@ class LiveTraffic:
         self.rng = random.Random(f"modalscope-demo:{config.seed}:live")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="modalscope-demo-live", daemon=True)
-        self._pending: list[tuple[int, int, bytes]] = []  # (release at, seq, payload)
+        self._pending: list[tuple[int, int, bytes, int]] = []  # (release at, seq, payload, traces)
         self._seq = 0
         self.sent_traces = 0
         self.sent_spans = 0
@@ -1187,12 +1230,14 @@ class LiveTraffic:
             _, _, payload, n_traces = heapq.heappop(self._pending)
             decoded = decode_protobuf(payload, source="otlp")
             try:
-                self.pipeline.accept(decoded.spans)
+                future = self.pipeline.accept(decoded.spans)
             except WriterFull:
                 self.dropped += len(decoded.spans)
                 continue
             except WriterClosed:
                 return
+            if future is not None:
+                future.add_done_callback(_log_failure)
             self.sent_traces += n_traces
             self.sent_spans += len(decoded.spans)
 
@@ -1205,3 +1250,9 @@ class LiveTraffic:
             except Exception:  # noqa: BLE001 - the demo goes on; the next tick tries again
                 log.exception("live demo traffic failed")
             last = now
+
+
+def _log_failure(future) -> None:
+    exc = future.exception()
+    if exc is not None:
+        log.warning("live demo traffic: a write failed: %s", exc)

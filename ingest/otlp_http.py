@@ -400,5 +400,5 @@ def serve_http(app, host: str, port: int, *, what: str = "OTLP/HTTP",
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": poll_interval},
                               name=f"modalscope-{what.lower().replace('/', '-')}-{server.port}", daemon=True)
     thread.start()
-    log.info("%s receiver listening on %s:%d", what, host, server.port)
+    log.info("%s listening on %s:%d", what, host, server.port)
     return HTTPReceiver(server, thread, what)

@@ -481,11 +481,17 @@ def run_settler_process(database_url: str, settle_seconds: float, interval: floa
     try:
         while not stop.wait(interval):
             if os.getppid() != parent_pid:
-                break
+                return
             try:
                 settle(engine, settle_seconds=settle_seconds, max_batches=20)
             except Exception:  # noqa: BLE001 - keep settling; the next pass retries
                 log.exception("settling failed")
+        # A clean stop: one last pass over what is due (the rest stays pending, durably,
+        # for the next process).
+        try:
+            settle(engine, settle_seconds=settle_seconds)
+        except Exception:  # noqa: BLE001
+            log.exception("final settle failed")
     finally:
         engine.dispose()
 

@@ -140,7 +140,7 @@ def _fill(engine, settings, rules, config) -> None:
     patterns = demo.injected_patterns(config)
     if patterns:
         print("injected patterns (UTC):")
-        for p in patterns:
+        for p in sorted(patterns, key=lambda p: (p.start_ns, p.end_ns)):
             print(f"  {_fmt_time(p.start_ns)}-{_fmt_time(p.end_ns)}  {p.kind:<22} {_subject(p.subject)}")
     else:
         print("no patterns injected (--clean)")
@@ -176,18 +176,14 @@ def cmd_demo(args) -> int:
 
 def _serve(engine, settings, rules, config, port: int) -> int:
     from . import __version__, cli
-    from .app import create_app
     from .ingest import demo
     from .ingest.errors import ListenError
-    from .ingest.otlp_http import serve_http
     from .ingest.pipeline import IngestPipeline
     from .ingest.settle import settle
 
-    # Werkzeug's make_server prints and exits on a taken port; serve_http binds first and
-    # raises a one-line error naming it.
     try:
-        dashboard = serve_http(create_app(settings), settings.bind, port, what="dashboard")
-    except ListenError as exc:
+        dashboard = cli.serve_dashboard(settings, port)
+    except ListenError as exc:  # one line naming the port
         raise cli.CommandError(str(exc)) from None
     stop_receivers = live = pipeline = None
     try:

@@ -2,10 +2,11 @@
 
 The numbers are checked where a user sees them: through /api/v1 (rollups built by the real
 decode -> tag -> write -> settle path), and through the stored spans for what the API
-does not cover yet (cache hits, batch sizes, instances). Two stores are filled once per
-test session and shared between xdist workers: a clean one with an even input-type mix
+does not cover yet (cache hits, batch sizes, instances). Two SQLite stores are filled once
+per test session and shared between xdist workers: a clean one with an even input-type mix
 (~2,000 traces a type, for stable P95s) and the default 3-hour run with every pattern
-injected (at a low rate, so it fills in seconds).
+injected (at a low rate, so it fills in seconds). On PostgreSQL (too slow to fill those in
+a unit test) a small run checks determinism and the service graph through the API.
 """
 
 from __future__ import annotations
@@ -63,21 +64,23 @@ def _build(path, config: demo.DemoConfig) -> None:
         engine.dispose()
 
 
-def _shared_store(tmp_path_factory, worker_id: str, name: str, config: demo.DemoConfig) -> str:
+def _shared_store(tmp_path_factory, worker: str, name: str, config: demo.DemoConfig) -> str:
     root = tmp_path_factory.getbasetemp()
-    if worker_id != "master":
-        root = root.parent  # shared by this session's workers
+    if worker != "master":
+        root = root.parent  # shared by this session's xdist workers
     path = root / f"demo-{name}.db"
     with open(root / f"demo-{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (root / f"demo-{name}.done").exists():
-            _build(path, config)
-            (root / f"demo-{name}.done").write_text("ok")
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker builds, the other waits
+        if not path.exists():
+            building = root / f"demo-{name}.building.db"
+            building.unlink(missing_ok=True)
+            _build(building, config)
+            os.replace(building, path)
     return f"sqlite:///{path}"
 
 
 @pytest.fixture(scope="session")
-def worker_id(request):  # pytest-xdist provides it; this covers plain pytest
+def _worker(request) -> str:
     return getattr(request.config, "workerinput", {}).get("workerid", "master")
 
 
@@ -111,20 +114,27 @@ class Store:
             out.append(d)
         return out
 
+    def trace_start(self) -> dict[str, int]:
+        """trace id -> the trace's start: windows hold whole traces, by when they started."""
+        if not hasattr(self, "_starts"):
+            with self.engine.connect() as conn:
+                self._starts = dict(conn.execute(select(Trace.trace_id, Trace.start_ns)).all())
+        return self._starts
+
     def close(self):
         self.engine.dispose()
 
 
 @pytest.fixture(scope="session")
-def clean_store(tmp_path_factory, worker_id):
-    store = Store(_shared_store(tmp_path_factory, worker_id, "clean", CLEAN), CLEAN)
+def clean_store(tmp_path_factory, _worker):
+    store = Store(_shared_store(tmp_path_factory, _worker, "clean", CLEAN), CLEAN)
     yield store
     store.close()
 
 
 @pytest.fixture(scope="session")
-def pattern_store(tmp_path_factory, worker_id):
-    store = Store(_shared_store(tmp_path_factory, worker_id, "patterns", PATTERNS), PATTERNS)
+def pattern_store(tmp_path_factory, _worker):
+    store = Store(_shared_store(tmp_path_factory, _worker, "patterns", PATTERNS), PATTERNS)
     yield store
     store.close()
 
@@ -154,10 +164,10 @@ def _digest(payloads) -> str:
 
 
 def test_same_seed_gives_byte_identical_requests():
-    first = list(demo.requests(SMALL))
+    first = list(demo.export_requests(SMALL))
     assert len(first) >= 2
-    assert _digest(first) == _digest(demo.requests(SMALL))
-    assert _digest(first) != _digest(demo.requests(demo.DemoConfig(now_ns=NOW, hours=0.1, rate=3.0, seed=43)))
+    assert _digest(first) == _digest(demo.export_requests(SMALL))
+    assert _digest(first) != _digest(demo.export_requests(demo.DemoConfig(now_ns=NOW, hours=0.1, rate=3.0, seed=43)))
     # The injection plan is data, the same for the same config.
     assert demo.injected_patterns(SMALL) == demo.injected_patterns(SMALL)
 
@@ -305,7 +315,7 @@ def test_stage_shares_follow_the_bottleneck_column(clean_store):
         for stage, want in expected.items():
             assert got.get(stage, 0.0) == pytest.approx(want, rel=0.10, abs=0.01), (it, stage, got)
         # The stages the seed names hold the bulk of the time.
-        assert sum(got[s] for s in demo.BOTTLENECK_STAGES[it]) >= 0.38, (it, got)
+        assert sum(got[s] for s in demo.BOTTLENECK_STAGES[it]) >= 0.35, (it, got)
     # Two images: fusion grows (cross-modal attention scheduling + memory copies).
     assert shares["multi_image"]["fusion"] > 3 * shares["image"]["fusion"]
 
@@ -355,11 +365,12 @@ def test_p99_band_break(pattern_store):
 def test_cache_penetration(pattern_store):
     p = _pattern("cache_penetration")
     lookups = pattern_store.spans(Span.name == "GET profile")
+    starts = pattern_store.trace_start()
     stats = collections.defaultdict(lambda: [0, 0])  # (inside, tier) -> [hits, total]
     for s in lookups:
         a = s["attributes"]
         assert a["cache.name"] == p.subject["cache"]
-        k = (_in(p, s["start_ns"]), a["user_tier"])
+        k = (_in(p, starts[s["trace_id"]]), a["user_tier"])
         stats[k][0] += bool(a["cache.hit"])
         stats[k][1] += 1
     rate = {k: h / n for k, (h, n) in stats.items()}
@@ -375,18 +386,17 @@ def test_fusion_sync_wait(pattern_store):
                                    Span.service.in_(("vision-encoder", "text-encoder", "audio-encoder")),
                                    attrs=False)
     ends = collections.defaultdict(list)
-    start = {}
+    start = pattern_store.trace_start()
     for s in encoders:
         ends[s["trace_id"]].append(s["start_ns"] + s["duration_ns"])
-        start[s["trace_id"]] = min(start.get(s["trace_id"], s["start_ns"]), s["start_ns"])
     spread = {True: [], False: []}
     for tid, e in ends.items():
         if len(e) >= 2:
             spread[_in(p, start[tid])].append((max(e) - min(e)) / 1e6)
     assert np.median(spread[True]) > 100 and np.median(spread[False]) < 25
     waits = pattern_store.spans(Span.name == "fusion.sync_wait", attrs=False)
-    inside = [w["duration_ns"] / 1e6 for w in waits if _in(p, w["start_ns"])]
-    outside = [w["duration_ns"] / 1e6 for w in waits if not _in(p, w["start_ns"])]
+    inside = [w["duration_ns"] / 1e6 for w in waits if _in(p, start[w["trace_id"]])]
+    outside = [w["duration_ns"] / 1e6 for w in waits if not _in(p, start[w["trace_id"]])]
     assert np.median(inside) > 5 * np.median(outside)
 
 
@@ -403,10 +413,12 @@ def test_preprocessing_bound(pattern_store):
     assert inside > 1.6 * before and inside > 0.3, (inside, before)
     # The slow decodes concentrate on one pod.
     decodes = pattern_store.spans(Span.name == "image.decode", Span.start_ns >= p.start_ns,
-                                  Span.start_ns < p.end_ns, attrs=False)
+                                  Span.start_ns < p.end_ns + 5 * MIN, attrs=False)
+    starts = pattern_store.trace_start()
     by_pod = collections.defaultdict(list)
     for s in decodes:
-        by_pod[s["instance"]].append(s["duration_ns"])
+        if _in(p, starts[s["trace_id"]]):
+            by_pod[s["instance"]].append(s["duration_ns"])
     slow = p.details["instance"]
     others = [d for pod, ds in by_pod.items() if pod != slow for d in ds]
     assert np.median(by_pod[slow]) > 1.5 * np.median(others)
@@ -415,8 +427,9 @@ def test_preprocessing_bound(pattern_store):
 def test_batching_failure(pattern_store):
     p = _pattern("batching_failure")
     vit = pattern_store.spans(Span.name == "vit.forward")
-    inside = [s["attributes"]["batch.size"] for s in vit if _in(p, s["start_ns"])]
-    outside = [s["attributes"]["batch.size"] for s in vit if not _in(p, s["start_ns"])]
+    starts = pattern_store.trace_start()
+    inside = [s["attributes"]["batch.size"] for s in vit if _in(p, starts[s["trace_id"]])]
+    outside = [s["attributes"]["batch.size"] for s in vit if not _in(p, starts[s["trace_id"]])]
     assert inside and set(inside) == {1}
     assert np.mean(outside) > 3 and sum(b == 1 for b in outside) == 0
     # ... while the load is high: more requests a minute than in the hour before.
@@ -429,9 +442,10 @@ def test_batching_failure(pattern_store):
 def test_cuda_graph_fallback(pattern_store):
     p = _pattern("cuda_graph_fallback")
     gens = pattern_store.spans(Span.name == "llm.generate")
-    inside = [s for s in gens if _in(p, s["start_ns"])]
+    starts = pattern_store.trace_start()
+    inside = [s for s in gens if _in(p, starts[s["trace_id"]])]
     fb_in = [s for s in inside if s["attributes"]["gpu.cuda_graph"] == "fallback"]
-    fb_out = [s for s in gens if not _in(p, s["start_ns"]) and s["attributes"]["gpu.cuda_graph"] == "fallback"]
+    fb_out = [s for s in gens if not _in(p, starts[s["trace_id"]]) and s["attributes"]["gpu.cuda_graph"] == "fallback"]
     assert {s["instance"] for s in fb_in} >= {p.details["instance"]}
     assert len(fb_in) / len(inside) > 0.2
     assert len(fb_out) / (len(gens) - len(inside)) < 3 * demo.BASELINE_FALLBACK_RATE + 0.002
@@ -449,7 +463,7 @@ def test_lb_timeout_truncation(pattern_store):
     with pattern_store.engine.connect() as conn:
         rows = conn.execute(select(Trace.start_ns, Trace.duration_ns, Trace.error, Trace.input_type)).all()
     near = [r for r in rows if 0.98 * ceiling <= r.duration_ns < ceiling]
-    assert len(near) >= 3
+    assert len(near) >= 5
     assert all(r.error and r.input_type == p.subject["input_type"] and _in(p, r.start_ns) for r in near)
     assert max(r.duration_ns for r in rows) < ceiling  # piled up just under it, none past
     assert not [r for r in rows if 0.6 * ceiling < r.duration_ns < 0.98 * ceiling and not _in(p, r.start_ns)]
@@ -471,17 +485,18 @@ def test_baseline_regression(pattern_store):
     p = _pattern("baseline_regression")
     it = p.subject["input_type"]
     (inside,) = pattern_store.get("input-types", input_type=it, start=_iso(p.start_ns), end=_iso(p.end_ns))
-    (before,) = pattern_store.get("input-types", input_type=it, start=_iso(p.start_ns - 40 * MIN),
-                                  end=_iso(p.start_ns))
+    # A quiet stretch of the same run (between the cold start and the band break) holds the SLO.
+    quiet_start, quiet_end = _pattern("cold_start").end_ns, _pattern("p99_band_break").start_ns
+    (quiet,) = pattern_store.get("input-types", input_type=it, start=_iso(quiet_start), end=_iso(quiet_end))
     slo = p.details["slo_p95_ms"]
-    assert inside["p95_ms"] > 1.1 * slo and before["p95_ms"] < 1.1 * slo, (inside, before)
+    assert inside["p95_ms"] > 1.1 * slo and quiet["p95_ms"] < 1.1 * slo, (inside, quiet)
 
 
 # --------------------------------------------------------------------------------------
 # Storage: SQLite and PostgreSQL (small)
 # --------------------------------------------------------------------------------------
 
-TINY = demo.DemoConfig(now_ns=NOW, hours=0.05, rate=2.0)
+TINY = demo.DemoConfig(now_ns=NOW, hours=0.02, rate=1.0)
 
 
 def _store_digest(engine) -> str:
@@ -501,13 +516,21 @@ def _store_digest(engine) -> str:
     return h.hexdigest()
 
 
-def test_two_runs_with_one_seed_store_identical_data(engine):
+def test_two_runs_with_one_seed_store_identical_data(engine, db_url):
     first = demo.fill(engine, TINY)
     settle(engine, force=True)
     digest = _store_digest(engine)
-    assert first.traces > 100 and first.inserted == first.spans
+    assert first.traces > 50 and first.inserted == first.spans
+    # The service graph, as the API reads it on this engine.
+    app = create_app(Settings(database_url=db_url))
+    try:
+        rows = app.test_client().get("/api/v1/pairs", query_string={
+            "start": TINY.start_ns / 1e9, "end": TINY.end_ns / 1e9 + 120}).get_json()
+    finally:
+        app.extensions["modalscope"]["engine"].dispose()
+    assert {(r["caller"], r["callee"]) for r in rows} == EXPECTED_PAIRS
     with engine.begin() as conn:
-        for table in (Rollup, Series, Trace, Span):
+        for table in (Rollup, Trace, Span):  # series ids stay (the settler caches them)
             conn.execute(delete(table))
     second = demo.fill(engine, TINY)
     settle(engine, force=True)
@@ -575,6 +598,9 @@ def test_demo_taken_port_is_one_line(tmp_path):
 
 
 def test_demo_serves_and_stops_cleanly(tmp_path):
+    import queue
+    import threading
+
     import requests
 
     port, http_port, grpc_port = _free_port(), _free_port(), _free_port()
@@ -582,15 +608,19 @@ def test_demo_serves_and_stops_cleanly(tmp_path):
     env.update({"MODALSCOPE_DATABASE_URL": f"sqlite:///{tmp_path / 'd.db'}",
                 "MODALSCOPE_OTLP_HTTP_PORT": str(http_port), "MODALSCOPE_OTLP_GRPC_PORT": str(grpc_port),
                 "MODALSCOPE_SETTLE_SECONDS": "1"})
+    stderr = open(tmp_path / "stderr.txt", "w+")
     proc = subprocess.Popen([sys.executable, "-m", "modalscope", "demo", "--hours", "0.05", "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+                            stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, cwd=tmp_path)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     try:
         line = ""
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line or "http://" in line:
-                break
+        while "http://" not in line and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                line = lines.get(timeout=0.5)
+            except queue.Empty:
+                pass
         assert f"http://127.0.0.1:{port}/" in line, (line, proc.poll())
         health = requests.get(f"http://127.0.0.1:{port}/api/v1/health", timeout=5)
         assert health.status_code == 200
@@ -598,10 +628,13 @@ def test_demo_serves_and_stops_cleanly(tmp_path):
         r = requests.post(f"http://127.0.0.1:{http_port}/v1/traces", data=b"",
                           headers={"Content-Type": "application/x-protobuf"}, timeout=5)
         assert r.status_code == 200
-        time.sleep(2.5)  # live traffic flows
+        time.sleep(2.5)  # live traffic flows (a trace is sent once it has ended)
     finally:
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
+        stderr.seek(0)
+        err = stderr.read()
+        stderr.close()
     assert proc.returncode == 0, err
     assert "Traceback" not in err
     engine = make_engine(env["MODALSCOPE_DATABASE_URL"])

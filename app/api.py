@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import math
 
 from flask import Blueprint, current_app, jsonify, request
 from sqlalchemy import text
 
 from .. import __version__
 from . import queries
-from .params import ParamError, parse_filters, parse_trace_id, parse_window
+from .params import ParamError, parse_filters, parse_int, parse_trace_id, parse_window
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,32 @@ def stages():
         raise ParamError("group_by", "group_by must be input_type or none")
     return jsonify(queries.stages(_reader(), parse_window(request.args), parse_filters(request.args),
                                   group_by=None if group_by == "none" else group_by))
+
+
+def _float_param(name: str) -> float | None:
+    raw = request.args.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ParamError(name, f"{name} must be a number of milliseconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise ParamError(name, f"{name} must be a non-negative number of milliseconds")
+    return value
+
+
+@bp.get("/traces")
+def traces():
+    """Exemplar traces, slowest first; ``min_ms``/``max_ms`` bound what the filters measure
+    (the call for caller/callee, the span for stage/service, else the trace)."""
+    window = parse_window(request.args)
+    filters = parse_filters(request.args)
+    min_ms, max_ms = _float_param("min_ms"), _float_param("max_ms")
+    if min_ms is not None and max_ms is not None and max_ms < min_ms:
+        raise ParamError("max_ms", "max_ms must not be below min_ms")
+    limit = parse_int(request.args, "limit", 20, 1, 1000)
+    return jsonify(queries.exemplar_traces(_reader(), window, filters, min_ms, max_ms, limit))
 
 
 @bp.get("/traces/<trace_id>")

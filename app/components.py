@@ -17,7 +17,9 @@ from dash import Input, Output, State, ctx, dcc, html, no_update
 
 from . import ids
 from . import state as st
-from .params import ParamError, parse_time, rfc3339
+from . import links
+from .params import rfc3339
+from .units import fmt_ms
 
 NAV_ITEMS = (  # (path, label, link id)
     ("/", "Overview", ids.NAV_LINKS["/"]),
@@ -102,6 +104,37 @@ def graph(component_id: str, **kw) -> dcc.Graph:
     return dcc.Graph(id=component_id, config=config, className="ms-graph", **kw)
 
 
+def exemplar_table(rows: list[dict], state: Mapping[str, str], id: str = "drilldown-exemplar-table") -> html.Table:
+    """Exemplar traces (``queries.exemplar_traces`` rows), each linking to its trace view."""
+    keep = {k: v for k, v in st.carried(state).items() if k in st.TIME_KEYS}
+    span_level = any("span_id" in r for r in rows)
+
+    def row(r):
+        href = st.to_href(f"/trace/{r['trace_id']}", st.with_(keep, span=r.get("span_id")))
+        out = {
+            "trace": dcc.Link(r["trace_id"][:16] + "…", href=href, className="ms-mono ms-trace-link",
+                              title=r["trace_id"]),
+            "start": rfc3339(r["start_unix_nano"]).replace("T", " ").replace("Z", " UTC"),
+            "duration": fmt_ms(r["duration_ms"]),
+            "root": f"{r['root_service'] or '?'} · {r['root_name'] or '?'}",
+            "input_type": r["input_type"],
+            "spans": str(r["span_count"]),
+            "error": "error" if r["error"] else "",
+        }
+        if span_level:
+            out["span"] = f"{r.get('span_service', '')} · {r.get('span_name', '')}"
+            out["span_ms"] = fmt_ms(r.get("span_ms"))
+        return out
+
+    cols = [("trace", "trace")]
+    if span_level:
+        cols += [("span_ms", "matched span"), ("span", "span")]
+    cols += [("duration", "trace duration"), ("start", "start"), ("root", "root"), ("input_type", "input type"),
+             ("spans", "spans"), ("error", "status")]
+    return text_table(cols, [row(r) for r in rows], id=id,
+                        row_class=lambda r: "ms-row-error" if r["error"] else None)
+
+
 # -- toolbar ---------------------------------------------------------------------------
 def toolbar(path: str, state: Mapping[str, str], show: Sequence[str] = ("service", "pair", "stage", "input_type"),
             error: str | None = None) -> html.Div:
@@ -136,7 +169,7 @@ def toolbar(path: str, state: Mapping[str, str], show: Sequence[str] = ("service
                       value=state.get("end") or "", className="ms-input ms-time", spellCheck=False),
             html.Button("Apply", id=ids.APPLY, n_clicks=0, className="ms-button"),
         ]),
-        html.Div(className="ms-filters", children=[
+        html.Div(className="ms-filters", style=None if show else {"display": "none"}, children=[
             picker("service", ids.SERVICE, state.get("service"), "any service", "Service"),
             picker("pair", ids.PAIR, pair, "any pair", "Pair"),
             picker("stage", ids.STAGE, state.get("stage"), "any stage", "Stage"),
@@ -152,35 +185,15 @@ def _pair_text(value: str | None) -> str:
     return f"{caller or 'any'} → {callee or 'any'}"
 
 
-def toolbar_href(path: str, state: Mapping[str, str], trigger: str | None, values: Mapping[str, Any]) -> tuple[str | None, str]:
-    """Pure: the new href after a toolbar change, or (None, error message)."""
-    new = dict(state)
-    if trigger == ids.RANGE:
-        new = st.with_(new, range=values.get("range"), start=None, end=None)
-    elif trigger in (ids.APPLY, ids.START, ids.END):
-        start, end = (values.get("start") or "").strip(), (values.get("end") or "").strip()
-        if not start:
-            return None, "Give a start time (RFC 3339, e.g. 2026-11-30T14:00:00Z, or unix seconds)."
-        try:
-            s = parse_time(start, "start")
-            e = parse_time(end, "end") if end else None
-        except ParamError as exc:
-            return None, exc.message
-        if e is not None and e <= s:
-            return None, "end must be after start"
-        new = st.with_(new, range=None, start=rfc3339(s), end=rfc3339(e) if e is not None else None)
-    elif trigger == ids.CLEAR:
-        new = {k: v for k, v in new.items() if k in st.TIME_KEYS}
-    else:
-        caller, callee = st.parse_pair_value(values.get("pair"))
-        changes = {"service": values.get("service"), "caller": caller, "callee": callee,
-                   "stage": values.get("stage"), "input_type": values.get("input_type")}
-        if any((new.get(k) or None) != (v or None) for k, v in changes.items()):
-            new = st.with_(new, **changes, min_ms=None, max_ms=None)  # a band belongs to its subject
-    return st.to_href(path, new), ""
-
-
 # -- callbacks -------------------------------------------------------------------------
+def rendering() -> bool:
+    """True when a callback runs because its inputs were just rendered (a page was laid out),
+    not because a user changed one. Dash reports every input as triggered then, even for
+    ``prevent_initial_call`` callbacks whose components a page change inserted; a user
+    changes one input at a time."""
+    return len(ctx.triggered) > 1
+
+
 def register_callbacks() -> None:
     """Register the shell's callbacks (``dash.callback``) for the app being built."""
 
@@ -221,8 +234,10 @@ def register_callbacks() -> None:
         prevent_initial_call=True,
     )
     def _toolbar(rng, _apply, _s1, _s2, service, pair, stage, input_type, _clear, start, end, data):
+        if rendering():
+            return no_update, no_update
         data = data or {}
-        href, error = toolbar_href(data.get("path") or "/", data.get("state") or {}, ctx.triggered_id,
+        href, error = links.toolbar_href(data.get("path") or "/", data.get("state") or {}, ctx.triggered_id,
                                    {"range": rng, "start": start, "end": end, "service": service, "pair": pair,
                                     "stage": stage, "input_type": input_type})
         if href is None:
@@ -261,36 +276,7 @@ def register_callbacks() -> None:
                 [{"label": t, "value": t} for t in its])
 
 
-def time_selection(selected: Mapping | None, relayout: Mapping | None) -> tuple[str, str] | None:
-    """Pure: (start, end) RFC 3339 from a box-select (``selectedData``) or a zoom
-    (``relayoutData``) on a time axis; None when neither holds a range."""
-    xs = None
-    if selected and isinstance(selected.get("range"), Mapping):
-        for key, val in selected["range"].items():
-            if key.startswith("x") and isinstance(val, (list, tuple)) and len(val) == 2:
-                xs = val
-                break
-    if xs is None and relayout:
-        for k0 in relayout:
-            if k0.startswith("xaxis") and k0.endswith(".range[0]"):
-                k1 = k0.replace("range[0]", "range[1]")
-                if k1 in relayout:
-                    xs = [relayout[k0], relayout[k1]]
-                    break
-    if not xs:
-        return None
-    try:
-        a, b = sorted(parse_time(str(v).replace(" ", "T"), "start") for v in xs)
-    except ParamError:
-        return None
-    if b - a < 60_000_000_000:  # under a minute: the rollups' resolution
-        b = a + 60_000_000_000
-    return rfc3339(a), rfc3339(b)
-
-
-def narrow_href(path: str, state: Mapping[str, str], selected, relayout) -> str | Any:
-    """The href for a box-select/zoom on a time chart (no_update when there is none)."""
-    sel = time_selection(selected, relayout)
-    if sel is None:
-        return no_update
-    return st.to_href(path, st.with_(state, range=None, start=sel[0], end=sel[1]))
+def narrow(path: str, state, selected, relayout):
+    """Callback answer for a box-select/zoom on a time chart."""
+    href = links.narrow_href(path, state or {}, selected, relayout)
+    return no_update if href is None else href

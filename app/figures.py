@@ -103,6 +103,12 @@ def log_ticks(lo_ms: float, hi_ms: float) -> tuple[list[float], list[str]]:
     return vals, text
 
 
+def _ordered(values: set, canonical: dict) -> list:
+    """Known values in their canonical order, then the rest alphabetically."""
+    known = [v for v in canonical if v in values]
+    return known + sorted(v for v in values if v not in canonical)
+
+
 def _lg(ms: float | None) -> float | None:
     return math.log10(ms) if ms and ms > 0 else None
 
@@ -166,12 +172,13 @@ def pair_heatmap(heat: dict, band: tuple[int, float, float] | None = None) -> go
         fig.add_shape(type="rect", x0=i - 0.5, x1=i + 0.5, y0=math.log10(lo), y1=math.log10(hi),
                       line=dict(color=DANGER, width=2))
     tv, tt = log_ticks(bins[0]["lo_ms"], bins[-1]["hi_ms"])
-    base_layout(fig, height=max(380, 22 * len(bins) + 120))
-    fig.update_xaxes(tickvals=x, ticktext=labels, tickangle=-30 if len(pairs) > 3 else 0,
+    base_layout(fig, height=min(620, max(400, 14 * len(bins) + 160)), margin=dict(l=150 if len(pairs) > 3 else 64, r=24, t=36, b=110))
+    fig.update_xaxes(tickvals=x, ticktext=labels, tickangle=-30 if len(pairs) > 3 else 0, automargin=True,
                      title_text="caller → callee (ordered by call volume, busiest right)", showgrid=False)
     fig.update_yaxes(tickvals=tv, ticktext=tt, title_text="call latency (log scale)",
                      range=[y_edges[0], y_edges[-1]], showgrid=False)
-    fig.update_layout(clickmode="event", hovermode="closest")
+    # A marker wins a click only when the pointer is on it, so the cells around stay clickable.
+    fig.update_layout(clickmode="event", hovermode="closest", hoverdistance=6)
     return fig
 
 
@@ -230,7 +237,7 @@ def latency_histogram(dist: dict, band: tuple[float | None, float | None] = (Non
     return fig
 
 
-def percentile_timeseries(rows: Sequence[dict], title: str = "") -> go.Figure:
+def percentile_timeseries(rows: Sequence[dict]) -> go.Figure:
     """P50/P90/P99 over time (box-select or zoom on it narrows the window)."""
     rows = [r for r in rows if r.get("p50_ms") is not None]
     if not rows:
@@ -246,7 +253,7 @@ def percentile_timeseries(rows: Sequence[dict], title: str = "") -> go.Figure:
             text=[f"{name} {fmt_ms(r[f'{key}_ms'])} · {fmt_count(r['count'])} samples" for r in rows],
             hovertemplate="%{x|%H:%M} UTC · %{text}<extra></extra>",
         ))
-    base_layout(fig, height=300, title=dict(text=plot_text(title), font=dict(size=13)) if title else None)
+    base_layout(fig, height=340)
     fig.update_yaxes(title_text=f"latency ({unit})", rangemode="tozero")
     fig.update_xaxes(title_text="time (UTC)")
     fig.update_layout(dragmode="select", selectdirection="h", hovermode="x unified")
@@ -257,10 +264,7 @@ def traffic_figure(rows: Sequence[dict]) -> go.Figure:
     """Requests per minute (stacked by input type) and P99 per input type, over time."""
     if not rows:
         return empty_figure("No requests in this window — send OTLP to :4318 or run `modalscope demo`.")
-    types = []
-    for r in rows:
-        if r["input_type"] not in types:
-            types.append(r["input_type"])
+    types = _ordered({r["input_type"] for r in rows}, INPUT_TYPE_COLORS)
     div, unit = time_unit(max(r["p99_ms"] or 0 for r in rows))
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, row_heights=[0.4, 0.6])
     for it in types:
@@ -295,10 +299,8 @@ def stage_stack(breakdown: dict) -> go.Figure:
     for r in rows:
         if r["input_type"] not in types:
             types.append(r["input_type"])
-    stages = []
-    for r in rows:
-        if r["stage"] not in stages:
-            stages.append(r["stage"])
+    stages = _ordered({r["stage"] for r in rows}, STAGE_COLORS)
+    types = _ordered(set(types), INPUT_TYPE_COLORS)
     peak = max((r["p99_ms"] or 0) for r in rows)
     e2e = breakdown.get("traces") or {}
     peak = max([peak] + [v.get("p99_ms") or 0 for v in e2e.values()])
@@ -325,19 +327,18 @@ def stage_stack(breakdown: dict) -> go.Figure:
                                  text=[fmt_ms(y * div) for y in ys],
                                  hovertemplate="end-to-end " + mk[:3].upper() + ": %{text}<extra>%{x}</extra>"),
                       row=1, col=col)
-    base_layout(fig, height=400, barmode="stack")
+    base_layout(fig, height=420, barmode="stack", margin=dict(l=64, r=24, t=36, b=80),
+                legend=dict(orientation="h", yanchor="top", y=-0.12, xanchor="left", x=0, font=dict(size=11)))
     fig.update_yaxes(title_text=f"time per trace ({unit})", row=1, col=1)
     return fig
 
 
-def stage_timeseries(rows: Sequence[dict], title: str = "P99 of per-trace stage time") -> go.Figure:
+def stage_timeseries(rows: Sequence[dict]) -> go.Figure:
+    """P99 of per-trace stage time, one line per stage."""
     if not rows:
         return empty_figure("No stage data over time in this window.")
     div, unit = time_unit(max(r["value_ms"] or 0 for r in rows))
-    stages = []
-    for r in rows:
-        if r["stage"] not in stages:
-            stages.append(r["stage"])
+    stages = _ordered({r["stage"] for r in rows}, STAGE_COLORS)
     fig = go.Figure()
     for st in stages:
         sub = [r for r in rows if r["stage"] == st]
@@ -345,7 +346,7 @@ def stage_timeseries(rows: Sequence[dict], title: str = "P99 of per-trace stage 
                                  name=plot_text(st), line=dict(color=stage_color(st), width=2), marker=dict(size=4),
                                  text=[fmt_ms(r["value_ms"]) for r in sub],
                                  hovertemplate="%{text}<extra>" + plot_text(st) + "</extra>"))
-    base_layout(fig, height=320, title=dict(text=plot_text(title), font=dict(size=13)))
+    base_layout(fig, height=320)
     fig.update_yaxes(title_text=f"P99 ({unit})", rangemode="tozero")
     fig.update_xaxes(title_text="time (UTC)")
     fig.update_layout(dragmode="select", selectdirection="h", hovermode="x unified")
@@ -390,9 +391,9 @@ def waterfall(trace: dict, selected: str | None = None) -> go.Figure:
     y = list(range(n))
     labels = []
     for s in spans:
-        indent = "\u2002" * min(s.get("depth", 0), 24) * 2
         mark = "● " if s.get("critical") else ""
-        labels.append(f"{indent}{mark}{plot_text(s['name'], 60)}")
+        labels.append(f"{mark}{plot_text(s['name'], 48)}")
+    indent = n <= 400  # indented labels are annotations; past a few hundred spans, plain ticks
     fig = go.Figure()
     stages_seen = []
     for s in spans:
@@ -403,9 +404,7 @@ def waterfall(trace: dict, selected: str | None = None) -> go.Figure:
         fig.add_trace(go.Bar(
             y=[y[i] for i in idx], x=[max(spans[i]["duration_ms"], 0.0005) for i in idx],
             base=[(spans[i]["start_unix_nano"] - t0) / 1e6 for i in idx], orientation="h",
-            name=plot_text(st), marker=dict(color=stage_color(st),
-                                            line=dict(width=[2.5 if spans[i]["span_id"] == selected else 0
-                                                             for i in idx], color=DANGER)),
+            name=plot_text(st), marker=dict(color=stage_color(st), line=dict(width=0)),
             customdata=[[spans[i]["span_id"]] for i in idx],
             text=[_span_hover(spans[i]) for i in idx], hovertemplate="%{text}<extra></extra>", textposition="none",
         ))
@@ -418,9 +417,24 @@ def waterfall(trace: dict, selected: str | None = None) -> go.Figure:
             text=[_span_hover(spans[i]) for i in crit], hovertemplate="%{text}<extra>critical path</extra>",
             textposition="none",
         ))
+    chosen = [i for i, s in enumerate(spans) if s["span_id"] == selected]
+    if chosen:
+        i = chosen[0]
+        fig.add_trace(go.Bar(
+            y=[y[i]], x=[max(spans[i]["duration_ms"], 0.0005)], base=[(spans[i]["start_unix_nano"] - t0) / 1e6],
+            orientation="h", name="selected", showlegend=False, hoverinfo="skip",
+            marker=dict(color="rgba(0,0,0,0)", line=dict(width=2.5, color=DANGER)),
+        ))
     total = max((s["start_unix_nano"] - t0) / 1e6 + s["duration_ms"] for s in spans)
     base_layout(fig, height=min(60 + 24 * n, 2400) + 60, barmode="overlay", margin=dict(l=260, r=24, t=36, b=44))
-    fig.update_yaxes(tickvals=y, ticktext=labels, autorange="reversed", showgrid=False, tickfont=dict(size=11))
+    if indent:
+        for i, s in enumerate(spans):
+            fig.add_annotation(x=0, xref="paper", y=i, yref="y", xanchor="left", xshift=-250 + 12 * min(s.get("depth", 0), 16),
+                               text=labels[i], showarrow=False, align="left", font=dict(size=11, color=INK),
+                               captureevents=False)
+        fig.update_yaxes(tickvals=y, showticklabels=False, autorange="reversed", showgrid=False)
+    else:
+        fig.update_yaxes(tickvals=y, ticktext=labels, autorange="reversed", showgrid=False, tickfont=dict(size=11))
     fig.update_xaxes(title_text="ms since trace start", range=[0, total * 1.02])
     fig.update_layout(clickmode="event", hovermode="closest", bargap=0.25)
     return fig

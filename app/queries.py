@@ -2,19 +2,25 @@
 
 Each takes a ``StoreReader``, a time window and filters, and returns plain rows (lists of
 dicts, JSON-ready). Percentiles come from merged rollup histograms, never from raw spans;
-only the single-trace view reads raw spans.
+raw spans serve only the single-trace view, exemplar traces and the discovery of which
+operations are ViT layers.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from functools import lru_cache
 from typing import Any
 
-from ..ingest.records import KIND_NAMES, STAGES, STATUS_NAMES, SpanRecord
-from ..ingest.traces import find_root, input_type_of, self_times, trace_duration_ns
-from ..models.reader import Filters, RollupQuery, StoreReader
-from .params import Window
+import numpy as np
+
+from ..ingest.records import KIND_CLIENT, KIND_NAMES, STAGES, STATUS_NAMES, SpanRecord
+from ..ingest.traces import critical_path, find_root, input_type_of, self_times, service_pairs, trace_duration_ns
+from ..models import sketch
+from ..models.reader import Filters, RollupQuery, SpanQuery, StoreReader
+from ..models.sketch import Histogram
+from .params import Window, rfc3339
 
 
 def _ms(ns: float | None) -> float | None:
@@ -156,15 +162,6 @@ def trace_detail(reader: StoreReader, trace_id: str) -> dict | None:
 # Dashboard queries (issue 4): the pages and /api/v1 call these same functions.
 # ======================================================================================
 
-from dataclasses import dataclass as _dataclass
-from functools import lru_cache
-
-import numpy as np
-
-from ..ingest.records import KIND_CLIENT
-from ..ingest.traces import critical_path, service_pairs
-from ..models import sketch
-from ..models.reader import SpanQuery
 
 BINS_PER_DECADE = 10
 INPUT_TYPE_ORDER = ("text", "image", "multi_image", "audio", "unknown")
@@ -282,8 +279,6 @@ def _subject_query(filters: Filters, window: Window, **kw) -> RollupQuery:
 def latency_distribution(reader: StoreReader, window: Window, filters: Filters = Filters()) -> dict:
     """Histogram (display bins) and CDF of the subject's latency, with P50/P90/P99."""
     groups = reader.rollups(_subject_query(filters, window))
-    from ..models.sketch import Histogram
-
     hist = Histogram()
     errors = 0
     for g in groups:
@@ -313,8 +308,6 @@ def latency_distribution(reader: StoreReader, window: Window, filters: Filters =
 def percentile_series(reader: StoreReader, window: Window, filters: Filters = Filters(),
                       step_minutes: int = 1) -> list[dict]:
     """P50/P90/P99 and count of the subject per time step: ``[{"t", "count", "p50_ms", ...}]``."""
-    from .params import rfc3339
-
     groups = reader.rollup_steps(_subject_query(filters, window), step_minutes)
     out = []
     for g in sorted(groups, key=lambda g: g.key[-1]):
@@ -446,6 +439,7 @@ def exemplar_traces(reader: StoreReader, window: Window, filters: Filters = Filt
     while len(found) < limit and offset < EXEMPLAR_SCAN_LIMIT:
         rows = reader.slow_spans(SpanQuery(**{**sq.__dict__, "limit": page, "offset": offset}))
         offset += len(rows)
+        exhausted = len(rows) < page
         rows = [r for r in rows if r["trace_id"] not in found]
         if subject == "pair" and rows:
             pairs_of = _pair_of_candidates(reader, rows)
@@ -463,7 +457,7 @@ def exemplar_traces(reader: StoreReader, window: Window, filters: Filters = Filt
         for r in rows:
             if r["trace_id"] not in found and len(found) < limit:
                 found[r["trace_id"]] = r
-        if offset % page or offset == 0:  # a short page: nothing more to read
+        if exhausted:  # a short page: nothing more to read
             break
     trace_rows = reader.trace_rows(found)
     out = []
@@ -541,8 +535,6 @@ def overview_rows(reader: StoreReader, window: Window, filters: Filters = Filter
 def traffic_series(reader: StoreReader, window: Window, filters: Filters = Filters(),
                    step_minutes: int = 1) -> list[dict]:
     """Per input type and time step: requests per minute and P99 (``trace`` rollups)."""
-    from .params import rfc3339
-
     f = Filters(service=filters.service, input_type=filters.input_type)
     groups = reader.rollup_steps(RollupQuery("trace", window.start_ns, window.end_ns, f, ("input_type",)),
                                  step_minutes)
@@ -589,8 +581,6 @@ def stage_breakdown(reader: StoreReader, window: Window, filters: Filters = Filt
 def stage_series(reader: StoreReader, window: Window, filters: Filters = Filters(),
                  step_minutes: int = 1, q: float = 0.99) -> list[dict]:
     """Per stage and time step: the ``q`` quantile of per-trace stage time (``tstage``)."""
-    from .params import rfc3339
-
     f = Filters(service=filters.service, input_type=filters.input_type, stage=filters.stage)
     groups = reader.rollup_steps(RollupQuery("tstage", window.start_ns, window.end_ns, f, ("stage",)), step_minutes)
     out = []
@@ -616,8 +606,6 @@ def vit_layers(reader: StoreReader, window: Window, filters: Filters = Filters()
         return []
     layer_of = {(s, n): str(v) for s, n, v in ops}
     groups = reader.op_histograms(window.start_ns, window.end_ns, layer_of, input_type=filters.input_type)
-    from ..models.sketch import Histogram
-
     merged: dict[str, list] = {}
     for key, g in groups.items():
         layer = layer_of[key]

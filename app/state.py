@@ -13,7 +13,7 @@ import math
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from ..models.reader import Filters
 from .params import DEFAULT_RANGE, ParamError, Window, parse_filters, parse_window
@@ -48,7 +48,7 @@ def from_query(query: Mapping[str, Any] | None) -> dict[str, str]:
 def to_search(state: Mapping[str, Any]) -> str:
     """``?key=value&...`` in a canonical key order ('' when empty)."""
     items = [(k, str(state[k])) for k in KEYS if state.get(k) not in (None, "")]
-    return "?" + urlencode(items) if items else ""
+    return "?" + urlencode(items, quote_via=quote, safe=":,") if items else ""
 
 
 def to_href(path: str, state: Mapping[str, Any]) -> str:
@@ -110,6 +110,21 @@ def band(state: Mapping[str, Any]) -> tuple[float | None, float | None]:
             v = None
         out.append(v if v is not None and math.isfinite(v) and v >= 0 else None)
     return out[0], out[1]
+
+
+def parse_sort(value: str | None, columns: tuple[str, ...], default: str) -> tuple[str, str]:
+    """``p99_ms:desc`` -> (column, "asc"|"desc"); unknown columns fall back to ``default`` desc."""
+    col, _, direction = (value or "").partition(":")
+    if col not in columns:
+        return default, "desc"
+    return col, "asc" if direction == "asc" else "desc"
+
+
+def sort_rows(rows: list[dict], column: str, direction: str) -> list[dict]:
+    """Rows sorted by ``column``; rows without a value last, whatever the direction."""
+    present = [r for r in rows if r.get(column) is not None]
+    missing = [r for r in rows if r.get(column) is None]
+    return sorted(present, key=lambda r: r[column], reverse=direction == "desc") + missing
 
 
 def step_minutes(window: Window, points: int = 120) -> int:

@@ -12,9 +12,8 @@ import dash
 from dash import Input, Output, State, dcc, html, no_update
 
 from modalscope.app import components as c
-from modalscope.app import figures, ids, queries
+from modalscope.app import figures, ids, links, queries
 from modalscope.app import state as st
-from modalscope.app.params import rfc3339
 from modalscope.app.units import fmt_count, fmt_ms, fmt_pct
 
 dash.register_page(__name__, path="/drilldown", name="Drilldown", title="modalscope · drilldown", order=2)
@@ -59,36 +58,6 @@ def summary(dist: dict, state: dict, band) -> list:
     return out
 
 
-def exemplar_table(rows: list[dict], state: dict) -> html.Div:
-    keep = {k: v for k, v in st.carried(state).items() if k in st.TIME_KEYS}
-    span_level = any("span_id" in r for r in rows)
-
-    def row(r):
-        href = st.to_href(f"/trace/{r['trace_id']}", st.with_(keep, span=r.get("span_id")))
-        out = {
-            "trace": dcc.Link(r["trace_id"][:16] + "…", href=href, className="ms-mono ms-trace-link",
-                              title=r["trace_id"]),
-            "start": rfc3339(r["start_unix_nano"]).replace("T", " ").replace("Z", " UTC"),
-            "duration": fmt_ms(r["duration_ms"]),
-            "root": f"{r['root_service'] or '?'} · {r['root_name'] or '?'}",
-            "input_type": r["input_type"],
-            "spans": str(r["span_count"]),
-            "error": "error" if r["error"] else "",
-        }
-        if span_level:
-            out["span"] = f"{r.get('span_service', '')} · {r.get('span_name', '')}"
-            out["span_ms"] = fmt_ms(r.get("span_ms"))
-        return out
-
-    cols = [("trace", "trace")]
-    if span_level:
-        cols += [("span_ms", "matched span"), ("span", "span")]
-    cols += [("duration", "trace duration"), ("start", "start"), ("root", "root"), ("input_type", "input type"),
-             ("spans", "spans"), ("error", "status")]
-    return c.text_table(cols, [row(r) for r in rows], id="drilldown-exemplar-table",
-                        row_class=lambda r: "ms-row-error" if r["error"] else None)
-
-
 @dash.callback(
     Output(ids.DD_SUMMARY, "children"),
     Output(ids.DD_HIST, "figure"),
@@ -108,7 +77,7 @@ def _fill(state):
         return summary(dist, state, band), figures.latency_histogram(dist), figures.percentile_timeseries(series), exemplars
     rows = queries.exemplar_traces(reader, res.window, res.filters, band[0], band[1], limit=EXEMPLARS)
     if rows:
-        exemplars = exemplar_table(rows, state)
+        exemplars = c.exemplar_table(rows, state)
     elif band != (None, None):
         exemplars = c.empty_state("No stored traces in this band.",
                                   "Raw spans may have passed retention, or the band is empty: pick another bar, "
@@ -120,16 +89,6 @@ def _fill(state):
             figures.percentile_timeseries(series), exemplars)
 
 
-def band_click_href(state: dict, click: dict | None) -> str | None:
-    """Pure: the href selecting the clicked histogram bar's band."""
-    try:
-        lo, hi = click["points"][0]["customdata"][:2]
-        lo, hi = float(lo), float(hi)
-    except (KeyError, IndexError, TypeError, ValueError):
-        return None
-    return st.to_href(PATH, st.with_(state, min_ms=st.num(lo), max_ms=st.num(hi)))
-
-
 @dash.callback(
     Output(ids.URL, "href", allow_duplicate=True),
     Input(ids.DD_HIST, "clickData"),
@@ -137,7 +96,7 @@ def band_click_href(state: dict, click: dict | None) -> str | None:
     prevent_initial_call=True,
 )
 def _band(click, state):
-    href = band_click_href(state or {}, click)
+    href = links.band_click_href(state or {}, click)
     return href if href else no_update
 
 
@@ -149,4 +108,4 @@ def _band(click, state):
     prevent_initial_call=True,
 )
 def _narrow(selected, relayout, state):
-    return c.narrow_href(PATH, state or {}, selected, relayout)
+    return c.narrow(PATH, state, selected, relayout)

@@ -128,4 +128,4 @@ def _fill(state):
     prevent_initial_call=True,
 )
 def _narrow(selected, relayout, state):
-    return c.narrow_href(PATH, state or {}, selected, relayout)
+    return c.narrow(PATH, state, selected, relayout)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 
 import dash
-from dash import Input, Output, State, ctx, dcc, html, no_update
+from dash import Input, Output, State, dcc, html, no_update
 
 from modalscope.app import components as c
-from modalscope.app import figures, ids, queries
+from modalscope.app import figures, ids, links, queries
 from modalscope.app import state as st
 from modalscope.app.params import ParamError, parse_trace_id, rfc3339
 from modalscope.app.units import fmt_count, fmt_ms, fmt_rank
@@ -49,12 +49,14 @@ def layout(trace_id: str | None = None, **query):
         ]),
     ]
     if tid is None:
-        children.append(c.empty_state("No trace selected.", "Paste a trace id above, or pick an exemplar trace on a ",
-                                      dcc.Link("drilldown", href="/drilldown"), " page."))
-        # The callback targets exist on every trace page, empty here.
+        # No trace yet: the slowest traces of the window to pick from. The other callback
+        # targets exist on every trace page, hidden here.
+        children.append(c.panel("Slowest traces in this window", c.loading(html.Div(id=ids.TR_SPANS)),
+                                actions=html.Span("or paste a trace id above, or pick one on a drilldown",
+                                                  className="ms-note")))
         children.append(html.Div(style={"display": "none"}, children=[
             html.Div(id=ids.TR_HEADER), c.graph(ids.TR_WATERFALL), c.graph(ids.TR_ICICLE),
-            html.Div(id=ids.TR_SPANS), html.Div(id=ids.TR_DETAIL)]))
+            html.Div(id=ids.TR_DETAIL)]))
         return html.Div(className="ms-page", children=children)
     children += [
         c.loading(html.Div(id=ids.TR_HEADER, className="ms-trace-header")),
@@ -85,7 +87,8 @@ def kv_table(mapping: dict, id: str | None = None) -> html.Table | html.Div:
 def rank_text(span: dict) -> str:
     if span.get("rank") is None:
         return "no samples of this operation in the window"
-    return f"{fmt_rank(span['rank'])} for {span['name']} ({fmt_count(span['op_count'])} spans in the window)"
+    n = span["op_count"]
+    return f"{fmt_rank(span['rank'])} for {span['name']} ({fmt_count(n)} span{'' if n == 1 else 's'} in the window)"
 
 
 def span_detail(trace: dict, span: dict) -> html.Div:
@@ -156,9 +159,11 @@ def _fill(data):
     data = data or {}
     tid, state = data.get("trace_id"), data.get("state") or {}
     blank = figures.empty_figure("No trace selected.")
-    if not tid:
-        return None, blank, blank, None, None
     res = st.resolve(state)
+    if not tid:
+        rows = queries.exemplar_traces(c.reader(), res.window, res.filters, limit=20)
+        pick = c.exemplar_table(rows, state, id="trace-pick-table") if rows else c.no_data("traces")
+        return None, blank, blank, pick, None
     trace = queries.trace_view(c.reader(), tid, res.window)
     if trace is None:
         msg = c.empty_state(f"Trace {tid} is not stored.",
@@ -190,16 +195,6 @@ def _fill(data):
             spans_table(trace, state, selected["span_id"]), span_detail(trace, selected))
 
 
-def open_href(value: str | None, state: dict) -> tuple[str | None, str]:
-    """Pure: the href opening the trace id typed in the box, or (None, why not)."""
-    try:
-        tid = parse_trace_id((value or "").strip())
-    except ParamError as exc:
-        return None, exc.message
-    keep = {k: v for k, v in state.items() if k in st.TIME_KEYS}
-    return st.to_href(f"{PATH}/{tid}", keep), ""
-
-
 @dash.callback(
     Output(ids.URL, "href", allow_duplicate=True),
     Output(ids.TR_OPEN_ERROR, "children"),
@@ -210,7 +205,9 @@ def open_href(value: str | None, state: dict) -> tuple[str | None, str]:
     prevent_initial_call=True,
 )
 def _open(_clicks, _submit, value, data):
-    href, error = open_href(value, (data or {}).get("state") or {})
+    if c.rendering():
+        return no_update, no_update
+    href, error = links.open_href(value, (data or {}).get("state") or {})
     return (href, "") if href else (no_update, error)
 
 

@@ -1,0 +1,345 @@
+"""The dashboard in headless Chromium (Debian's ``chromium`` + ``chromium-driver``), against a
+store filled by the demo generator plus one hostile trace.
+
+One store, one server (werkzeug in a thread) and one browser for the module; every test
+drives the real pages: no console errors, heatmap cell -> drilldown -> trace, a copied URL
+reopens the same view, box-select narrows the window, span text stays text.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from urllib.parse import parse_qs, quote, urlparse
+
+import pytest
+
+from modalscope.app import ids
+
+from selenium import webdriver  # noqa: E402
+from selenium.common.exceptions import NoAlertPresentException, TimeoutException  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+MIN = 60_000_000_000
+XSS_NAME = "<img src=x onerror=alert(1)>"
+XSS_SERVICE = "<img src=x onerror=window.__xss=1>"
+XSS_CALLEE = "<b onmouseover=window.__xss=2>db</b>"
+CHROME_ARGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--disable-component-update", "--disable-dev-shm-usage", "--window-size=1400,1000")
+
+
+def _need(condition: bool, why: str) -> None:
+    # A missing browser fails, never skips: scripts/test.sh installs Debian's chromium and
+    # chromium-driver (the only skip the suite allows is the PostgreSQL half).
+    if not condition:
+        pytest.fail(why + " (scripts/test.sh installs chromium and chromium-driver when run as root; "
+                    "otherwise: apt-get install chromium chromium-driver)", pytrace=False)
+
+
+def _chrome_paths() -> tuple[str | None, str | None]:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    return browser, shutil.which("chromedriver")
+
+
+def _xss_trace(start_ns: int):
+    """A trace whose every piece of text is hostile: names, services, attributes."""
+    from modalscope.ingest.records import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, SpanRecord
+    from tests.factories import rules
+
+    tid = "0badc0de" * 4
+    ms = 1_000_000
+    res = {"service.name": XSS_SERVICE}
+    spans = [
+        SpanRecord(tid, "00000000000000a1", None, XSS_SERVICE, XSS_NAME, KIND_SERVER, start_ns, start_ns + 900 * ms, 0,
+                   attributes={"mm.image_count": 1, "note": "<script>window.__xss=3</script>",
+                               "link": "javascript:window.__xss=4", "<i>key</i>": "<b>v</b>"}, resource=res),
+        SpanRecord(tid, "00000000000000a2", "00000000000000a1", XSS_SERVICE, "<svg onload=window.__xss=5>",
+                   KIND_CLIENT, start_ns + 10 * ms, start_ns + 400 * ms, 0,
+                   attributes={"peer.service": XSS_CALLEE}, resource=res),
+        SpanRecord(tid, "00000000000000a3", "00000000000000a1", XSS_SERVICE, "image.decode", KIND_INTERNAL,
+                   start_ns + 400 * ms, start_ns + 800 * ms, 0, attributes={"mm.layer": "mlp"}, resource=res),
+    ]
+    rules().tag(spans)
+    return tid, spans
+
+
+@dataclass
+class Site:
+    base: str
+    driver: webdriver.Chrome
+    window: str  # "start=...&end=..." covering the data: absolute, so views are stable
+    xss_trace: str
+
+    def open(self, path: str) -> None:
+        self.driver.get(self.base + path)
+
+    def wait(self, css: str, timeout: float = 20):
+        WebDriverWait(self.driver, timeout).until(lambda d: d.find_elements(By.CSS_SELECTOR, css))
+        self.settle()
+        return self.driver.find_elements(By.CSS_SELECTOR, css)
+
+    def settle(self, timeout: float = 20) -> None:
+        """Until Dash has no request in flight and nothing is loading."""
+        js = ("return document.readyState === 'complete' && !document.querySelector('[data-dash-is-loading]')"
+              " && !document.querySelector('._dash-loading') && !document.querySelector('.dash-spinner')")
+        end = time.monotonic() + timeout
+        quiet = 0
+        while time.monotonic() < end:
+            quiet = quiet + 1 if self.driver.execute_script(js) else 0
+            if quiet >= 3:
+                return
+            time.sleep(0.1)
+        raise TimeoutException("the page kept loading")
+
+    def wait_url(self, predicate, timeout: float = 20) -> str:
+        WebDriverWait(self.driver, timeout).until(lambda d: predicate(d.current_url))
+        return self.driver.current_url
+
+    def severe(self) -> list[str]:
+        return [e["message"] for e in self.driver.get_log("browser") if e["level"] == "SEVERE"]
+
+    def text(self, css: str) -> str:
+        return " ".join(e.text for e in self.driver.find_elements(By.CSS_SELECTOR, css))
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    browser, chromedriver = _chrome_paths()
+    _need(bool(browser and chromedriver), "chromium and chromedriver are needed (apt-get install chromium chromium-driver)")
+    from werkzeug.serving import make_server
+
+    from modalscope.app import create_app
+    from modalscope.ingest import demo
+    from modalscope.ingest.settle import settle
+    from modalscope.ingest.writer import write_spans
+    from modalscope.models.engine import make_engine
+    from modalscope.models.migrate import upgrade
+    from modalscope.settings import Settings
+
+    path = tmp_path_factory.mktemp("browser") / "store.db"
+    url = f"sqlite:///{path}"
+    upgrade(url)
+    engine = make_engine(url, write=True)
+    now = time.time_ns() // MIN * MIN
+    demo.fill(engine, demo.DemoConfig(now_ns=now, hours=1.0, rate=0.6))
+    xss_id, xss_spans = _xss_trace(now - 20 * MIN)
+    write_spans(engine, xss_spans)
+    settle(engine, force=True)
+    engine.dispose()
+
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line a request otherwise
+    app = create_app(Settings(database_url=url))
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for arg in CHROME_ARGS:
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(chromedriver), options=options)
+    driver.set_page_load_timeout(30)
+    from modalscope.app.params import rfc3339
+
+    window = f"start={rfc3339(now - 70 * MIN)}&end={rfc3339(now + MIN)}"
+    try:
+        yield Site(f"http://127.0.0.1:{server.server_port}", driver, window, xss_id)
+    finally:
+        driver.quit()
+        server.shutdown()
+        app.extensions["modalscope"]["engine"].dispose()
+
+
+@pytest.fixture
+def clean_log(site):
+    site.driver.get_log("browser")  # drop what earlier tests left
+    yield
+    assert site.severe() == []
+
+
+def _no_injection(site: Site) -> None:
+    d = site.driver
+    assert d.find_elements(By.CSS_SELECTOR, 'img[src="x"], [onerror], [onload], [onmouseover]') == []
+    assert d.execute_script("return window.__xss === undefined")
+    with pytest.raises(NoAlertPresentException):
+        d.switch_to.alert.text  # noqa: B018 - raises when no alert is open
+
+
+def test_every_page_loads_without_console_errors(site, clean_log):
+    pages = [
+        (f"/?{site.window}", "#overview-input-types"),
+        (f"/pairs?{site.window}", f"#{ids.PAIRS_HEATMAP} .main-svg"),
+        (f"/drilldown?{site.window}&input_type=image", "#drilldown-exemplar-table"),
+        (f"/trace/{site.xss_trace}?{site.window}", "#trace-span-table"),
+        (f"/trace?{site.window}", "#trace-pick-table"),
+        (f"/stages?{site.window}", "#stages-table-rows"),
+    ]
+    for path, css in pages:
+        site.open(path)
+        site.wait(css)
+        nav = site.driver.find_elements(By.CSS_SELECTOR, "nav a")
+        assert [a.text for a in nav] == ["Overview", "Service pairs", "Drilldown", "Trace", "Stages"]
+        start = parse_qs(site.window)["start"]
+        assert all(parse_qs(urlparse(a.get_attribute("href")).query).get("start") == start for a in nav), (
+            path, start, [a.get_attribute("href") for a in nav])
+        assert site.severe() == [], path
+    # A window with no data: every page says so, and what to do, without errors.
+    empty = "start=2020-01-01T00:00:00Z&end=2020-01-01T01:00:00Z"
+    for path, what in (("/", "No traces in this window."), ("/pairs", "No service-pair calls in this window."),
+                       ("/drilldown", "No samples for this selection in this window."),
+                       ("/stages", "No settled traces in this window.")):
+        site.open(f"{path}?{empty}")
+        site.wait(".ms-empty")
+        assert what in site.text(".ms-empty-title"), path
+        assert "modalscope demo" in site.text(".ms-empty"), path
+        assert site.severe() == [], path
+    # The box opens any trace id (and says why not when it cannot).
+    site.open(f"/trace?{site.window}")
+    site.wait("#trace-pick-table")
+    box = site.driver.find_element(By.ID, ids.TR_OPEN_INPUT)
+    box.send_keys("not-a-trace")
+    site.driver.find_element(By.ID, ids.TR_OPEN_BUTTON).click()
+    WebDriverWait(site.driver, 10).until(lambda d: "32 hexadecimal" in d.find_element(By.ID, ids.TR_OPEN_ERROR).text)
+    box.send_keys(Keys.CONTROL, "a")  # (clear() bypasses React's onChange)
+    box.send_keys(site.xss_trace.upper() + Keys.ENTER)
+    site.wait_url(lambda u: f"/trace/{site.xss_trace}?" in u)
+    site.wait("#trace-span-table")
+        # The overview computes the seed's table live.
+    site.open(f"/?{site.window}")
+    table = site.wait("#overview-input-types")[0].text
+    for it in ("text", "image", "multi_image"):
+        assert it in table
+    assert "320 ms / 410 ms" in table
+
+
+def _heatmap_cell(site: Site):
+    """Screen offsets (from the graph's centre) of a populated cell, away from the markers."""
+    return site.driver.execute_script("""
+        const gd = document.querySelector('#pairs-heatmap .js-plotly-plot');
+        const heat = gd.data[0], xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+        let busiest = heat.x.length - 1;  // busiest pair on the right
+        let best = null;
+        for (let j = 0; j < heat.z.length; j++) {
+          const c = heat.z[j][busiest];
+          if (c === null) continue;
+          const yc = (heat.y[j] + heat.y[j + 1]) / 2;
+          const px = xa._offset + xa.l2p(busiest), py = ya._offset + ya.l2p(yc);
+          let far = 1e9;
+          for (let k = 1; k < gd.data.length; k++) {
+            const my = gd.data[k].y[busiest];
+            if (my !== null) far = Math.min(far, Math.abs(ya._offset + ya.l2p(my) - py));
+          }
+          if (far < 16) continue;  // a P50/P90/P99 marker would take the click
+          if (best === null || c > best.c) best = {px, py, c, j};
+        }
+        const r = gd.getBoundingClientRect();
+        return [best.px - r.width / 2, best.py - r.height / 2, best.j];
+    """)
+
+
+def test_heatmap_cell_leads_through_drilldown_to_a_trace(site, clean_log):
+    site.open(f"/pairs?{site.window}")
+    graph = site.wait(f"#{ids.PAIRS_HEATMAP} .js-plotly-plot")[0]
+    dx, dy, _ = _heatmap_cell(site)
+    ActionChains(site.driver).move_to_element_with_offset(graph, int(dx), int(dy)).click().perform()
+    url = site.wait_url(lambda u: "/drilldown" in u and "min_ms=" in u)
+    q = {k: v[0] for k, v in parse_qs(urlparse(url).query).items()}
+    assert q["caller"] and q["callee"] and float(q["min_ms"]) < float(q["max_ms"])
+    assert "start" in q and "end" in q  # the window travels with the click
+    site.wait("#drilldown-exemplar-table")
+    assert f"calls {q['caller']} → {q['callee']}" in site.text(f"#{ids.DD_TITLE}")
+    # Every exemplar's matched call lies in the band.
+    rows = site.driver.find_elements(By.CSS_SELECTOR, "#drilldown-exemplar-table tbody tr")
+    assert rows
+    link = site.driver.find_element(By.CSS_SELECTOR, "#drilldown-exemplar-table a.ms-trace-link")
+    trace_id = link.get_attribute("title")
+    link.click()
+    url = site.wait_url(lambda u: f"/trace/{trace_id}" in u)
+    site.wait("#trace-span-table")
+    assert site.driver.find_elements(By.CSS_SELECTOR, f"#{ids.TR_WATERFALL} .main-svg")
+    assert trace_id in site.text(f"#{ids.TR_HEADER}")
+    # The matched call is selected, and ranked against its own operation.
+    detail = site.text(f"#{ids.TR_DETAIL}")
+    assert "for " in detail and " in the window" in detail
+    assert "span=" in url
+
+
+def test_copied_url_reopens_the_same_view(site, clean_log):
+    site.open(f"/drilldown?{site.window}&input_type=multi_image")
+    hist = site.wait(f"#{ids.DD_HIST} .js-plotly-plot")[0]
+    site.wait("#drilldown-exemplar-table")
+    # Select the slowest band by clicking its bar (through Plotly, as a user's click arrives).
+    site.driver.execute_script("""
+        const gd = arguments[0]; const bars = gd.data[0];
+        let i = bars.y.length - 1; while (i > 0 && !bars.y[i]) i--;
+        const pt = {curveNumber: 0, pointNumber: i, customdata: bars.customdata[i], x: bars.x[i], y: bars.y[i]};
+        gd.emit('plotly_click', {points: [pt], event: {}});
+    """, hist)
+    url = site.wait_url(lambda u: "min_ms=" in u)
+    site.wait("#drilldown-exemplar-table")
+    before = (site.text(f"#{ids.DD_TITLE}"), site.text(f"#{ids.DD_SUMMARY}"),
+              site.text("#drilldown-exemplar-table tbody tr:first-child"),
+              site.driver.find_element(By.CSS_SELECTOR, f"#{ids.INPUT_TYPE}").text)
+    assert "band" in before[1]
+    # Paste the link into a fresh page load.
+    site.driver.get("about:blank")
+    site.driver.get(url)
+    site.wait("#drilldown-exemplar-table")
+    after = (site.text(f"#{ids.DD_TITLE}"), site.text(f"#{ids.DD_SUMMARY}"),
+             site.text("#drilldown-exemplar-table tbody tr:first-child"),
+             site.driver.find_element(By.CSS_SELECTOR, f"#{ids.INPUT_TYPE}").text)
+    assert after == before
+    # The time picker writes the URL too, and the preset survives a reload.
+    site.driver.find_element(By.XPATH, f"//div[@id='{ids.RANGE}']//label[normalize-space()='24h']").click()
+    url = site.wait_url(lambda u: "range=24h" in u and "start=" not in u)
+    assert "input_type=multi_image" in url and "min_ms=" in url
+    site.wait("#drilldown-exemplar-table")
+    site.driver.get(url)
+    site.wait("#drilldown-exemplar-table")
+    checked = site.driver.find_element(By.CSS_SELECTOR, f"#{ids.RANGE} input:checked")
+    assert checked.get_attribute("value") == "24h"
+
+
+def test_box_select_on_the_time_chart_narrows_the_window(site, clean_log):
+    site.open(f"/drilldown?{site.window}")
+    gd = site.wait(f"#{ids.DD_TIME} .js-plotly-plot")[0]
+    site.driver.execute_script("""
+        const gd = arguments[0]; const xs = gd.data[0].x;
+        gd.emit('plotly_selected', {points: [], range: {x: [xs[2], xs[xs.length - 3]], y: [0, 1]}});
+    """, gd)
+    url = site.wait_url(lambda u: "start=" in u and u != site.base + f"/drilldown?{site.window}")
+    q = {k: v[0] for k, v in parse_qs(urlparse(url).query).items()}
+    full = {k: v[0] for k, v in parse_qs(site.window).items()}
+    assert "range" not in q and full["start"] < q["start"] < q["end"] < full["end"]
+    site.wait(f"#{ids.DD_TIME} .js-plotly-plot")
+
+
+def test_hostile_span_text_shows_as_text(site, clean_log):
+    site.open(f"/trace/{site.xss_trace}?{site.window}")
+    site.wait("#trace-span-table")
+    spans = site.text("#trace-span-table")
+    assert XSS_NAME in spans and "<svg onload=window.__xss=5>" in spans
+    attributes = site.text("#trace-attributes")
+    assert "<script>window.__xss=3</script>" in attributes and "javascript:window.__xss=4" in attributes
+    assert "<i>key</i>" in attributes
+    # Nothing from a span became a link target.
+    hrefs = [a.get_attribute("href") or "" for a in site.driver.find_elements(By.CSS_SELECTOR, "a")]
+    assert not any(h.startswith("javascript:") for h in hrefs)
+    # The waterfall and flame graph labels are text too (Plotly draws them in SVG).
+    labels = site.text(f"#{ids.TR_WATERFALL} .annotation-text, #{ids.TR_ICICLE} text")
+    assert XSS_NAME in labels
+    _no_injection(site)
+    # The hostile pair in the heatmap, the table and the filter pickers.
+    site.open(f"/pairs?{site.window}&service={quote(XSS_SERVICE)}")
+    site.wait(f"#{ids.PAIRS_HEATMAP} .main-svg")
+    assert XSS_CALLEE in site.text(f"#{ids.PAIRS_HEATMAP} .xtick text")
+    assert XSS_CALLEE in site.text(f"#{ids.PAIRS_TABLE}")
+    _no_injection(site)

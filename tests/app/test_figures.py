@@ -1,0 +1,170 @@
+"""Pure figure builders: rows in, Plotly figures out; no database, no Dash."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import plotly.graph_objects as go
+import pytest
+
+from modalscope.app import figures
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+
+
+def _heat():
+    return {
+        "pairs": [
+            {"caller": "api", "callee": HOSTILE, "count": 3, "calls_per_day": 72, "error_rate": 0.0,
+             "p50_ms": 10.0, "p90_ms": 12.0, "p99_ms": 12.5, "counts": [0, 3, 0]},
+            {"caller": "api", "callee": "userdb", "count": 10, "calls_per_day": 240, "error_rate": 0.1,
+             "p50_ms": 8.0, "p90_ms": 40.0, "p99_ms": 90.0, "counts": [6, 2, 2]},
+        ],
+        "bins": [{"lo_ms": 6.3, "hi_ms": 7.9, "min_ms": 6.28, "max_ms": 7.95},
+                 {"lo_ms": 7.9, "hi_ms": 10.0, "min_ms": 7.94, "max_ms": 10.01},
+                 {"lo_ms": 10.0, "hi_ms": 100.0, "min_ms": 9.99, "max_ms": 100.1}],
+    }
+
+
+def _trace():
+    t0 = 1_700_000_000_000_000_000
+    mk = lambda sid, parent, name, start, dur, stage, depth, crit: {  # noqa: E731
+        "span_id": sid, "parent_span_id": parent, "service": "svc", "name": name, "kind": "INTERNAL",
+        "stage": stage, "start_unix_nano": t0 + int(start * 1e6), "duration_ms": dur, "self_ms": dur / 2,
+        "status": "UNSET", "depth": depth, "critical": crit, "rank": 0.97, "op_count": 10}
+    return {"trace_id": "ab" * 16, "spans": [
+        mk("a", None, "root", 0, 100, "other", 0, True),
+        mk("b", "a", HOSTILE, 5, 60, "encoder", 1, True),
+        mk("c", "a", "parallel", 5, 70, "preprocessing", 1, False),  # children outlast the root together
+        mk("d", "b", "leaf", 10, 20, "inference", 2, True),
+    ]}
+
+
+def _all_text(fig: go.Figure) -> str:
+    return json.dumps(fig.to_plotly_json(), default=str)
+
+
+def test_plot_text_escapes_and_shortens():
+    assert figures.plot_text(HOSTILE) == "&lt;img src=x onerror=alert(1)&gt;"
+    assert figures.plot_text("a & b") == "a &amp; b"
+    assert figures.plot_text("x" * 500, 10) == "x" * 9 + "…"
+
+
+def test_pair_heatmap():
+    fig = figures.pair_heatmap(_heat())
+    heat, *markers = fig.data
+    assert heat.type == "heatmap" and len(markers) == 3
+    assert [m.name for m in markers] == ["P50", "P90", "P99"]
+    assert list(heat.x) == [0, 1]
+    # y holds log10 bin edges (one more than rows), z the log10 of the counts (None: empty).
+    assert len(heat.y) == 4 and heat.y[0] == pytest.approx(math.log10(6.3))
+    assert heat.z[0][0] is None and heat.z[1][0] == pytest.approx(math.log10(3))
+    assert [list(c) for c in heat.customdata[1]] == [[0, 1], [1, 1]]
+    assert markers[2].y[1] == pytest.approx(math.log10(90.0))
+    text = _all_text(fig)
+    assert HOSTILE not in text and "&lt;img src=x onerror=alert(1)&gt;" in text
+    assert list(fig.layout.xaxis.ticktext) == ["api → &lt;img src=x onerror=alert(1)&gt;", "api → userdb"]
+    band = figures.pair_heatmap(_heat(), band=(1, 7.9, 10.0))
+    assert len(band.layout.shapes) == 1
+
+
+def test_empty_figures_say_what_to_do():
+    for fig in (figures.pair_heatmap({"pairs": [], "bins": []}), figures.latency_histogram({"bins": []}),
+                figures.percentile_timeseries([]), figures.traffic_figure([]), figures.stage_stack({"stages": []}),
+                figures.stage_timeseries([]), figures.vit_layers_figure([]), figures.waterfall({"spans": []}),
+                figures.icicle({"spans": []})):
+        assert fig.data == () and fig.layout.annotations[0].text
+    assert "modalscope demo" in figures.traffic_figure([]).layout.annotations[0].text
+    assert "mm.layer" in figures.vit_layers_figure([]).layout.annotations[0].text
+
+
+def test_latency_histogram_with_cdf_percentiles_and_band():
+    dist = {"subject": "pair", "count": 10, "p50_ms": 9.0, "p90_ms": 40.0, "p99_ms": 95.0, "bins": [
+        {"lo_ms": 7.9, "hi_ms": 10.0, "min_ms": 7.9, "max_ms": 10.0, "count": 6, "cdf": 0.6},
+        {"lo_ms": 10.0, "hi_ms": 12.6, "min_ms": 10.0, "max_ms": 12.6, "count": 0, "cdf": 0.6},
+        {"lo_ms": 12.6, "hi_ms": 100.0, "min_ms": 12.6, "max_ms": 100.0, "count": 4, "cdf": 1.0}]}
+    fig = figures.latency_histogram(dist, band=(10.0, 12.6))
+    bars, cdf = fig.data
+    assert list(bars.y) == [6, 0, 4] and [list(c) for c in bars.customdata][0] == [7.9, 10.0]
+    assert list(cdf.y) == [0.6, 0.6, 1.0] and cdf.yaxis == "y2"
+    assert list(bars.marker.color) == [figures.ACCENT, figures.DANGER, figures.ACCENT]
+    lines = [s for s in fig.layout.shapes if s.type == "line"]
+    assert sorted(round(s.x0, 6) for s in lines) == sorted(round(math.log10(v), 6) for v in (9.0, 40.0, 95.0))
+    labels = [a.text for a in fig.layout.annotations]
+    assert "P50 9 ms" in labels and "P99 95 ms" in labels
+
+
+def test_time_charts_pick_readable_units():
+    rows = [{"t": f"2026-11-30T14:0{i}:00.000Z", "count": 5, "p50_ms": 800.0, "p90_ms": 2500.0, "p99_ms": 6400.0}
+            for i in range(3)]
+    fig = figures.percentile_timeseries(rows)
+    assert [d.name for d in fig.data] == ["P50", "P90", "P99"]
+    assert fig.layout.yaxis.title.text == "latency (s)" and fig.data[2].y[0] == pytest.approx(6.4)
+    assert fig.layout.dragmode == "select"
+    small = figures.percentile_timeseries([{**r, "p90_ms": 20.0, "p99_ms": 30.0, "p50_ms": 10.0} for r in rows])
+    assert small.layout.yaxis.title.text == "latency (ms)"
+    traffic = figures.traffic_figure([
+        {"t": "2026-11-30T14:00:00.000Z", "input_type": it, "count": 6, "rate_per_min": 6.0, "p50_ms": 300.0,
+         "p99_ms": 500.0, "error_count": 0} for it in ("multi_image", "text", "zzz")])
+    names = [d.name for d in traffic.data if d.type == "bar"]
+    assert names == ["text", "multi_image", "zzz"]  # canonical input-type order, then the rest
+
+
+def test_stage_stack_orders_stages_and_marks_end_to_end():
+    rows = [{"input_type": it, "stage": st, "traces": 5, "p50_ms": 100.0, "p99_ms": 300.0, "mean_ms": 120.0,
+             "total_ms": 600.0} for it in ("image", "text") for st in ("inference", "encoder", "preprocessing")]
+    bd = {"stages": rows, "traces": {"text": {"count": 5, "p50_ms": 250.0, "p99_ms": 800.0},
+                                     "image": {"count": 5, "p50_ms": 290.0, "p99_ms": 850.0}}}
+    fig = figures.stage_stack(bd)
+    bars = [d for d in fig.data if d.type == "bar"]
+    assert [d.name for d in bars[:3]] == ["preprocessing", "encoder", "inference"]
+    assert list(bars[0].x) == ["text", "image"]
+    e2e = [d for d in fig.data if d.name == "end-to-end"]
+    assert len(e2e) == 2 and list(e2e[1].y) == [800.0, 850.0]
+    assert fig.layout.barmode == "stack"
+    ts = figures.stage_timeseries([{"t": "2026-11-30T14:00:00.000Z", "stage": s, "count": 3, "value_ms": 5.0}
+                                   for s in ("network", "encoder")])
+    assert [d.name for d in ts.data] == ["encoder", "network"]
+
+
+def test_vit_layers_figure():
+    rows = [{"layer": l, "count": 10, "total_ms": 100.0, "mean_ms": 10.0, "p50_ms": 9.0, "p99_ms": 20.0,
+             "operations": ["x"], "share": s} for l, s in (("patch_embed", 0.05), ("attention", 0.18), ("mlp", 0.36))]
+    fig = figures.vit_layers_figure(rows)
+    assert list(fig.data[0].y) == ["patch_embed", "attention", "mlp"]
+    assert list(fig.data[0].text) == ["5.0 %", "18.0 %", "36.0 %"]
+    assert fig.layout.xaxis.tickformat == ".0%"
+
+
+def test_waterfall_indents_colours_and_highlights_the_critical_path():
+    fig = figures.waterfall(_trace(), selected="b")
+    stage_bars = [d for d in fig.data if d.name not in ("critical path", "selected")]
+    chosen = [d for d in fig.data if d.name == "selected"][0]
+    assert list(chosen.y) == [1] and chosen.marker.line.color == figures.DANGER and chosen.showlegend is False
+    crit = [d for d in fig.data if d.name == "critical path"][0]
+    assert {d.name for d in stage_bars} == {"other", "encoder", "preprocessing", "inference"}
+    assert list(crit.y) == [0, 1, 3] and list(crit.base)[1] == pytest.approx(5.0)
+    enc = [d for d in stage_bars if d.name == "encoder"][0]
+    assert enc.marker.color == figures.STAGE_COLORS["encoder"]
+    assert list(enc.customdata[0]) == ["b"]
+    notes = fig.layout.annotations
+    assert [a.xshift for a in notes] == [-250, -238, -238, -226]  # indented by depth
+    assert notes[1].text == "● &lt;img src=x onerror=alert(1)&gt;"
+    assert HOSTILE not in _all_text(fig)
+    assert "P97 for" in enc.text[0]
+
+
+def test_icicle_widens_parents_to_hold_their_children():
+    fig = figures.icicle(_trace())
+    ic = fig.data[0]
+    values = dict(zip(ic.ids, ic.values))
+    assert values["a"] == pytest.approx(130.0)  # 60 + 70 of parallel children > 100 ms
+    assert values["b"] == 60 and values["d"] == 20
+    assert list(ic.parents) == ["", "a", "a", "b"]
+    assert HOSTILE not in _all_text(fig)
+
+
+def test_every_figure_serialises():
+    for fig in (figures.pair_heatmap(_heat()), figures.waterfall(_trace()), figures.icicle(_trace())):
+        json.loads(fig.to_json())

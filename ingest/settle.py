@@ -460,10 +460,12 @@ def settle(engine: Engine, *, settle_seconds: float = 5.0, trace_ids: Sequence[s
     return total
 
 
-def run_settler_process(database_url: str, settle_seconds: float, interval: float, stop, parent_pid: int) -> None:
+def run_settler_process(database_url: str, settle_seconds: float, interval: float, stop_reader) -> None:
     """Entry point of the settler process (``IngestPipeline(settle="process")``).
 
-    Runs until ``stop`` is set or its parent is gone; the parent handles Ctrl-C.
+    Runs until its parent writes to, or closes, the other end of ``stop_reader`` (a pipe,
+    not a multiprocessing Event: setting an Event whose waiter was killed blocks forever).
+    Ctrl-C goes to the parent, which stops us through the pipe.
     """
     import os
     import signal
@@ -479,15 +481,13 @@ def run_settler_process(database_url: str, settle_seconds: float, interval: floa
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = make_engine(database_url, write=True)
     try:
-        while not stop.wait(interval):
-            if os.getppid() != parent_pid:
-                return
+        while not stop_reader.poll(interval):  # True on a message, or on EOF: parent gone
             try:
                 settle(engine, settle_seconds=settle_seconds, max_batches=20)
             except Exception:  # noqa: BLE001 - keep settling; the next pass retries
                 log.exception("settling failed")
-        # A clean stop: one last pass over what is due (the rest stays pending, durably,
-        # for the next process).
+        # Stopping: one last pass over what is due (the rest stays pending, durably, for
+        # the next process).
         try:
             settle(engine, settle_seconds=settle_seconds)
         except Exception:  # noqa: BLE001
@@ -501,20 +501,24 @@ class SettlerProcess:
 
     def __init__(self, database_url: str, settle_seconds: float, interval: float = 0.5) -> None:
         import multiprocessing
-        import os
 
         ctx = multiprocessing.get_context("spawn")
-        self._stop = ctx.Event()
+        reader, self._stop_writer = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(target=run_settler_process, name="modalscope-settler",
-                                 args=(database_url, settle_seconds, interval, self._stop, os.getpid()),
-                                 daemon=True)
+                                 args=(database_url, settle_seconds, interval, reader), daemon=True)
+        self._reader = reader
 
     def start(self) -> "SettlerProcess":
         self._proc.start()
+        self._reader.close()  # the child has its own copy
         return self
 
     def stop(self, final: bool = True) -> None:
-        self._stop.set()
+        # Closing our end is enough (the child sees EOF) and never blocks, dead child or not.
+        try:
+            self._stop_writer.close()
+        except OSError:
+            pass
         self._proc.join(60)
         if self._proc.is_alive():
             self._proc.terminate()

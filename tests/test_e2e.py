@@ -130,3 +130,26 @@ def test_port_taken_is_one_line(running, db_url):
     assert r.returncode == 2
     assert str(running["http"]) in r.stderr and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("modalscope: error:")
+
+
+@pytest.mark.parametrize("command", [["ingest", "otlp"], ["demo", "--hours", "0.05", "--rate", "1"]])
+def test_sigterm_to_the_whole_process_group_stops_cleanly(tmp_path, command):
+    """systemd, `timeout` and container runtimes signal every process of the group: the
+    settler process dies with it, and the parent must still shut down, not hang."""
+    http_port, grpc_port, web_port = free_port(), free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODALSCOPE_")}
+    env.update({"MODALSCOPE_DATABASE_URL": f"sqlite:///{tmp_path / 'g.db'}",
+                "MODALSCOPE_OTLP_HTTP_PORT": str(http_port), "MODALSCOPE_OTLP_GRPC_PORT": str(grpc_port),
+                "MODALSCOPE_PORT": str(web_port)})
+    proc = subprocess.Popen([sys.executable, "-m", "modalscope", *command], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _wait_http(f"http://127.0.0.1:{http_port}/", proc, timeout=90)
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=40)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err

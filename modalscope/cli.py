@@ -95,15 +95,25 @@ def cmd_retag(args) -> int:
     return 0
 
 
-def _wait_for_signal() -> None:
-    stop = threading.Event()
+_STOP = threading.Event()
 
+
+def install_stop_handlers() -> None:
+    """From here on, SIGINT and SIGTERM ask the running servers to stop cleanly.
+
+    Called before servers start, so a signal that arrives during start-up is not lost
+    (nor kills the process half-started): ``_wait_for_signal`` then returns at once.
+    """
     def handler(signum, frame):
-        stop.set()
+        _STOP.set()
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
-    while not stop.wait(1.0):
+
+
+def _wait_for_signal() -> None:
+    install_stop_handlers()
+    while not _STOP.wait(1.0):
         pass
 
 
@@ -136,6 +146,7 @@ def cmd_ingest_otlp(args) -> int:
     settings = _settings()
     rules = _rules(settings)
     engine = _open_store(settings)
+    install_stop_handlers()
     stop = start_receivers(settings, engine, rules)
     print(f"OTLP/HTTP on http://{settings.bind}:{settings.otlp_http_port}/v1/traces, "
           f"OTLP/gRPC on {settings.bind}:{settings.otlp_grpc_port}; "
@@ -162,6 +173,7 @@ def cmd_serve(args) -> int:
     settings = _settings()
     engine = _open_store(settings)
     engine.dispose()
+    install_stop_handlers()
     server = serve_dashboard(settings, args.port)
     print(f"modalscope {__version__} at http://{settings.bind}:{server.port}/ (development server; "
           "use gunicorn in production); Ctrl-C stops", flush=True)

@@ -181,6 +181,7 @@ def _serve(engine, settings, rules, config, port: int) -> int:
     from .ingest.pipeline import IngestPipeline
     from .ingest.settle import settle
 
+    cli.install_stop_handlers()
     try:
         dashboard = cli.serve_dashboard(settings, port)
     except ListenError as exc:  # one line naming the port

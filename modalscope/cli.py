@@ -189,9 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"modalscope {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    from .anomalies_cmd import add_anomalies_parser
+    from .cloud_cmd import add_cloud_parsers
     from .demo_cmd import add_demo_parser
 
     add_demo_parser(sub)
+    add_anomalies_parser(sub)
 
     s = sub.add_parser("serve", help="the dashboard and /api/v1 (development server)")
     s.add_argument("--port", type=int, default=None, help="default: MODALSCOPE_PORT (8050)")
@@ -201,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     isub = s.add_subparsers(dest="source", required=True, metavar="SOURCE")
     o = isub.add_parser("otlp", help="OTLP/HTTP (:4318) and OTLP/gRPC (:4317) receivers")
     o.set_defaults(func=cmd_ingest_otlp)
+    add_cloud_parsers(sub, isub)
 
     s = sub.add_parser("import", help="import OTLP JSON / JSON lines / protobuf files")
     s.add_argument("files", nargs="+", metavar="FILE")

@@ -38,6 +38,20 @@ def health():
         store = "unreachable"
     body = {"status": "ok" if store == "ok" else "degraded", "version": __version__,
             "store": store, "database": reader.engine.dialect.name}
+    if store == "ok":
+        # Cloud Trace pollers and the metrics exporter report through their cursor rows:
+        # whether they fall behind the quota, and whether the data is latency-sampled.
+        from ..ingest.cloud_monitoring import exporter_health
+        from ..ingest.cloud_trace import poller_health
+
+        for key, fn in (("cloud_trace", poller_health), ("metrics_export", exporter_health)):
+            try:
+                state = fn(reader.engine)
+            except Exception as exc:  # noqa: BLE001 - health answers even if a part cannot
+                log.warning("health check: %s state unreadable: %s", key, exc)
+                state = {"error": "unreadable"}
+            if state is not None:
+                body[key] = state
     return jsonify(body), (200 if store == "ok" else 503)
 
 
@@ -84,6 +98,58 @@ def traces():
         raise ParamError("max_ms", "max_ms must not be below min_ms")
     limit = parse_int(request.args, "limit", 20, 1, 1000)
     return jsonify(queries.exemplar_traces(_reader(), window, filters, min_ms, max_ms, limit))
+
+
+def _thresholds():
+    from .detectors import Thresholds
+
+    ext = current_app.extensions["modalscope"]
+    if "thresholds" not in ext:
+        ext["thresholds"] = Thresholds.from_env()
+    return ext["thresholds"]
+
+
+@bp.get("/anomalies")
+def anomalies():
+    """Findings of the anomaly catalog in the window, most severe first (``app/findings.py``)."""
+    from . import findings
+
+    window = parse_window(request.args)
+    return jsonify(findings.find(_reader(), window, parse_filters(request.args), _thresholds()))
+
+
+@bp.get("/cache")
+def cache():
+    """Hit rate per cache (``cache.name``) and value of the span attribute ``group_by``
+    (e.g. ``user_tier``): ``[{"cache", "group", "hits", "misses", "hit_rate"}]``; a span
+    without the attribute counts in group null. ``cache=`` narrows to one cache."""
+    group_by = request.args.get("group_by")
+    if group_by is not None and not queries.valid_group_by(group_by):
+        raise ParamError("group_by", "group_by must be an attribute key: 1-128 letters, digits or _ . : / -")
+    window = parse_window(request.args)
+    rows = queries.cache_rates(_reader(), window, group_by or None, request.args.get("cache") or None)
+    return jsonify([{k: r[k] for k in ("cache", "group", "hits", "misses", "hit_rate")} for r in rows])
+
+
+@bp.get("/compare")
+def compare():
+    """The selection (``start``/``end`` or ``range``) against a baseline (``baseline_start``/
+    ``baseline_end``, default: the same length just before): stage deltas and attribute
+    values over-represented among slow spans (``queries.compare``)."""
+    from .params import Window, parse_time
+
+    window = parse_window(request.args)
+    b_start, b_end = request.args.get("baseline_start"), request.args.get("baseline_end")
+    baseline = None
+    if b_start or b_end:
+        if not b_start:
+            raise ParamError("baseline_start", "baseline_start is needed with baseline_end")
+        s = parse_time(b_start, "baseline_start")
+        e = parse_time(b_end, "baseline_end") if b_end else s + (window.end_ns - window.start_ns)
+        if e <= s:
+            raise ParamError("baseline_end", "baseline_end must be after baseline_start")
+        baseline = Window(s, e)
+    return jsonify(queries.compare(_reader(), window, baseline, parse_filters(request.args)))
 
 
 @bp.get("/traces/<trace_id>")

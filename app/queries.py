@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from functools import lru_cache
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -701,3 +701,342 @@ def filter_options(reader: StoreReader) -> dict[str, list]:
     values["input_types"] = sorted(set(values["input_types"]) | set(INPUT_TYPE_ORDER),
                                    key=lambda t: (it_order.get(t, 99), t))
     return values
+
+
+# ======================================================================================
+# Cache analytics and triage compare (issue 5): /api/v1/cache, /api/v1/compare, pages.
+# ======================================================================================
+
+import re as _re
+
+import orjson as _orjson
+
+CACHE_MAX_SPANS = 500_000  # cache spans read per window (newest first): bounded work
+GROUP_BY_PATTERN = _re.compile(r"^[A-Za-z0-9_.:/\-]{1,128}$")
+NO_GROUP = None  # the group of a span without the group_by attribute
+
+
+def valid_group_by(value: str | None) -> bool:
+    """An attribute key a cache breakdown can group by: 1-128 characters of
+    letters, digits and ``_ . : / -`` (OpenTelemetry keys and label names)."""
+    return bool(value) and bool(GROUP_BY_PATTERN.match(value))
+
+
+def cache_hit_value(value: Any) -> bool | None:
+    """``cache.hit`` as sent: a boolean, or a string/number from sources without booleans
+    (Cloud Trace labels). None when it says neither hit nor miss."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return value != 0 if math.isfinite(value) else None
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in ("true", "1", "hit", "yes"):
+            return True
+        if v in ("false", "0", "miss", "no"):
+            return False
+    return None
+
+
+def _group_value(value: Any) -> str | None:
+    if value is None or isinstance(value, (dict, list)):
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def cache_events(rows: Iterable[tuple], group_by: str | None) -> list[tuple[int, str, str | None, bool]]:
+    """Pure: ``(start_ns, cache, group, hit)`` from ``StoreReader.cache_spans`` rows.
+
+    The group is the span attribute ``group_by``, else the resource attribute of that
+    name, else None. Spans whose ``cache.hit`` says neither hit nor miss are dropped.
+    """
+    out = []
+    for start_ns, attrs_json, resource_json in rows:
+        try:
+            attrs = _orjson.loads(attrs_json) if attrs_json else {}
+        except _orjson.JSONDecodeError:
+            continue
+        if not isinstance(attrs, dict):
+            continue
+        cache = attrs.get("cache.name")
+        hit = cache_hit_value(attrs.get("cache.hit"))
+        if cache is None or isinstance(cache, (dict, list)) or hit is None:
+            continue
+        group = None
+        if group_by:
+            value = attrs.get(group_by)
+            if value is None and resource_json:
+                try:
+                    res = _orjson.loads(resource_json)
+                except _orjson.JSONDecodeError:
+                    res = {}
+                value = res.get(group_by) if isinstance(res, dict) else None
+            group = _group_value(value)
+        out.append((int(start_ns), str(cache), group, hit))
+    return out
+
+
+def _group_sort_key(r: dict) -> tuple:
+    return (r["cache"], r["group"] is None, r["group"] or "")
+
+
+def cache_table(events: Iterable[tuple[int, str, str | None, bool]]) -> list[dict]:
+    """Pure: hits, misses and hit rate per (cache, group); ``share`` is the group's part of
+    its cache's lookups."""
+    counts: dict[tuple[str, str | None], list[int]] = {}
+    for _, cache, group, hit in events:
+        c = counts.setdefault((cache, group), [0, 0])
+        c[0 if hit else 1] += 1
+    totals: dict[str, int] = {}
+    for (cache, _), (h, m) in counts.items():
+        totals[cache] = totals.get(cache, 0) + h + m
+    out = []
+    for (cache, group), (h, m) in counts.items():
+        out.append({"cache": cache, "group": group, "hits": h, "misses": m,
+                    "hit_rate": round(h / (h + m), 6), "share": round((h + m) / totals[cache], 6)})
+    out.sort(key=_group_sort_key)
+    return out
+
+
+def cache_buckets(events: Iterable[tuple[int, str, str | None, bool]], start_ns: int,
+                  step_minutes: int) -> list[dict]:
+    """Pure: hit rate per (cache, group) and time step: ``[{"t", "cache", "group", "hits",
+    "misses", "hit_rate"}]``, steps aligned to ``start_ns``'s minute, in time order."""
+    step_ns = max(1, int(step_minutes)) * 60_000_000_000
+    origin = start_ns // 60_000_000_000 * 60_000_000_000
+    counts: dict[tuple[int, str, str | None], list[int]] = {}
+    for t, cache, group, hit in events:
+        b = origin + (t - origin) // step_ns * step_ns
+        c = counts.setdefault((b, cache, group), [0, 0])
+        c[0 if hit else 1] += 1
+    out = []
+    for (b, cache, group), (h, m) in counts.items():
+        out.append({"t": rfc3339(b), "t_ns": b, "cache": cache, "group": group, "hits": h, "misses": m,
+                    "hit_rate": round(h / (h + m), 6)})
+    out.sort(key=lambda r: (r["t_ns"], *_group_sort_key(r)))
+    return out
+
+
+def _cache_events(reader: StoreReader, window: Window, group_by: str | None, cache: str | None) -> list[tuple]:
+    rows = reader.cache_spans(window.start_ns, window.end_ns, limit=CACHE_MAX_SPANS)
+    events = cache_events(rows, group_by)
+    return [e for e in events if e[1] == cache] if cache else events
+
+
+def cache_rates(reader: StoreReader, window: Window, group_by: str | None = None,
+                cache: str | None = None) -> list[dict]:
+    """Hit rate per cache (``cache.name``) and value of the span attribute ``group_by``
+    (``cache.hit``: hits, misses) over the window, from the raw spans carrying
+    ``cache.name`` (window and key filtered in SQL; only those spans' attributes are parsed)."""
+    return cache_table(_cache_events(reader, window, group_by, cache))
+
+
+def cache_series(reader: StoreReader, window: Window, group_by: str | None = None, cache: str | None = None,
+                 step_minutes: int = 1) -> list[dict]:
+    """Hit rate per cache and group over time (``step_minutes`` buckets)."""
+    return cache_buckets(_cache_events(reader, window, group_by, cache), window.start_ns, step_minutes)
+
+
+# -- triage compare --------------------------------------------------------------------
+COMPARE_MAX_SPANS = 100_000  # subject spans read per window (newest first)
+COMPARE_MAX_VALUES = 50  # keys with more distinct values are skipped (ids, free text)
+COMPARE_TOP = 10
+COMPARE_MIN_SELECTION = 5  # slow spans in the selection carrying the value
+COMPARE_MIN_SHARE = 0.05  # ... and at least this share of them
+SLOW_QUANTILE = 0.9
+_ID_KEY = _re.compile(r"(^|[._])(id|uuid|guid|trace_?id|span_?id|request_?id)$", _re.I)
+_TIME_KEY = _re.compile(r"(time|timestamp|_ns|_ms|date|unix)", _re.I)
+KEEP_ID_KEYS = ("service.instance.id", "host.id", "k8s.pod.uid", "cloud.availability_zone")
+
+
+def default_baseline(window: Window) -> Window:
+    """The same length just before the selection."""
+    length = window.end_ns - window.start_ns
+    return Window(window.start_ns - length, window.start_ns)
+
+
+def _compare_key_ok(key: str) -> bool:
+    if key in KEEP_ID_KEYS:
+        return True
+    return not (_ID_KEY.search(key) or _TIME_KEY.search(key))
+
+
+def span_facets(row: dict) -> dict[str, str]:
+    """Pure: the attribute values of one subject span a Compare ranks: span attributes,
+    resource attributes (span wins on a clash), ``service.instance.id`` and the trace's
+    ``input_type``; scalars only, keys that look like ids or timestamps dropped."""
+    out: dict[str, str] = {}
+    for blob in (row.get("resource"), row.get("attributes")):
+        if not blob:
+            continue
+        try:
+            d = _orjson.loads(blob) if isinstance(blob, (str, bytes)) else blob
+        except _orjson.JSONDecodeError:
+            continue
+        if not isinstance(d, dict):
+            continue
+        for k, v in d.items():
+            if not isinstance(k, str) or not _compare_key_ok(k):
+                continue
+            g = _group_value(v)
+            if g is not None and len(g) <= 256:
+                out[k] = g
+    if row.get("instance"):
+        out.setdefault("service.instance.id", str(row["instance"]))
+    if row.get("input_type"):
+        out["input_type"] = str(row["input_type"])
+    return out
+
+
+def attribute_lift(selection: list[dict[str, str]], baseline: list[dict[str, str]], *,
+                   max_values: int = COMPARE_MAX_VALUES, top: int = COMPARE_TOP,
+                   min_count: int = COMPARE_MIN_SELECTION, min_share: float = COMPARE_MIN_SHARE) -> list[dict]:
+    """Pure: attribute values over-represented in ``selection`` (the slow spans' facets)
+    against ``baseline`` (the baseline spans' facets).
+
+    ``selection_share`` / ``baseline_share``: the part of each population carrying the
+    value; ``lift`` = their ratio, the baseline share smoothed by half a span so a value
+    never seen before has a finite lift. Keys with more than ``max_values`` distinct values
+    across both populations are skipped; a value needs ``min_count`` selection spans and
+    ``min_share`` of them. Top ``top`` by lift (then count), lift above 1 only.
+    """
+    if not selection or not baseline:
+        return []
+    values: dict[str, set[str]] = {}
+    sel_counts: dict[tuple[str, str], int] = {}
+    base_counts: dict[tuple[str, str], int] = {}
+    for pop, counts in ((selection, sel_counts), (baseline, base_counts)):
+        for facets in pop:
+            for k, v in facets.items():
+                s = values.setdefault(k, set())
+                if len(s) <= max_values:
+                    s.add(v)
+                counts[(k, v)] = counts.get((k, v), 0) + 1
+    n_sel, n_base = len(selection), len(baseline)
+    out = []
+    for (k, v), c in sel_counts.items():
+        if len(values[k]) > max_values or c < min_count or c / n_sel < min_share:
+            continue
+        b = base_counts.get((k, v), 0)
+        sel_share = c / n_sel
+        base_share = b / n_base
+        lift = sel_share / ((b + 0.5) / (n_base + 0.5)) if b == 0 else sel_share / base_share
+        if lift <= 1.0:
+            continue
+        out.append({"key": k, "value": v, "selection_share": round(sel_share, 6),
+                    "baseline_share": round(base_share, 6), "lift": round(lift, 4),
+                    "selection_count": c, "baseline_count": b})
+    out.sort(key=lambda r: (-r["lift"], -r["selection_count"], r["key"], r["value"]))
+    return out[:top]
+
+
+def _stage_query(filters: Filters, window: Window, kind: str = "tstage") -> RollupQuery:
+    """Per-trace stage self time (``tstage``) of the window's traces, narrowed by input
+    type and stage only (stage time is a trace's, whichever pair or service is the subject);
+    ``kind="trace"`` gives the traces themselves (the per-trace denominator)."""
+    if kind == "trace":
+        return RollupQuery("trace", window.start_ns, window.end_ns, Filters(input_type=filters.input_type))
+    return RollupQuery("tstage", window.start_ns, window.end_ns,
+                       Filters(input_type=filters.input_type, stage=filters.stage), ("stage",))
+
+
+def stage_deltas(sel: dict[str, tuple[int, int, Histogram]], base: dict[str, tuple[int, int, Histogram]],
+                 sel_units: int, base_units: int) -> list[dict]:
+    """Pure: per stage, selection vs baseline P50/P99 and each stage's share of the added
+    time. ``sel``/``base``: stage -> (count, sum_ns, histogram); the added time of a stage
+    is its time per trace (``sum_ns / units``, units = traces) in the selection minus the
+    baseline's, and ``share_of_added_time`` is its part of the stages' positive additions."""
+    order = {s: i for i, s in enumerate(STAGES)}
+    rows = []
+    added: dict[str, float] = {}
+    for stage in sorted(set(sel) | set(base), key=lambda s: (order.get(s, 99), s)):
+        sc, ss, sh = sel.get(stage, (0, 0, None))
+        bc, bs, bh = base.get(stage, (0, 0, None))
+        s50, s99 = (_ms(v) for v in sh.quantiles([0.5, 0.99])) if sc > 0 else (None, None)
+        b50, b99 = (_ms(v) for v in bh.quantiles([0.5, 0.99])) if bc > 0 else (None, None)
+        per_sel = ss / sel_units if sel_units else 0.0
+        per_base = bs / base_units if base_units else 0.0
+        added[stage] = per_sel - per_base
+        rows.append({"stage": stage, "selection_p50_ms": s50, "baseline_p50_ms": b50,
+                     "selection_p99_ms": s99, "baseline_p99_ms": b99,
+                     "delta_p50_ms": None if s50 is None or b50 is None else round(s50 - b50, 3),
+                     "delta_p99_ms": None if s99 is None or b99 is None else round(s99 - b99, 3),
+                     "added_ms": _ms(per_sel - per_base) if sel_units and base_units else None,
+                     "share_of_added_time": 0.0})
+    positive = sum(v for v in added.values() if v > 0)
+    if positive > 0 and sel_units and base_units:
+        for r in rows:
+            r["share_of_added_time"] = round(max(added[r["stage"]], 0.0) / positive, 6)
+    return rows
+
+
+def _subject_rows(reader: StoreReader, window: Window, filters: Filters, limit: int) -> list[dict]:
+    subject = subject_of(filters)
+    if subject == "pair":
+        if filters.callee:  # the callee's side of the calls: its instances, its attributes
+            return reader.subject_spans(window.start_ns, window.end_ns, kind=2, service=filters.callee,
+                                        input_type=filters.input_type, limit=limit)
+        return reader.subject_spans(window.start_ns, window.end_ns, kind=KIND_CLIENT, service=filters.caller,
+                                    input_type=filters.input_type, limit=limit)
+    if subject in ("stage", "service"):
+        return reader.subject_spans(window.start_ns, window.end_ns, service=filters.service, stage=filters.stage,
+                                    input_type=filters.input_type, limit=limit)
+    return reader.subject_spans(window.start_ns, window.end_ns, input_type=filters.input_type, root_only=True,
+                                limit=limit)
+
+
+def compare(reader: StoreReader, window: Window, baseline: Window | None = None,
+            filters: Filters = Filters()) -> dict:
+    """What changed in ``window`` (the selection) against ``baseline`` (default: the same
+    length just before).
+
+    ``stages``: per stage, P50/P99 of per-trace stage self time in both windows, their
+    deltas, and the stage's share of the added time per trace (``tstage`` rollups of the
+    window's traces, narrowed by ``input_type`` and ``stage``).
+
+    ``attributes``: attribute values over-represented among the SLOW spans of the selection,
+    slow meaning above the selection's P90 of the subject (``subject_of(filters)``: a pair's
+    calls, read on the callee's SERVER spans when a callee is named; a stage's or service's
+    spans; else root spans, i.e. whole traces), against every subject span of the baseline.
+    Span and resource attributes plus the trace's ``input_type``; keys with more than 50
+    distinct values, ids and timestamps skipped; top 10 by lift with minimum counts
+    (``attribute_lift``). At most ``COMPARE_MAX_SPANS`` raw spans a window (newest first).
+    """
+    baseline = baseline or default_baseline(window)
+    # stage deltas (rollups)
+    stage_sel, stage_base = {}, {}
+    for w, dest in ((window, stage_sel), (baseline, stage_base)):
+        q = _stage_query(filters, w)
+        for g in reader.rollups(q):
+            if g.count > 0:
+                dest[g.key[0]] = (g.count, g.sum_ns, g.histogram)
+    units = [sum(g.count for g in reader.rollups(_stage_query(filters, w, "trace"))) for w in (window, baseline)]
+    stages_out = stage_deltas(stage_sel, stage_base, units[0], units[1])
+    counts = []
+    sel_hist = Histogram()
+    for w in (window, baseline):
+        groups = reader.rollups(_subject_query(filters, w))
+        counts.append(sum(g.count for g in groups))
+        if w is window:
+            for g in groups:
+                sel_hist.merge(g.histogram)
+    # slow-span attributes (raw spans)
+    threshold_ns = sel_hist.quantile(SLOW_QUANTILE) if sel_hist.count > 0 else None
+    attributes: list[dict] = []
+    if threshold_ns is not None:
+        sel_rows = _subject_rows(reader, window, filters, COMPARE_MAX_SPANS)
+        slow = [span_facets(r) for r in sel_rows if r["duration_ns"] > threshold_ns]
+        if not slow:  # a sketch bucket's representative may sit above every span in it
+            slow = [span_facets(r) for r in sel_rows if r["duration_ns"] >= threshold_ns]
+        base_rows = _subject_rows(reader, baseline, filters, COMPARE_MAX_SPANS)
+        attributes = attribute_lift(slow, [span_facets(r) for r in base_rows])
+    return {
+        "selection": {"start": rfc3339(window.start_ns), "end": rfc3339(window.end_ns), "count": counts[0], "traces": units[0]},
+        "baseline": {"start": rfc3339(baseline.start_ns), "end": rfc3339(baseline.end_ns), "count": counts[1], "traces": units[1]},
+        "subject": subject_of(filters),
+        "slow_threshold_ms": _ms(threshold_ns),
+        "stages": stages_out,
+        "attributes": attributes,
+    }

@@ -1,5 +1,63 @@
-"""`modalscope anomalies` (issue 5: being written)."""
+"""`modalscope anomalies [--since 1h] [--json]`: the anomaly catalog's findings, most severe first."""
+
+from __future__ import annotations
+
+import json
+import sys
 
 
 def add_anomalies_parser(sub) -> None:
     """Register `modalscope anomalies` on the CLI's subparsers."""
+    p = sub.add_parser("anomalies", help="named anomaly findings in the last --since (most severe first)")
+    p.add_argument("--since", default="1h", help="how far back to look: 15m, 1h, 2h, 24h, 7d (default 1h)")
+    p.add_argument("--json", action="store_true", help="print the findings as /api/v1/anomalies does")
+    p.set_defaults(func=cmd_anomalies)
+
+
+def format_finding(f: dict) -> str:
+    subject = ", ".join(f"{k}={v['key']}={v['value']}" if isinstance(v, dict) else f"{k}={v}"
+                        for k, v in f["subject"].items())
+    evidence = ", ".join(f"{k}={v}" for k, v in f["evidence"].items() if v is not None)
+    lines = [f"{f['severity'].upper():8} {f['kind']:22} {subject}",
+             f"         {f['start']} → {f['end']}",
+             f"         evidence: {evidence}",
+             f"         hint: {f['hint']}"]
+    if f["exemplar_trace_ids"]:
+        lines.append(f"         exemplars: {' '.join(f['exemplar_trace_ids'])}")
+    return "\n".join(lines)
+
+
+def cmd_anomalies(args) -> int:
+    from .app.detectors import Thresholds
+    from .app.findings import find
+    from .app.params import ParamError, parse_window
+    from .cli import CommandError
+    from .models.engine import make_engine
+    from .models.reader import StoreReader
+    from .models.schema import ensure_schema
+    from .settings import Settings
+
+    settings = Settings.from_env()
+    try:
+        window = parse_window({"range": args.since})
+    except ParamError as exc:
+        raise CommandError(f"--since: {exc.message.replace('range', '--since')}") from None
+    thresholds = Thresholds.from_env()
+    ensure_schema(settings.database_url, create=False)
+    engine = make_engine(settings.database_url)
+    try:
+        found = find(StoreReader(engine), window, th=thresholds)
+    finally:
+        engine.dispose()
+    if args.json:
+        json.dump(found, sys.stdout, indent=2, ensure_ascii=True)
+        print()
+        return 0
+    if not found:
+        print(f"no findings in the last {args.since}")
+        return 0
+    for f in found:
+        print(format_finding(f))
+    counts = {s: sum(f["severity"] == s for f in found) for s in ("critical", "warning", "info")}
+    print(f"{len(found)} findings: {counts['critical']} critical, {counts['warning']} warning, {counts['info']} info")
+    return 0

@@ -318,6 +318,115 @@ class StoreReader:
                     found[(service, name)] = value
         return [(s, n, v) for (s, n), v in sorted(found.items())]
 
+    # -- cache analytics and triage compare (issue 5, pages) ---------------------------
+    def cache_spans(self, start_ns: int, end_ns: int, limit: int = 500_000) -> list[tuple]:
+        """``(start_ns, attributes JSON, resource JSON)`` of spans starting in the window whose
+        attributes carry ``cache.name`` (the window on the ``start_ns`` index, the key as a
+        portable substring test; at most ``limit`` rows, newest first)."""
+        import json as _json
+
+        stmt = (
+            select(Span.start_ns, Span.attributes, Span.resource)
+            .where(Span.start_ns >= start_ns, Span.start_ns < end_ns,
+                   Span.attributes.contains(_json.dumps("cache.name"), autoescape=True))
+            .order_by(Span.start_ns.desc())
+            .limit(limit)
+        )
+        with self.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(stmt)]
+
+    def subject_spans(self, start_ns: int, end_ns: int, *, kind: int | None = None, service: str | None = None,
+                      stage: str | None = None, input_type: str | None = None, root_only: bool = False,
+                      limit: int = 100_000) -> list[dict]:
+        """Spans starting in the window with their attributes, resource, instance and the
+        trace's input type (``duration_ns``, ``attributes``, ``resource``, ``instance``,
+        ``input_type``): the population a Compare ranks attribute values over. Newest
+        first, at most ``limit`` rows."""
+        conds = [Span.start_ns >= start_ns, Span.start_ns < end_ns]
+        if kind is not None:
+            conds.append(Span.kind == kind)
+        if service:
+            conds.append(Span.service == service)
+        if stage:
+            conds.append(Span.stage == stage)
+        if root_only:
+            conds.append(Span.parent_span_id.is_(None))
+        if input_type:
+            conds.append(Trace.input_type == input_type)
+        stmt = (
+            select(Span.trace_id, Span.duration_ns, Span.attributes, Span.resource, Span.instance,
+                   Trace.input_type)
+            .select_from(Span)
+            .outerjoin(Trace, Trace.trace_id == Span.trace_id)
+            .where(*conds)
+            .order_by(Span.start_ns.desc())
+            .limit(limit)
+        )
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(stmt).mappings()]
+
+    # -- findings readers (issue 5) ----------------------------------------------------
+    def rollup_rows(self, kind: str, start_ns: int, end_ns: int, dims: tuple[str, ...],
+                    filters: Filters | None = None) -> list[tuple]:
+        """Rollup rows of one series kind, unmerged: ``(minute, count, error_count, sum_ns,
+        sketch blob, *dims)`` for every (series, minute) whose minute starts in the window.
+
+        Detectors keep minutes apart (trailing baselines, blocks), so nothing is merged here.
+        """
+        first, last = minute_range(start_ns, end_ns)
+        cols = [getattr(Series, d) for d in dims]
+        stmt = (
+            select(Rollup.minute, Rollup.count, Rollup.error_count, Rollup.sum_ns, Rollup.sketch, *cols)
+            .join(Series, Series.id == Rollup.series_id)
+            .where(self._series_filter(kind, filters or Filters()), Rollup.minute >= first, Rollup.minute < last)
+        )
+        with self.engine.connect() as conn:
+            return _raw_rows(conn, stmt)
+
+    def attribute_spans(self, start_ns: int, end_ns: int, keys: Iterable[str],
+                        kinds: Iterable[int] = ()) -> list[tuple]:
+        """Spans starting in the window that carry one of the attribute ``keys`` or have one of
+        the span ``kinds``: ``(trace_id, service, name, kind, stage, start_ns, duration_ns,
+        status, instance, attributes JSON or '')``; attributes only where a key occurs.
+
+        A bounded read for the attribute-based detectors: callers keep the window bounded
+        (``start_ns`` index); the attribute test is a substring match, portable SQL.
+        """
+        import json as _json
+
+        from sqlalchemy import case, literal
+
+        needles = [Span.attributes.contains(_json.dumps(k), autoescape=True) for k in keys]
+        kinds = tuple(kinds)
+        wanted = or_(*needles) if needles else literal(False)
+        conds = [Span.start_ns >= start_ns, Span.start_ns < end_ns]
+        conds.append(or_(wanted, Span.kind.in_(kinds)) if kinds else wanted)
+        attrs = case((wanted, Span.attributes), else_=literal(""))
+        stmt = select(Span.trace_id, Span.service, Span.name, Span.kind, Span.stage, Span.start_ns, Span.duration_ns,
+                      Span.status, Span.instance, attrs).where(*conds)
+        with self.engine.connect() as conn:
+            return _raw_rows(conn, stmt)
+
+    def long_traces(self, start_ns: int, end_ns: int, min_duration_ns: int) -> list[dict]:
+        """Settled traces starting in the window lasting at least ``min_duration_ns``."""
+        cols = [Trace.__table__.c[c] for c in _TRACE_SUMMARY_COLUMNS]
+        stmt = select(*cols).where(Trace.start_ns >= start_ns, Trace.start_ns < end_ns,
+                                   Trace.duration_ns >= min_duration_ns, Trace.settled_ns.is_not(None))
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(stmt).mappings()]
+
+
+def _raw_rows(conn, stmt) -> list[tuple]:
+    """All rows of ``stmt`` as plain tuples, straight from the DB-API cursor: the
+    detectors read a few hundred thousand rows, where per-row ``Row`` objects cost more
+    than the query (only columns that need no result processing: ints and strings)."""
+    result = conn.execute(stmt)
+    try:
+        return [tuple(r) for r in result.cursor.fetchall()] if result.cursor is not None else []
+    finally:
+        result.close()
+
+
 _SPAN_COLUMNS = [c.key for c in Span.__table__.columns]
 _TRACE_COLUMNS = [c.key for c in Trace.__table__.columns if c.key != "contributions"]
 

@@ -1,0 +1,1015 @@
+"""The anomaly catalog (DESIGN.md): one pure, documented function per kind.
+
+Every detector takes :class:`Frames` (pandas frames read from the store by
+``app/findings.py``, or built by hand in tests) and :class:`Thresholds`, and returns a list
+of finding dicts shaped as ``/api/v1/anomalies`` answers them::
+
+    {"kind", "severity", "subject", "start", "end", "evidence", "exemplar_trace_ids", "hint"}
+
+Nothing here reads the database or the clock. Detectors know no service or span names:
+they use stages, span kinds, the trace's input type and the conventions of DESIGN.md
+(``cache.name``/``cache.hit``, ``gpu.cuda_graph``, ``batch.size``,
+``service.instance.id``). They are deliberately not trigger-happy:
+
+* a block, series or group with fewer than ``min_samples`` samples fires nothing;
+* a rate or share must hold over a whole block (``block_minutes``), so one outlier does
+  not fire; the band break needs ``band_min_outliers`` calls past its threshold;
+* nothing compares raw volume across time, so the daily curve is not an anomaly (load
+  enters only as "high", relative to the median block);
+* the band break compares against a trailing baseline of ``baseline_minutes`` (at least
+  30), frozen while the break lasts.
+
+Frames (one row each; ``minute`` is unix minutes; ``keys``/``counts`` a rollup's sparse
+sketch, see ``models/sketch.py``):
+
+* ``pairs``: caller, callee, minute, count, errors, keys, counts (``pair`` rollups)
+* ``traces``: input_type, minute, count, errors, sum_ns, keys, counts (``trace`` rollups)
+* ``tstage``: input_type, stage, minute, count, sum_ns (``tstage`` rollups)
+* ``spans``: trace_id, service, name, kind, stage, start_ns, duration_ns, status,
+  instance, attrs (dict): SERVER/CONSUMER spans and spans carrying a convention attribute
+* ``long_traces``: trace_id, root_service, input_type, start_ns, duration_ns, error
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timezone
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import pandas as pd
+
+from ..models import sketch
+
+NS_MIN = 60_000_000_000
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+MAX_EXEMPLARS = 5
+KIND_SERVER_CODES = (2, 5)  # SERVER, CONSUMER
+STATUS_ERROR_CODE = 2
+
+# The seed's table (P50, P95 in ms per input type) lives with the overview's queries.
+from .queries import SEED_BASELINE  # noqa: E402
+
+
+# -- thresholds: every one a documented setting ------------------------------------------
+@dataclass(frozen=True)
+class Thresholds:
+    """Detector thresholds. Each field is one documented setting (:data:`SETTINGS` names
+    it; ``modalscope/settings.py`` and the README give its default and meaning)."""
+
+    min_samples: int = 20
+    block_minutes: int = 5
+    baseline_minutes: int = 60
+    band_ratio: float = 2.0
+    band_p50_tolerance: float = 0.25
+    band_min_outliers: int = 3
+    cache_drop: float = 0.5
+    cache_dominant_share: float = 0.5
+    sync_spread_ms: float = 50.0
+    preprocess_ratio: float = 1.4
+    preprocess_min_share: float = 0.25
+    batch_stuck_share: float = 0.8
+    batch_load_ratio: float = 1.0
+    fallback_share: float = 0.05
+    min_events: int = 5
+    lb_band: float = 0.02
+    lb_min_ceiling_s: float = 10.0
+    cold_factor: float = 3.0
+    cold_warmup_s: float = 120.0
+    baseline_margin: float = 0.10
+    baseline: str = ""  # "text:320:410,image:1300:2100,..." (P50:P95 ms); empty: the seed's table
+    max_spans: int = 400_000
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Thresholds":
+        from ..settings import DOCUMENTED, SettingsError
+
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            name = SETTINGS[f.name]
+            raw = env.get(name) or DOCUMENTED[name][0]
+            if f.type in ("int", int):
+                try:
+                    v: Any = int(raw)
+                except ValueError:
+                    raise SettingsError(f"{name}={raw!r} is not an integer") from None
+            elif f.type in ("float", float):
+                try:
+                    v = float(raw)
+                except ValueError:
+                    raise SettingsError(f"{name}={raw!r} is not a number") from None
+            else:
+                v = raw
+            if isinstance(v, (int, float)) and (not math.isfinite(v) or v < 0):
+                raise SettingsError(f"{name}={raw!r} must be a non-negative number")
+            values[f.name] = v
+        th = cls(**values)
+        if th.baseline_minutes < 30:
+            raise SettingsError("MODALSCOPE_DETECT_BASELINE_MINUTES must be at least 30")
+        if th.block_minutes < 1:
+            raise SettingsError("MODALSCOPE_DETECT_BLOCK_MINUTES must be at least 1")
+        try:
+            th.baseline_table()
+        except ValueError as exc:
+            raise SettingsError(f"MODALSCOPE_DETECT_BASELINE: {exc}") from None
+        return th
+
+    def baseline_table(self) -> dict[str, tuple[float, float]]:
+        from .queries import parse_baseline
+
+        return parse_baseline(self.baseline) if self.baseline else dict(SEED_BASELINE)
+
+
+#: The environment variable of each threshold.
+SETTINGS = {
+    "min_samples": "MODALSCOPE_DETECT_MIN_SAMPLES",
+    "block_minutes": "MODALSCOPE_DETECT_BLOCK_MINUTES",
+    "baseline_minutes": "MODALSCOPE_DETECT_BASELINE_MINUTES",
+    "band_ratio": "MODALSCOPE_DETECT_BAND_RATIO",
+    "band_p50_tolerance": "MODALSCOPE_DETECT_BAND_MEDIAN_TOLERANCE",
+    "band_min_outliers": "MODALSCOPE_DETECT_BAND_MIN_OUTLIERS",
+    "cache_drop": "MODALSCOPE_DETECT_CACHE_DROP",
+    "cache_dominant_share": "MODALSCOPE_DETECT_CACHE_DOMINANT_SHARE",
+    "sync_spread_ms": "MODALSCOPE_DETECT_SYNC_SPREAD_MS",
+    "preprocess_ratio": "MODALSCOPE_DETECT_PREPROCESS_RATIO",
+    "preprocess_min_share": "MODALSCOPE_DETECT_PREPROCESS_MIN_SHARE",
+    "batch_stuck_share": "MODALSCOPE_DETECT_BATCH_STUCK_SHARE",
+    "batch_load_ratio": "MODALSCOPE_DETECT_BATCH_LOAD_RATIO",
+    "fallback_share": "MODALSCOPE_DETECT_FALLBACK_SHARE",
+    "min_events": "MODALSCOPE_DETECT_MIN_EVENTS",
+    "lb_band": "MODALSCOPE_DETECT_LB_BAND",
+    "lb_min_ceiling_s": "MODALSCOPE_DETECT_LB_MIN_CEILING_S",
+    "cold_factor": "MODALSCOPE_DETECT_COLD_FACTOR",
+    "cold_warmup_s": "MODALSCOPE_DETECT_COLD_WARMUP_S",
+    "baseline_margin": "MODALSCOPE_DETECT_BASELINE_MARGIN",
+    "baseline": "MODALSCOPE_DETECT_BASELINE",
+    "max_spans": "MODALSCOPE_DETECT_MAX_SPANS",
+}
+
+
+# -- frames --------------------------------------------------------------------------------
+PAIR_COLUMNS = ("caller", "callee", "minute", "count", "errors", "keys", "counts")
+TRACE_COLUMNS = ("input_type", "minute", "count", "errors", "sum_ns", "keys", "counts")
+TSTAGE_COLUMNS = ("input_type", "stage", "minute", "count", "sum_ns")
+SPAN_COLUMNS = ("trace_id", "service", "name", "kind", "stage", "start_ns", "duration_ns", "status", "instance",
+                "attrs")
+LONG_TRACE_COLUMNS = ("trace_id", "root_service", "input_type", "start_ns", "duration_ns", "error")
+
+
+def empty_frame(columns) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+
+
+@dataclass
+class Frames:
+    """What the detectors read. ``start_ns``/``end_ns``: the window findings are reported
+    for; ``data_start_ns``: where the data begins (a trailing look-back before ``start_ns``
+    serves as baseline only). ``sampled``: raw spans cover only part of the window."""
+
+    start_ns: int
+    end_ns: int
+    data_start_ns: int
+    pairs: pd.DataFrame = field(default_factory=lambda: empty_frame(PAIR_COLUMNS))
+    traces: pd.DataFrame = field(default_factory=lambda: empty_frame(TRACE_COLUMNS))
+    tstage: pd.DataFrame = field(default_factory=lambda: empty_frame(TSTAGE_COLUMNS))
+    spans: pd.DataFrame = field(default_factory=lambda: empty_frame(SPAN_COLUMNS))
+    long_traces: pd.DataFrame = field(default_factory=lambda: empty_frame(LONG_TRACE_COLUMNS))
+    sampled: bool = False
+    spans_start_ns: int | None = None  # where raw spans begin (default: data_start_ns)
+
+    @property
+    def first_minute(self) -> int:
+        return -(-self.data_start_ns // NS_MIN)
+
+    @property
+    def end_minute(self) -> int:  # exclusive
+        return -(-self.end_ns // NS_MIN)
+
+    @property
+    def report_minute(self) -> int:
+        return -(-self.start_ns // NS_MIN)
+
+
+# -- small helpers -------------------------------------------------------------------------
+def rfc3339(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def finding(kind: str, severity: str, subject: dict, start_ns: int, end_ns: int, evidence: dict,
+            hint: str, exemplars=()) -> dict:
+    ev = {k: (round(float(v), 4) if isinstance(v, (float, np.floating)) else int(v) if isinstance(v, (np.integer,)) else v)
+          for k, v in evidence.items()}
+    ids = []
+    for t in exemplars:
+        t = str(t).lower()
+        if t not in ids:
+            ids.append(t)
+        if len(ids) >= MAX_EXEMPLARS:
+            break
+    return {"kind": kind, "severity": severity, "subject": subject, "start": rfc3339(start_ns),
+            "end": rfc3339(end_ns), "evidence": ev, "exemplar_trace_ids": ids, "hint": hint}
+
+
+def histogram_of(keys_list, counts_list) -> sketch.Histogram:
+    """Merge sparse sketches (a frame's ``keys``/``counts`` columns) into one histogram."""
+    h = sketch.Histogram()
+    ks = [np.asarray(k) for k in keys_list if len(k)]
+    if ks:
+        np.add.at(h.counts, np.concatenate(ks), np.concatenate([np.asarray(c) for c, k in zip(counts_list, keys_list)
+                                                                if len(k)]).astype(np.int64))
+    return h
+
+
+def _ms(ns: float | None) -> float | None:
+    return None if ns is None else round(ns / 1e6, 3)
+
+
+COARSE = 16  # sketch keys per coarse bin (~17 % wide): enough to see a P99 double
+
+
+def _coarse_matrix(df: pd.DataFrame, first_minute: int, n_minutes: int) -> np.ndarray:
+    """Minutes x coarse latency bins of the sparse sketches in ``df`` (rows of one series)."""
+    nb = sketch.NUM_KEYS // COARSE
+    mat = np.zeros((n_minutes, nb), dtype=np.int64)
+    if df.empty:
+        return mat
+    lens = np.fromiter((len(k) for k in df["keys"]), dtype=np.int64, count=len(df))
+    if not lens.sum():
+        return mat
+    rows = np.repeat(df["minute"].to_numpy(dtype=np.int64) - first_minute, lens)
+    keys = np.concatenate([np.asarray(k, dtype=np.int64) for k in df["keys"]])
+    counts = np.concatenate([np.asarray(c, dtype=np.int64) for c in df["counts"]])
+    ok = (rows >= 0) & (rows < n_minutes)
+    np.add.at(mat, (rows[ok], keys[ok] // COARSE), counts[ok])
+    return mat
+
+
+def _coarse_value(bin_index: np.ndarray) -> np.ndarray:
+    """Representative ns of coarse bins (the middle key's)."""
+    return sketch.representative(np.clip(bin_index * COARSE + COARSE // 2, 0, sketch.NUM_KEYS - 1))
+
+
+def _coarse_quantile(mat: np.ndarray, q: float) -> np.ndarray:
+    """Per row of a (n, bins) count matrix, the ``q`` quantile (ns; nan for empty rows)."""
+    c = np.cumsum(mat, axis=1)
+    tot = c[:, -1]
+    target = np.floor(q * np.maximum(tot - 1, 0))
+    idx = np.argmax(c > target[:, None], axis=1)
+    out = _coarse_value(idx).astype(float)
+    out[tot <= 0] = np.nan
+    return out
+
+
+def _coarse_bin_of(value_ns: float) -> int:
+    return sketch.key_of(value_ns) // COARSE
+
+
+def _runs(flags: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) index runs where ``flags`` is true."""
+    out = []
+    i, n = 0, len(flags)
+    while i < n:
+        if flags[i]:
+            j = i
+            while j < n and flags[j]:
+                j += 1
+            out.append((i, j))
+            i = j
+        else:
+            i += 1
+    return out
+
+
+def _blocks(frames: Frames, th: Thresholds) -> np.ndarray:
+    """Start minutes of the blocks covering the data (aligned to multiples of the block)."""
+    b = max(1, th.block_minutes)
+    first = frames.first_minute // b * b
+    return np.arange(first, frames.end_minute, b, dtype=np.int64)
+
+
+def _block_of(minutes: np.ndarray, th: Thresholds) -> np.ndarray:
+    b = max(1, th.block_minutes)
+    return np.asarray(minutes, dtype=np.int64) // b * b
+
+
+def _reportable(frames: Frames, start_minute: int, end_minute: int) -> bool:
+    return end_minute > frames.report_minute and start_minute < frames.end_minute
+
+
+def _clip_window(frames: Frames, start_ns: int, end_ns: int) -> tuple[int, int]:
+    return max(start_ns, frames.data_start_ns), min(end_ns, max(frames.end_ns, start_ns + NS_MIN))
+
+
+def _wilson_lower(k: float, n: float, z: float = 3.0) -> float:
+    if n <= 0:
+        return 0.0
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return centre - half
+
+
+def _pair_series(frames: Frames) -> dict[tuple[str, str], pd.DataFrame]:
+    df = frames.pairs
+    if df.empty:
+        return {}
+    return {k: g for k, g in df.groupby(["caller", "callee"], sort=True)}
+
+
+# ==========================================================================================
+# Detectors
+# ==========================================================================================
+HINTS = {
+    "hot_spot": "High latency on a high-volume pair (the heatmap's dark upper-right block): a slow query "
+                "or an uncached path. Look at the callee's slowest calls in the exemplars; add or fix the "
+                "cache in front of it, or index / rewrite the query.",
+    "p99_band_break": "P99 jumped against its own trailing baseline while P50 held: a minority of calls stall "
+                      "— resource contention or GC pauses in the callee. Check GC logs, CPU/GPU throttling and "
+                      "noisy neighbours on the instances of the exemplar traces; isolate or resize them.",
+    "cache_penetration": "The hit rate of {key}={value} collapsed while {dominant} dominates the volume: the "
+                         "cache key ignores {key}, so {dominant} entries evict the others. Put {key} into the "
+                         "cache key, or partition the cache by it.",
+    "fusion_sync_wait": "Encoders finish out of step (the seed: ~12 ms apart for 2 modalities, ~29 ms for 3), "
+                        "so fusion blocks on the slowest one. Launch the faster encoders just in time (or give "
+                        "them less parallel hardware), or let fusion start on partial inputs.",
+    "preprocessing_bound": "Preprocessing's share of end-to-end latency grew: CPU-bound work (image decode, "
+                           "resize) is not asynchronous. Move it off the request path (async workers, a decode "
+                           "pool, GPU decoding) and check CPU saturation on the instances of the exemplars.",
+    "batching_failure": "batch.size is stuck at 1 while load is high: mixed input sizes defeat dynamic "
+                        "batching. Bucket or pad inputs to a few fixed sizes so requests can share a batch.",
+    "cuda_graph_fallback": "CUDA Graph capture failed and kernels launch one by one (~5.7 µs a launch instead "
+                           "of ~0.8 µs). Check the capture error on the instance (dynamic shapes, allocations "
+                           "during capture), pin shapes, and restart it.",
+    "lb_timeout_truncation": "Requests pile up just under {ceiling_s:g} s and end in errors: a load-balancer "
+                             "timeout (defaults are 30 s / 60 s) below the request time cuts long multimodal "
+                             "requests. Raise the backend timeout for this route, or stream / split long requests.",
+    "cold_start": "A new instance's first requests are far slower than its steady state: pulling image layers, "
+                  "loading weights or capturing graphs while serving. Warm it up before it takes traffic "
+                  "(readiness after a warm-up request), pre-pull images, keep warm instances.",
+    "baseline_regression": "P95 of {input_type} requests is over its baseline by more than {margin:g} %: see "
+                           "the stage breakdown for this input type and the window's other findings for the "
+                           "cause.",
+}
+
+
+VOLUME_TIE = 0.10  # call volumes this close (relative) rank as ties
+
+
+def detect_hot_spot(frames: Frames, th: Thresholds) -> list[dict]:
+    """``hot_spot``: a pair in the top quartile of both P99 and call volume, per block.
+
+    Per block, pairs with at least ``min_samples`` calls are ranked; a pair is in the top
+    quartile when the number of pairs at or above its value (ties count against it: many
+    pairs are called once a request, so their volumes tie; volumes within
+    ``VOLUME_TIE`` of each other are ties) is at most ``ceil(n / 4)``.
+    Consecutive hot blocks make one finding. Needs at least 4 pairs.
+    """
+    series = _pair_series(frames)
+    if len(series) < 4:
+        return []
+    blocks = _blocks(frames, th)
+    nblk = len(blocks)
+    b = max(1, th.block_minutes)
+    names = list(series)
+    counts = np.zeros((len(names), nblk))
+    p99 = np.full((len(names), nblk), np.nan)
+    for i, key in enumerate(names):
+        df = series[key].copy()
+        df["minute"] = (_block_of(df["minute"].to_numpy(), th) - blocks[0]) // b
+        mat = _coarse_matrix(df, 0, nblk)
+        counts[i] = mat.sum(axis=1)
+        p99[i] = _coarse_quantile(mat, 0.99)
+    hot = np.zeros((len(names), nblk), dtype=bool)
+    for j in range(nblk):
+        ok = counts[:, j] >= th.min_samples
+        n = int(ok.sum())
+        if n < 4:
+            continue
+        q = math.ceil(n / 4)
+        vols = counts[ok, j]
+        lat = p99[ok, j]
+        for i in np.flatnonzero(ok):
+            if (vols >= counts[i, j] * (1 - VOLUME_TIE)).sum() <= q and (lat >= p99[i, j]).sum() <= q:
+                hot[i, j] = True
+    out = []
+    for i, (caller, callee) in enumerate(names):
+        for a, e in _runs(hot[i]):
+            s_min, e_min = int(blocks[a]), int(blocks[e - 1]) + b
+            if not _reportable(frames, s_min, e_min):
+                continue
+            df = series[(caller, callee)]
+            inside = df[(df["minute"] >= s_min) & (df["minute"] < e_min)]
+            h = histogram_of(inside["keys"], inside["counts"])
+            others = frames.pairs[(frames.pairs["minute"] >= s_min) & (frames.pairs["minute"] < e_min)]
+            all_p99 = []
+            for (c2, e2), g in others.groupby(["caller", "callee"]):
+                if (c2, e2) != (caller, callee) and g["count"].sum() >= th.min_samples:
+                    all_p99.append(histogram_of(g["keys"], g["counts"]).quantile(0.99))
+            s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
+            out.append(finding("hot_spot", "warning", {"caller": caller, "callee": callee}, s_ns, e_ns, {
+                "p99_ms": _ms(h.quantile(0.99)), "p50_ms": _ms(h.quantile(0.5)),
+                "calls": int(h.count), "calls_per_min": round(h.count / max(1, e_min - s_min), 2),
+                "median_pair_p99_ms": _ms(float(np.median(all_p99))) if all_p99 else None,
+                "pairs": len(names), "sample_count": int(h.count),
+            }, HINTS["hot_spot"]))
+    return out
+
+
+def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
+    """``p99_band_break``: a pair's P99 jumps against its own trailing baseline while P50 holds.
+
+    For every minute t with a full trailing baseline ``[t - baseline_minutes, t)``, the
+    next ``block_minutes`` are compared with it: it fires when the block's P99 is at least
+    ``band_ratio`` x the baseline P99, its P50 within ``band_p50_tolerance`` of the
+    baseline P50, both have ``min_samples`` calls, and at least ``band_min_outliers`` calls
+    lie past ``band_ratio`` x baseline P99. The baseline is then frozen and the break lasts
+    while such outliers keep coming (no gap of two blocks); its window runs from the first to
+    the last outlier minute, and over that whole window the P50 must still hold.
+    """
+    out = []
+    B, W = max(30, th.baseline_minutes), max(1, th.block_minutes)
+    first, n = frames.first_minute, frames.end_minute - frames.first_minute
+    if n < B + W:
+        return []
+    for (caller, callee), df in _pair_series(frames).items():
+        mat = _coarse_matrix(df, first, n)
+        cum = np.vstack([np.zeros((1, mat.shape[1]), dtype=np.int64), np.cumsum(mat, axis=0)])
+        ts = np.arange(B, n - W + 1)
+        if not len(ts):
+            continue
+        base = cum[ts] - cum[ts - B]
+        win = cum[ts + W] - cum[ts]
+        nb, nw = base.sum(axis=1), win.sum(axis=1)
+        b50, b99 = _coarse_quantile(base, 0.5), _coarse_quantile(base, 0.99)
+        w50, w99 = _coarse_quantile(win, 0.5), _coarse_quantile(win, 0.99)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cand = ((nb >= th.min_samples) & (nw >= th.min_samples) & (w99 >= th.band_ratio * b99)
+                    & (np.abs(w50 / b50 - 1) <= th.band_p50_tolerance))
+        i = 0
+        idx = np.flatnonzero(cand)
+        while i < len(idx):
+            k = idx[i]
+            t = int(ts[k])
+            thr_ns = th.band_ratio * b99[k]
+            thr_bin = _coarse_bin_of(thr_ns)
+            ex = mat[:, thr_bin + 1:].sum(axis=1)
+            if ex[t:t + W].sum() < th.band_min_outliers:
+                i += 1
+                continue
+            start = t + int(np.flatnonzero(ex[t:t + W])[0])
+            last = start
+            m = start
+            while m < n and m - last < 2 * W:
+                if ex[m] > 0:
+                    last = m
+                m += 1
+            s_min, e_min = first + start, first + last + 1
+            ratio = None
+            if _reportable(frames, s_min, e_min):
+                inside = df[(df["minute"] >= s_min) & (df["minute"] < e_min)]
+                before = df[(df["minute"] >= first + t - B) & (df["minute"] < first + t)]
+                hi, hb = histogram_of(inside["keys"], inside["counts"]), histogram_of(before["keys"], before["counts"])
+                o99, o50, r99, r50 = hi.quantile(0.99), hi.quantile(0.5), hb.quantile(0.99), hb.quantile(0.5)
+                ratio = (o99 / r99) if (o99 and r99) else None
+                if not (o50 and r50 and abs(o50 / r50 - 1) <= th.band_p50_tolerance):
+                    ratio = None  # over the whole break the P50 moved too: a shift, not a band
+            if _reportable(frames, s_min, e_min) and ratio is not None:
+                sev = "critical" if ratio is not None and ratio >= 2 * th.band_ratio else "warning"
+                s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
+                out.append(finding("p99_band_break", sev, {"caller": caller, "callee": callee}, s_ns, e_ns, {
+                    "p99_ms": _ms(o99), "baseline_p99_ms": _ms(r99), "p50_ms": _ms(o50), "baseline_p50_ms": _ms(r50),
+                    "ratio": round(ratio, 3) if ratio else None, "threshold_ratio": th.band_ratio,
+                    "threshold_ms": _ms(thr_ns), "outliers": int(ex[start:last + 1].sum()),
+                    "baseline_minutes": B, "sample_count": int(hi.count), "baseline_count": int(hb.count),
+                }, HINTS["p99_band_break"]))
+            nxt = last + 1
+            while i < len(idx) and ts[idx[i]] < nxt:
+                i += 1
+    return out
+
+
+def _attr_spans(frames: Frames, key: str) -> pd.DataFrame:
+    df = frames.spans
+    if df.empty:
+        return df
+    vals = [a.get(key) if isinstance(a, dict) else None for a in df["attrs"]]
+    out = df.assign(_v=vals)
+    return out[out["_v"].notna()]
+
+
+def _bounded_keys(df: pd.DataFrame, exclude_prefixes=("cache.",), max_values: int = 20) -> list[str]:
+    """String attribute keys of ``df``'s spans with 2..max_values distinct values."""
+    values: dict[str, set] = {}
+    for a in df["attrs"]:
+        for k, v in a.items():
+            if isinstance(v, str) and not k.startswith(exclude_prefixes):
+                s = values.setdefault(k, set())
+                if len(s) <= max_values:
+                    s.add(v)
+    return sorted(k for k, s in values.items() if 2 <= len(s) <= max_values)
+
+
+def detect_cache_penetration(frames: Frames, th: Thresholds) -> list[dict]:
+    """``cache_penetration``: per cache (``cache.name``, hits from ``cache.hit``) and per tag
+    (a string attribute of the lookups with 2-20 values), the hit rate of one tag value
+    falls below ``(1 - cache_drop)`` x the dominant value's in the same block, while the
+    dominant value (the busiest, at least ``cache_dominant_share`` of the lookups) keeps
+    its own rate. Each side needs ``min_samples`` lookups a block.
+    """
+    df = _attr_spans(frames, "cache.name")
+    if df.empty:
+        return []
+    df = df.assign(hit=[bool(a.get("cache.hit")) for a in df["attrs"]],
+                   block=_block_of(df["start_ns"].to_numpy() // NS_MIN, th))
+    out = []
+    b = max(1, th.block_minutes)
+    for cache, cdf in df.groupby("_v"):
+        for key in _bounded_keys(cdf):
+            vals = np.array([a.get(key) for a in cdf["attrs"]], dtype=object)
+            sub = cdf.assign(tag=vals)
+            sub = sub[sub["tag"].notna()]
+            stats = sub.groupby(["block", "tag"]).agg(n=("hit", "size"), hits=("hit", "sum")).reset_index()
+            flagged: dict[str, list[tuple[int, str, float, float, int, float]]] = {}
+            for blk, g in stats.groupby("block"):
+                total = g["n"].sum()
+                dom = g.loc[g["n"].idxmax()]
+                share = dom["n"] / total
+                if share < th.cache_dominant_share or dom["n"] < th.min_samples:
+                    continue
+                dom_rate = dom["hits"] / dom["n"]
+                for _, r in g.iterrows():
+                    if r["tag"] == dom["tag"] or r["n"] < th.min_samples:
+                        continue
+                    rate = r["hits"] / r["n"]
+                    if rate < (1 - th.cache_drop) * dom_rate:
+                        flagged.setdefault(r["tag"], []).append((int(blk), str(dom["tag"]), rate, dom_rate,
+                                                                 int(r["n"]), share))
+            for value, items in flagged.items():
+                items.sort()
+                blks = np.array([x[0] for x in items])
+                runs, s = [], 0
+                for k in range(1, len(blks) + 1):
+                    if k == len(blks) or blks[k] != blks[k - 1] + b:
+                        runs.append(items[s:k])
+                        s = k
+                for run in runs:
+                    s_min, e_min = run[0][0], run[-1][0] + b
+                    if not _reportable(frames, s_min, e_min):
+                        continue
+                    in_run = sub[(sub["block"] >= s_min) & (sub["block"] < e_min)]
+                    mine = in_run[in_run["tag"] == value]
+                    dominant = max(set(x[1] for x in run), key=[x[1] for x in run].count)
+                    dom_rows = in_run[in_run["tag"] == dominant]
+                    before = sub[(sub["tag"] == value) & ((sub["block"] < s_min) | (sub["block"] >= e_min))]
+                    misses = mine[~mine["hit"]].sort_values("start_ns")
+                    s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
+                    out.append(finding("cache_penetration", "warning",
+                                       {"cache": str(cache), "attribute": {"key": key, "value": value}}, s_ns, e_ns, {
+                        "hit_rate": round(mine["hit"].mean(), 4), "dominant_hit_rate": round(dom_rows["hit"].mean(), 4),
+                        "baseline_hit_rate": round(before["hit"].mean(), 4) if len(before) else None,
+                        "threshold_hit_rate": round((1 - th.cache_drop) * dom_rows["hit"].mean(), 4),
+                        "dominant_share": round(len(dom_rows) / max(1, len(in_run)), 4),
+                        "sample_count": int(len(mine)), "dominant_count": int(len(dom_rows)),
+                    }, HINTS["cache_penetration"].format(key=key, value=value, dominant=f"{key}={dominant}"),
+                        misses["trace_id"].tolist()))
+    return out
+
+
+def detect_fusion_sync_wait(frames: Frames, th: Thresholds) -> list[dict]:
+    """``fusion_sync_wait``: in traces with a fusion-stage span, the spread between the
+    first and the last encoder to finish (per service, the end of its last encoder-stage
+    SERVER span). Fires for blocks whose median spread, over at least ``min_samples``
+    traces with two or more encoders, exceeds ``sync_spread_ms``.
+    """
+    df = frames.spans
+    if df.empty:
+        return []
+    srv = df[df["kind"].isin(KIND_SERVER_CODES)]
+    enc = srv[srv["stage"] == "encoder"]
+    fus = srv[srv["stage"] == "fusion"]
+    if enc.empty or fus.empty:
+        return []
+    enc = enc[enc["trace_id"].isin(set(fus["trace_id"]))]
+    ends = (enc.assign(end=enc["start_ns"] + enc["duration_ns"])
+            .groupby(["trace_id", "service"]).agg(end=("end", "max"), start=("start_ns", "min")).reset_index())
+    per = ends.groupby("trace_id").agg(n=("service", "size"), first=("end", "min"), last=("end", "max"),
+                                       start=("start", "min"))
+    per = per[per["n"] >= 2]
+    if per.empty:
+        return []
+    per = per.assign(spread_ms=(per["last"] - per["first"]) / 1e6,
+                     block=_block_of(per["start"].to_numpy() // NS_MIN, th))
+    stats = per.groupby("block")["spread_ms"].agg(["median", "size"])
+    fusion_service = fus["service"].mode().iloc[0]
+    flags = (stats["median"] > th.sync_spread_ms) & (stats["size"] >= th.min_samples)
+    b = max(1, th.block_minutes)
+    out = []
+    blocks = stats.index.to_numpy()
+    fl = flags.to_numpy()
+    k = 0
+    while k < len(blocks):
+        if not fl[k]:
+            k += 1
+            continue
+        j = k
+        while j + 1 < len(blocks) and fl[j + 1] and blocks[j + 1] == blocks[j] + b:
+            j += 1
+        s_min, e_min = int(blocks[k]), int(blocks[j]) + b
+        if _reportable(frames, s_min, e_min):
+            inside = per[(per["block"] >= s_min) & (per["block"] < e_min)]
+            outside = per[(per["block"] < s_min) | (per["block"] >= e_min)]
+            s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
+            out.append(finding("fusion_sync_wait", "warning", {"service": str(fusion_service), "stage": "fusion"},
+                               s_ns, e_ns, {
+                "median_spread_ms": round(float(inside["spread_ms"].median()), 3),
+                "baseline_spread_ms": round(float(outside["spread_ms"].median()), 3) if len(outside) else None,
+                "threshold_ms": th.sync_spread_ms, "sample_count": int(len(inside)),
+            }, HINTS["fusion_sync_wait"], inside.sort_values("spread_ms", ascending=False).index.tolist()))
+        k = j + 1
+    return out
+
+
+def _block_table(df: pd.DataFrame, th: Thresholds, by: list[str], value_cols: list[str]) -> pd.DataFrame:
+    d = df.assign(block=_block_of(df["minute"].to_numpy(), th))
+    return d.groupby(by + ["block"])[value_cols].sum().reset_index()
+
+
+def detect_preprocessing_bound(frames: Frames, th: Thresholds) -> list[dict]:
+    """``preprocessing_bound``: per input type and block, the preprocessing stage's share of
+    end-to-end latency (``tstage`` self time over ``trace`` duration) reaches both
+    ``preprocess_min_share`` and ``preprocess_ratio`` x its baseline (the median block
+    share over the data); a block needs ``min_samples`` traces.
+    """
+    if frames.tstage.empty or frames.traces.empty:
+        return []
+    pre = frames.tstage[frames.tstage["stage"] == "preprocessing"]
+    if pre.empty:
+        return []
+    pre_b = _block_table(pre, th, ["input_type"], ["sum_ns"]).rename(columns={"sum_ns": "pre_ns"})
+    tr_b = _block_table(frames.traces, th, ["input_type"], ["sum_ns", "count"])
+    t = tr_b.merge(pre_b, on=["input_type", "block"], how="left").fillna({"pre_ns": 0})
+    t = t[t["sum_ns"] > 0]
+    t = t.assign(share=t["pre_ns"].astype(float) / t["sum_ns"].astype(float))
+    out = []
+    b = max(1, th.block_minutes)
+    for it, g in t.groupby("input_type"):
+        g = g.sort_values("block")
+        ok = g[g["count"] >= th.min_samples]
+        if len(ok) < 2:
+            continue
+        base = float(ok["share"].median())
+        fl = ((g["count"] >= th.min_samples) & (g["share"] >= th.preprocess_min_share)
+              & (g["share"] >= th.preprocess_ratio * base)).to_numpy()
+        blocks = g["block"].to_numpy()
+        k = 0
+        while k < len(g):
+            if not fl[k]:
+                k += 1
+                continue
+            j = k
+            while j + 1 < len(g) and fl[j + 1] and blocks[j + 1] == blocks[j] + b:
+                j += 1
+            s_min, e_min = int(blocks[k]), int(blocks[j]) + b
+            if _reportable(frames, s_min, e_min):
+                inside = g.iloc[k:j + 1]
+                share = float(inside["pre_ns"].sum() / inside["sum_ns"].sum())
+                s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
+                out.append(finding("preprocessing_bound", "warning", {"input_type": str(it), "stage": "preprocessing"},
+                                   s_ns, e_ns, {
+                    "share": round(share, 4), "baseline_share": round(base, 4),
+                    "threshold_share": round(max(th.preprocess_min_share, th.preprocess_ratio * base), 4),
+                    "sample_count": int(inside["count"].sum()),
+                }, HINTS["preprocessing_bound"]))
+            k = j + 1
+    return out
+
+
+def _load_by_block(frames: Frames, th: Thresholds) -> pd.Series:
+    if frames.traces.empty:
+        return pd.Series(dtype=float)
+    d = frames.traces.assign(block=_block_of(frames.traces["minute"].to_numpy(), th))
+    return d.groupby("block")["count"].sum().astype(float)
+
+
+def detect_batching_failure(frames: Frames, th: Thresholds) -> list[dict]:
+    """``batching_failure``: per service, the share of its spans with ``batch.size`` = 1
+    reaches ``batch_stuck_share`` in blocks whose load (requests, from the ``trace``
+    rollups) is at least ``batch_load_ratio`` x the median block's, while over the whole
+    data that share stays under one half. A block needs ``min_samples`` batched spans.
+    """
+    df = _attr_spans(frames, "batch.size")
+    if df.empty:
+        return []
+    size = pd.to_numeric(df["_v"], errors="coerce")
+    df = df.assign(one=(size == 1), block=_block_of(df["start_ns"].to_numpy() // NS_MIN, th))
+    df = df[size.notna()]
+    load = _load_by_block(frames, th)
+    med = float(load.median()) if len(load) else 0.0
+    b = max(1, th.block_minutes)
+    out = []
+    for service, g in df.groupby("service"):
+        stats = g.groupby("block")["one"].agg(["mean", "size", "sum"])
+        base = float(stats.loc[stats["size"] >= th.min_samples, "mean"].median()) if len(stats) else 1.0
+        if not base < 0.5:
+            continue
+        lo = load.reindex(stats.index).fillna(0.0)
+        fl = ((stats["size"] >= th.min_samples) & (stats["mean"] >= th.batch_stuck_share)
+              & (lo >= th.batch_load_ratio * med)).to_numpy()
+        blocks = stats.index.to_numpy()
+        k = 0
+        while k < len(blocks):
+            if not fl[k]:
+                k += 1
+                continue
+            j = k
+            while j + 1 < len(blocks) and fl[j + 1] and blocks[j + 1] == blocks[j] + b:
+                j += 1
+            s_min, e_min = int(blocks[k]), int(blocks[j]) + b
+            if _reportable(frames, s_min, e_min):
+                inside = g[(g["block"] >= s_min) & (g["block"] < e_min)]
+                load_in = float(lo.iloc[k:j + 1].mean())
+                s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
+                out.append(finding("batching_failure", "warning",
+                                   {"service": str(service), "attribute": {"key": "batch.size", "value": 1}}, s_ns, e_ns, {
+                    "batch_one_share": round(float(inside["one"].mean()), 4), "baseline_batch_one_share": round(base, 4),
+                    "threshold_share": th.batch_stuck_share,
+                    "load_ratio": round(load_in / med, 3) if med else None, "threshold_load_ratio": th.batch_load_ratio,
+                    "mean_batch_size": round(float(pd.to_numeric(inside["_v"]).mean()), 3),
+                    "sample_count": int(len(inside)),
+                }, HINTS["batching_failure"], inside.sort_values("duration_ns", ascending=False)["trace_id"].tolist()))
+            k = j + 1
+    return out
+
+
+def detect_cuda_graph_fallback(frames: Frames, th: Thresholds) -> list[dict]:
+    """``cuda_graph_fallback``: per service, blocks where at least ``fallback_share`` of the
+    spans carrying ``gpu.cuda_graph`` say ``fallback`` (and at least ``min_events`` of them);
+    the evidence adds their extra latency against captured spans of the same operation.
+    """
+    df = _attr_spans(frames, "gpu.cuda_graph")
+    if df.empty:
+        return []
+    df = df.assign(fb=(df["_v"] == "fallback"), block=_block_of(df["start_ns"].to_numpy() // NS_MIN, th))
+    b = max(1, th.block_minutes)
+    out = []
+    for service, g in df.groupby("service"):
+        stats = g.groupby("block")["fb"].agg(["mean", "size", "sum"])
+        fl = ((stats["size"] >= th.min_samples) & (stats["mean"] >= th.fallback_share)
+              & (stats["sum"] >= th.min_events)).to_numpy()
+        blocks = stats.index.to_numpy()
+        k = 0
+        while k < len(blocks):
+            if not fl[k]:
+                k += 1
+                continue
+            j = k
+            while j + 1 < len(blocks) and fl[j + 1] and blocks[j + 1] == blocks[j] + b:
+                j += 1
+            s_min, e_min = int(blocks[k]), int(blocks[j]) + b
+            if _reportable(frames, s_min, e_min):
+                inside = g[(g["block"] >= s_min) & (g["block"] < e_min)]
+                outside = g[(g["block"] < s_min) | (g["block"] >= e_min)]
+                fb = inside[inside["fb"]]
+                cap = inside[~inside["fb"]]
+                ratios = []
+                for name, f in fb.groupby("name"):
+                    c = cap[cap["name"] == name]
+                    if len(c):
+                        ratios.append(f["duration_ns"].median() / max(1.0, c["duration_ns"].median()))
+                extra = float(np.median(ratios)) - 1 if ratios else None
+                instances = fb["instance"].dropna()
+                top = instances.mode().iloc[0] if len(instances) else None
+                hint = HINTS["cuda_graph_fallback"]
+                if top:
+                    hint += f" Most fallbacks are on instance {top} ({(instances == top).mean():.0%})."
+                s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
+                out.append(finding("cuda_graph_fallback", "warning",
+                                   {"service": str(service), "attribute": {"key": "gpu.cuda_graph", "value": "fallback"}},
+                                   s_ns, e_ns, {
+                    "fallback_share": round(float(inside["fb"].mean()), 4),
+                    "baseline_fallback_share": round(float(outside["fb"].mean()), 4) if len(outside) else None,
+                    "threshold_share": th.fallback_share,
+                    "extra_latency_ratio": round(extra, 4) if extra is not None else None,
+                    "fallback_count": int(len(fb)), "sample_count": int(len(inside)),
+                }, hint, fb.sort_values("duration_ns", ascending=False)["trace_id"].tolist()))
+            k = j + 1
+    return out
+
+
+def detect_lb_timeout_truncation(frames: Frames, th: Thresholds) -> list[dict]:
+    """``lb_timeout_truncation``: per root service, the longest traces pile up just under a
+    ceiling and end in errors: at least ``min_events`` traces within ``lb_band`` (a
+    fraction) below the longest one, at least 80 % of them errors, the ceiling at least
+    ``lb_min_ceiling_s`` seconds, and nothing longer.
+    """
+    df = frames.long_traces
+    if df.empty:
+        return []
+    df = df[df["start_ns"] >= frames.start_ns]
+    out = []
+    for root, g in df.groupby("root_service"):
+        top = float(g["duration_ns"].max())
+        if top < th.lb_min_ceiling_s * 1e9:
+            continue
+        band = g[g["duration_ns"] >= top * (1 - th.lb_band)]
+        if len(band) < th.min_events:
+            continue
+        err = band["error"].astype(bool)
+        if err.mean() < 0.8:
+            continue
+        types = band["input_type"].value_counts()
+        subject: dict[str, Any] = {"service": str(root)}
+        if len(types) and types.iloc[0] / len(band) >= 0.8:
+            subject["input_type"] = str(types.index[0])
+        ceiling_s = math.ceil(top / 1e9)
+        s_ns = int(band["start_ns"].min()) // NS_MIN * NS_MIN
+        e_ns = (int(band["start_ns"].max()) // NS_MIN + 1) * NS_MIN
+        out.append(finding("lb_timeout_truncation", "critical", subject, s_ns, e_ns, {
+            "ceiling_s": ceiling_s, "max_duration_ms": _ms(top), "band_ms": _ms(top * th.lb_band),
+            "truncated": int(len(band)), "error_share": round(float(err.mean()), 4),
+            "threshold_count": th.min_events, "sample_count": int(len(band)),
+        }, HINTS["lb_timeout_truncation"].format(ceiling_s=ceiling_s),
+            band.sort_values("start_ns")["trace_id"].tolist()))
+    return out
+
+
+def detect_cold_start(frames: Frames, th: Thresholds) -> list[dict]:
+    """``cold_start``: a ``service.instance.id`` first seen after the data began (a new
+    instance) whose requests (SERVER/CONSUMER spans) in its first ``cold_warmup_s`` are,
+    at the median, ``cold_factor`` x slower than the same operations' steady state (the
+    service's other spans from a warm-up after that instance's birth, all instances).
+    Needs ``min_events`` first requests and ``min_samples`` steady ones.
+    """
+    df = frames.spans
+    if df.empty:
+        return []
+    srv = df.loc[df["kind"].isin(KIND_SERVER_CODES) & df["instance"].notna(),
+                 ["trace_id", "service", "name", "start_ns", "duration_ns", "instance"]]
+    if srv.empty:
+        return []
+    out = []
+    grace = 2 * NS_MIN
+    warm = int(th.cold_warmup_s * 1e9)
+    spans_start = frames.data_start_ns if frames.spans_start_ns is None else frames.spans_start_ns
+    # Only instances first seen after the data began can be new: find them with one grouped
+    # minimum, then look at their spans (most instances live through the whole window).
+    births = srv.groupby(["service", "instance"], sort=True)["start_ns"].min()
+    births = births[births >= spans_start + grace]
+    if births.empty:
+        return []
+    by_service = {service: sg for service, sg in srv.groupby("service", sort=True)}
+    # Per service and operation, durations ordered by start: the steady state after a
+    # birth is a suffix of each (searchsorted), not a new group-by per instance.
+    ops: dict[Any, list[tuple[Any, np.ndarray, np.ndarray]]] = {}
+    by_instance: dict[Any, dict[Any, pd.DataFrame]] = {}
+    for service in births.index.get_level_values(0).unique():
+        sg = by_service[service]
+        lst = []
+        for name, ng in sg.groupby("name", sort=True):
+            order = np.argsort(ng["start_ns"].to_numpy(), kind="stable")
+            lst.append((name, ng["start_ns"].to_numpy()[order], ng["duration_ns"].to_numpy()[order]))
+        ops[service] = lst
+        by_instance[service] = {inst: g for inst, g in sg.groupby("instance", sort=True)}
+    for (service, inst), born in births.items():
+        born = int(born)
+        g = by_instance[service][inst]
+        first = g[g["start_ns"] < born + warm]
+        if len(first) < th.min_events:
+            continue
+        med: dict[Any, float] = {}
+        total = 0
+        for name, st, du in ops[service]:
+            i = int(np.searchsorted(st, born + warm, side="left"))
+            cnt = len(st) - i
+            total += cnt
+            if cnt and cnt >= th.min_samples:
+                med[name] = float(np.median(du[i:]))
+        steady = pd.Series(med, dtype=float)
+        counts = pd.Series({"_": total})
+        f = first[first["name"].isin(steady.index)]
+        if len(f) < th.min_events:
+            continue
+        ratio = f["duration_ns"].to_numpy() / steady.reindex(f["name"]).to_numpy()
+        if np.median(ratio) < th.cold_factor:
+            continue
+        mine = g[g["name"].isin(steady.index)].sort_values("start_ns")
+        r_all = mine["duration_ns"].to_numpy() / steady.reindex(mine["name"]).to_numpy()
+        starts = mine["start_ns"].to_numpy()
+        # The cold period ends before the first run of min_events requests at steady speed.
+        last, calm = born, 0
+        for st_ns, rr in zip(starts, r_all):
+            if rr >= th.cold_factor:
+                last, calm = int(st_ns), 0
+            else:
+                calm += 1
+                if calm >= th.min_events:
+                    break
+        s_ns = born // NS_MIN * NS_MIN
+        e_ns = (last // NS_MIN + 1) * NS_MIN
+        if not _reportable(frames, s_ns // NS_MIN, e_ns // NS_MIN):
+            continue
+        out.append(finding("cold_start", "warning",
+                           {"service": str(service), "attribute": {"key": "service.instance.id", "value": str(inst)}},
+                           s_ns, e_ns, {
+            "first_median_ms": _ms(float(np.median(f["duration_ns"]))),
+            "steady_median_ms": _ms(float(np.median(steady.reindex(f["name"]).to_numpy()))),
+            "ratio": round(float(np.median(ratio)), 3), "threshold_ratio": th.cold_factor,
+            "warmup_s": th.cold_warmup_s, "sample_count": int(len(f)), "steady_count": int(counts.sum()),
+        }, HINTS["cold_start"], f.sort_values("duration_ns", ascending=False)["trace_id"].tolist()))
+    return out
+
+
+def detect_baseline_regression(frames: Frames, th: Thresholds) -> list[dict]:
+    """``baseline_regression``: P95 per input type over its baseline P95 (``baseline``
+    setting, default the seed's table) by more than ``baseline_margin``.
+
+    Blocks (with ``min_samples`` traces) where more than 5 % of the traces are slower
+    than baseline x (1 + margin) merge into runs; a run fires only when that share is
+    over 5 % with confidence (Wilson lower bound, z = 3: a few slow requests in a small
+    window do not fire) and its P95 (from the rollup histograms) is past the limit.
+    Critical past twice the margin.
+    """
+    df = frames.traces
+    if df.empty:
+        return []
+    table = th.baseline_table()
+    b = max(1, th.block_minutes)
+    out = []
+    for it, g in df.groupby("input_type"):
+        if it not in table:
+            continue
+        base95 = table[it][1] * 1e6
+        limit = base95 * (1 + th.baseline_margin)
+        k_lim = sketch.key_of(limit)
+        above = np.array([int(np.asarray(c)[np.asarray(k) > k_lim].sum()) for k, c in zip(g["keys"], g["counts"])])
+        g = g.assign(above=above, block=_block_of(g["minute"].to_numpy(), th))
+        stats = g.groupby("block")[["count", "above"]].sum()
+        fl = np.array([n >= th.min_samples and a / n > 0.05
+                       for n, a in zip(stats["count"], stats["above"])], dtype=bool)
+        blocks = stats.index.to_numpy()
+        k = 0
+        while k < len(blocks):
+            if not fl[k]:
+                k += 1
+                continue
+            j = k
+            while j + 1 < len(blocks) and fl[j + 1] and blocks[j + 1] == blocks[j] + b:
+                j += 1
+            s_min, e_min = int(blocks[k]), int(blocks[j]) + b
+            k = j + 1
+            if not _reportable(frames, s_min, e_min):
+                continue
+            inside = g[(g["block"] >= s_min) & (g["block"] < e_min)]
+            if _wilson_lower(inside["above"].sum(), inside["count"].sum()) <= 0.05:
+                continue
+            h = histogram_of(inside["keys"], inside["counts"])
+            p95 = h.quantile(0.95)
+            if p95 is None or p95 <= limit:
+                continue
+            change = p95 / base95 - 1
+            sev = "critical" if change > 2 * th.baseline_margin else "warning"
+            s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
+            out.append(finding("baseline_regression", sev, {"input_type": str(it)}, s_ns, e_ns, {
+                "p95_ms": _ms(p95), "baseline_p95_ms": _ms(base95), "threshold_ms": _ms(limit),
+                "change": round(change, 4), "margin": th.baseline_margin,
+                "over_threshold": int(inside["above"].sum()), "sample_count": int(h.count),
+            }, HINTS["baseline_regression"].format(input_type=it, margin=th.baseline_margin * 100)))
+    return out
+
+
+DETECTORS: dict[str, Callable[[Frames, Thresholds], list[dict]]] = {
+    "hot_spot": detect_hot_spot,
+    "p99_band_break": detect_p99_band_break,
+    "cache_penetration": detect_cache_penetration,
+    "fusion_sync_wait": detect_fusion_sync_wait,
+    "preprocessing_bound": detect_preprocessing_bound,
+    "batching_failure": detect_batching_failure,
+    "cuda_graph_fallback": detect_cuda_graph_fallback,
+    "lb_timeout_truncation": detect_lb_timeout_truncation,
+    "cold_start": detect_cold_start,
+    "baseline_regression": detect_baseline_regression,
+}
+
+
+def sort_findings(findings: list[dict]) -> list[dict]:
+    """Most severe first, then latest first, then by kind."""
+    return sorted(findings, key=lambda f: (SEVERITY_ORDER.get(f["severity"], 9), _neg_time(f["start"]), f["kind"]))
+
+
+def _neg_time(text: str) -> float:
+    return -datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def run_all(frames: Frames, th: Thresholds | None = None, kinds=None) -> list[dict]:
+    """Every detector (or those named in ``kinds``) over ``frames``, most severe first."""
+    th = th or Thresholds()
+    out: list[dict] = []
+    for kind, fn in DETECTORS.items():
+        if kinds and kind not in kinds:
+            continue
+        out.extend(fn(frames, th))
+    return sort_findings(out)

@@ -1,0 +1,186 @@
+"""Findings from the store: read the detectors' frames, run the catalog, add exemplars.
+
+The detectors (``app/detectors.py``) are pure; this module is their one reader. Percentile
+data come from the rollups (``pair``, ``trace``, ``tstage``, per minute, from a trailing
+look-back of ``MODALSCOPE_DETECT_BASELINE_MINUTES`` before the window so baselines exist);
+raw spans only for the attribute-based detectors, bounded by the window and by
+``MODALSCOPE_DETECT_MAX_SPANS`` (a longer window is read in evenly spread 10-minute
+slices); long traces (the load-balancer detector) from the traces table.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import orjson
+import pandas as pd
+
+from ..models import sketch
+from ..models.reader import Filters, StoreReader
+from . import detectors as d
+from .params import Window
+
+SPAN_KEYS = ("cache.name", "gpu.cuda_graph", "batch.size")
+SPANS_PER_TRACE_ESTIMATE = 15  # SERVER spans and convention-attribute spans a request, for sampling
+SLICE_MINUTES = 10
+COLD_LOOKBACK_NS = 10 * d.NS_MIN
+
+
+def _sketch_frame(rows: list[tuple], dims: tuple[str, ...], with_sum: bool) -> pd.DataFrame:
+    recs = {name: [] for name in dims}
+    minute, count, errors, sums, keys, counts = [], [], [], [], [], []
+    for r in rows:
+        m, c, e, s, blob = r[:5]
+        minute.append(m)
+        count.append(c)
+        errors.append(e)
+        sums.append(s)
+        k, n = sketch.decode(blob if isinstance(blob, bytes) else bytes(blob)) if blob else ((), ())
+        keys.append(k)
+        counts.append(n)
+        for name, v in zip(dims, r[5:]):
+            recs[name].append(v)
+    data = {**recs, "minute": minute, "count": count, "errors": errors}
+    if with_sum:
+        data["sum_ns"] = sums
+    data["keys"] = keys
+    data["counts"] = counts
+    return pd.DataFrame(data)
+
+
+def _span_slices(window_start: int, window_end: int, traces: pd.DataFrame, max_spans: int) -> tuple[list[tuple[int, int]], bool]:
+    """[start, end) ranges to read raw spans from: the whole window when it is small
+    enough, else every k-th 10-minute slice (evenly spread)."""
+    est = float(traces["count"].sum()) * SPANS_PER_TRACE_ESTIMATE if not traces.empty else 0.0
+    if est <= max_spans or max_spans <= 0:
+        return [(window_start, window_end)], False
+    k = max(1, math.ceil(est / max_spans))
+    step = SLICE_MINUTES * d.NS_MIN
+    out = []
+    i = 0
+    t = window_start
+    while t < window_end:
+        if i % k == 0:
+            out.append((t, min(t + step, window_end)))
+        t += step
+        i += 1
+    return out, True
+
+
+def load_frames(reader: StoreReader, window: Window, th: d.Thresholds) -> d.Frames:
+    data_start = window.start_ns - max(30, th.baseline_minutes) * d.NS_MIN
+    pairs = _sketch_frame(reader.rollup_rows("pair", data_start, window.end_ns, ("caller", "callee")),
+                          ("caller", "callee"), with_sum=False)
+    traces = _sketch_frame(reader.rollup_rows("trace", data_start, window.end_ns, ("input_type",)),
+                           ("input_type",), with_sum=True)
+    ts_rows = reader.rollup_rows("tstage", data_start, window.end_ns, ("input_type", "stage"))
+    tstage = pd.DataFrame({"input_type": [r[5] for r in ts_rows], "stage": [r[6] for r in ts_rows],
+                           "minute": [r[0] for r in ts_rows], "count": [r[1] for r in ts_rows],
+                           "sum_ns": [r[3] for r in ts_rows]})
+    span_start = window.start_ns - COLD_LOOKBACK_NS
+    in_window = traces[traces["minute"] * d.NS_MIN >= span_start] if not traces.empty else traces
+    slices, sampled = _span_slices(span_start, window.end_ns, in_window, th.max_spans)
+    rows: list[tuple] = []
+    for a, b in slices:
+        rows.extend(reader.attribute_spans(a, b, SPAN_KEYS, kinds=d.KIND_SERVER_CODES))
+    if rows:
+        cols = list(zip(*rows))
+        data = {name: list(col) for name, col in zip(d.SPAN_COLUMNS[:-1], cols[:-1])}
+        data["attrs"] = [orjson.loads(a) if a else {} for a in cols[-1]]
+        spans = pd.DataFrame(data)
+    else:
+        spans = d.empty_frame(d.SPAN_COLUMNS)
+    long_rows = reader.long_traces(window.start_ns, window.end_ns,
+                                   int(th.lb_min_ceiling_s * (1 - th.lb_band) * 1e9))
+    long_traces = (pd.DataFrame(long_rows)[list(d.LONG_TRACE_COLUMNS)] if long_rows
+                   else d.empty_frame(d.LONG_TRACE_COLUMNS))
+    return d.Frames(window.start_ns, window.end_ns, data_start, pairs=pairs, traces=traces, tstage=tstage,
+                    spans=spans, long_traces=long_traces, sampled=sampled, spans_start_ns=span_start)
+
+
+def _window_of(f: dict) -> Window:
+    from .params import parse_time
+
+    return Window(parse_time(f["start"], "start"), parse_time(f["end"], "end"))
+
+
+EXEMPLAR_WINDOW_NS = 5 * d.NS_MIN  # exemplar look-ups read the finding's first minutes first
+
+
+def _exemplar_rows(reader: StoreReader, f: dict, w: Window) -> list[dict]:
+    from . import queries
+
+    s, ev = f["subject"], f["evidence"]
+    if f["kind"] in ("hot_spot", "p99_band_break"):
+        min_ms = ev.get("threshold_ms") if f["kind"] == "p99_band_break" else ev.get("p99_ms")
+        return queries.exemplar_traces(reader, w, Filters(caller=s.get("caller"), callee=s.get("callee")),
+                                       min_ms=min_ms, limit=d.MAX_EXEMPLARS)
+    if f["kind"] == "baseline_regression":
+        thr = ev.get("threshold_ms")
+        return reader.slow_traces(w.start_ns, w.end_ns, input_type=s.get("input_type"),
+                                  min_ns=int(thr * 1e6) if thr else None, limit=d.MAX_EXEMPLARS)
+    if f["kind"] == "preprocessing_bound":
+        return queries.exemplar_traces(reader, w, Filters(stage="preprocessing", input_type=s.get("input_type")),
+                                       limit=d.MAX_EXEMPLARS)
+    return []
+
+
+def add_exemplars(reader: StoreReader, findings: list[dict]) -> None:
+    """Exemplar traces for rollup-based findings (the others carry theirs already).
+
+    A look-up reads raw spans sorted by duration, so its cost grows with its window: each
+    one first searches the finding's first ``EXEMPLAR_WINDOW_NS`` (a band break's window
+    starts at its first outlier; a hot spot or a regression holds over the whole run) and
+    widens to the whole window only when that finds nothing.
+    """
+    for f in findings:
+        if f["exemplar_trace_ids"]:
+            continue
+        w = _window_of(f)
+        rows: list[dict] = []
+        try:
+            if w.end_ns - w.start_ns > EXEMPLAR_WINDOW_NS:
+                rows = _exemplar_rows(reader, f, Window(w.start_ns, w.start_ns + EXEMPLAR_WINDOW_NS))
+            if not rows:
+                rows = _exemplar_rows(reader, f, w)
+        except Exception:  # noqa: BLE001 - exemplars are a courtesy; the finding stands without them
+            rows = []
+        f["exemplar_trace_ids"] = [r["trace_id"].lower() for r in rows][: d.MAX_EXEMPLARS]
+
+
+def matches(f: dict, filters: Filters) -> bool:
+    """A finding is kept under a filter when its subject names that value (``service``
+    also matches a pair's caller or callee)."""
+    s = f["subject"]
+    if filters.service and filters.service not in (s.get("service"), s.get("caller"), s.get("callee")):
+        return False
+    for name in ("caller", "callee", "stage", "input_type"):
+        want = getattr(filters, name)
+        if want and s.get(name) != want:
+            return False
+    return True
+
+
+def find(reader: StoreReader, window: Window, filters: Filters = Filters(), th: d.Thresholds | None = None,
+         exemplars: bool = True, timings: dict | None = None) -> list[dict]:
+    """Every finding in the window, most severe first."""
+    th = th or d.Thresholds()
+    t0 = time.perf_counter()
+    frames = load_frames(reader, window, th)
+    t1 = time.perf_counter()
+    out = []
+    per: dict[str, float] = {}
+    for kind, fn in d.DETECTORS.items():
+        a = time.perf_counter()
+        out.extend(fn(frames, th))
+        per[kind] = time.perf_counter() - a
+    t2 = time.perf_counter()
+    out = [f for f in out if matches(f, filters)]
+    if exemplars:
+        add_exemplars(reader, out)
+    t3 = time.perf_counter()
+    if timings is not None:
+        timings.update({"read_s": t1 - t0, "detect_s": t2 - t1, "exemplars_s": t3 - t2, "total_s": t3 - t0,
+                        "per_detector_s": per, "raw_spans": len(frames.spans), "sampled": frames.sampled})
+    return d.sort_findings(out)

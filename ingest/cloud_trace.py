@@ -1,0 +1,558 @@
+"""Cloud Trace (v1 API) -> ``SpanRecord``, and the poller behind `modalscope ingest cloud-trace`.
+
+Mapping (DESIGN.md, "Cloud Trace mapping"): uint64 ids -> 16 lowercase hex digits;
+``RPC_SERVER`` -> SERVER, ``RPC_CLIENT`` -> CLIENT, unspecified -> INTERNAL; labels ->
+attributes (values of known numeric keys coerced to numbers, ``cache.hit`` to a bool);
+``/http/status_code`` >= 500 or an error label -> status ERROR; the service from the
+``service.name`` label, else ``g.co/r/*/container_name`` or ``g.co/gae/app/module``, else
+``/component``, else ``unknown``. ``source`` is ``cloud-trace``.
+
+The poller reads ``ListTraces`` (``view=COMPLETE``) window by window:
+
+* The first pass starts ``backfill`` ago; later passes at the watermark minus ``overlap``
+  (late-indexed spans); every pass stops at now minus ``lag`` (indexing lag). Re-fetched
+  spans are deduplicated by the writer, so overlap costs quota, never correctness.
+* The watermark (``cursors.position``) moves only after a whole slice of the window (at
+  most ``chunk`` seconds of trace time, every page of it) is written and settled: a crash
+  mid-slice re-reads that slice, never skips it. Spans ending before the watermark have
+  all been asked for.
+* Quota: ListTraces costs 25 read units and a project gets about 300 a minute, so calls
+  are spaced ``60 / calls_per_minute`` seconds apart (default 10 a minute: 250 units,
+  headroom for the console). RESOURCE_EXHAUSTED / UNAVAILABLE / DEADLINE_EXCEEDED back off
+  exponentially with jitter; the client's own retry is off (it retries for 45 s by
+  default) and each call has its own timeout. PERMISSION_DENIED, UNAUTHENTICATED and
+  friends stop the poller with one line.
+* When the traffic needs more calls than the quota allows, the poller says so (log and
+  ``poller_health``); ``min_latency_ms`` asks only for traces at least that slow
+  (``latency:`` filter) and records that the data is sampled.
+* One active poller per project: a lease on the cursor row (``ingest/cursors.py``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import math
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterable
+
+from sqlalchemy import Engine
+
+from .cursors import Lease, LeaseLost, read_cursors
+from .records import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, STATUS_ERROR, STATUS_OK, STATUS_UNSET, SpanRecord
+
+log = logging.getLogger(__name__)
+
+SOURCE = "cloud-trace"
+CURSOR_PREFIX = "cloud-trace:"
+UNITS_PER_CALL = 25  # ListTraces read-quota cost
+DEFAULT_QUOTA_UNITS = 300  # per minute and project
+NS = 1_000_000_000
+
+# -- mapping ----------------------------------------------------------------------------------
+
+#: Label keys whose values are numbers (Cloud Trace labels are all strings).
+NUMERIC_KEYS = frozenset({
+    "mm.image_count", "mm.audio_count", "mm.prompt_chars", "batch.size",
+    "/http/status_code", "http.status_code", "http.response.status_code",
+    "/http/request/size", "/http/response/size", "http.request.body.size", "http.response.body.size",
+    "rpc.grpc.status_code", "server.port", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens",
+    "gen_ai.request.max_tokens", "gen_ai.request.temperature", "gen_ai.request.top_p",
+    "mm.image_width", "mm.image_height", "mm.image_bytes",
+})
+#: Label keys whose values are booleans.
+BOOL_KEYS = frozenset({"cache.hit"})
+_STATUS_KEYS = ("/http/status_code", "http.response.status_code", "http.status_code")
+_ERROR_MESSAGE_KEYS = ("/error/message", "otel.status_description", "error.message", "exception.message")
+_KINDS = {1: KIND_SERVER, 2: KIND_CLIENT}  # TraceSpan.SpanKind: RPC_SERVER=1, RPC_CLIENT=2
+_MAX_U64 = (1 << 64) - 1
+
+
+def coerce_label(key: str, value: str) -> Any:
+    """A label value as an attribute: numbers for NUMERIC_KEYS, bools for BOOL_KEYS, else the string."""
+    if key in NUMERIC_KEYS:
+        text = value.strip()
+        try:
+            return int(text)
+        except ValueError:
+            try:
+                f = float(text)
+            except ValueError:
+                return value
+            return f if math.isfinite(f) else value
+    if key in BOOL_KEYS:
+        low = value.strip().lower()
+        if low in ("true", "1", "yes"):
+            return True
+        if low in ("false", "0", "no"):
+            return False
+    return value
+
+
+def service_of(labels: dict[str, str]) -> str:
+    """``service.name``, else ``g.co/r/*/container_name`` or ``g.co/gae/app/module``, else ``/component``."""
+    name = labels.get("service.name")
+    if name:
+        return name
+    for key in sorted(labels):
+        if key.startswith("g.co/r/") and key.endswith("/container_name") and labels[key]:
+            return labels[key]
+    for key in ("g.co/gae/app/module", "/component"):
+        if labels.get(key):
+            return labels[key]
+    return "unknown"
+
+
+def instance_of(labels: dict[str, str]) -> str | None:
+    value = labels.get("service.instance.id")
+    if value:
+        return value
+    for pattern in ("g.co/r/*/pod_name", "g.co/r/*/pod_id", "g.co/r/*/instance_id", "g.co/gae/app/instance"):
+        for key in sorted(labels):
+            if fnmatch.fnmatchcase(key, pattern) and labels[key]:
+                return labels[key]
+    return None
+
+
+def _status(labels: dict[str, str], attributes: dict[str, Any]) -> tuple[int, str]:
+    message = next((labels[k] for k in _ERROR_MESSAGE_KEYS if labels.get(k)), "")
+    for key in _STATUS_KEYS:
+        code = attributes.get(key)
+        if isinstance(code, int) and not isinstance(code, bool) and code >= 500:
+            return STATUS_ERROR, message or f"HTTP {code}"
+    otel = labels.get("otel.status_code", "").upper()
+    if otel == "ERROR":
+        return STATUS_ERROR, message
+    err = labels.get("error")
+    if err is not None and err.strip().lower() not in ("", "false", "0", "no"):
+        return STATUS_ERROR, message or err
+    if labels.get("/error/message") or labels.get("/error/name") or labels.get("/stacktrace"):
+        return STATUS_ERROR, message or labels.get("/error/name", "")
+    if otel == "OK":
+        return STATUS_OK, ""
+    return STATUS_UNSET, ""
+
+
+def _ns(ts) -> int:
+    return ts.seconds * NS + ts.nanos
+
+
+def _raw(message):
+    """The protobuf message under a proto-plus wrapper (or the message itself)."""
+    pb = getattr(type(message), "pb", None)
+    return pb(message) if callable(pb) and not hasattr(message, "DESCRIPTOR") else message
+
+
+def normalize_trace_id(trace_id: str) -> str | None:
+    tid = trace_id.strip().lower()
+    if not tid or len(tid) > 32 or any(c not in "0123456789abcdef" for c in tid):
+        return None
+    tid = tid.zfill(32)
+    return None if tid == "0" * 32 else tid
+
+
+def span_record(trace_id: str, span) -> SpanRecord | None:
+    """One v1 ``TraceSpan`` (proto-plus or protobuf) as a record; None when its id is unusable."""
+    span = _raw(span)
+    if not 0 < span.span_id <= _MAX_U64:
+        return None
+    labels = dict(span.labels)
+    attributes = {k: coerce_label(k, v) for k, v in labels.items()}
+    status, message = _status(labels, attributes)
+    resource: dict[str, Any] = {"service.name": service_of(labels)}
+    instance = instance_of(labels)
+    if instance is not None:
+        resource["service.instance.id"] = instance
+    start = _ns(span.start_time)
+    end = _ns(span.end_time)
+    return SpanRecord(
+        trace_id=trace_id,
+        span_id=f"{span.span_id:016x}",
+        parent_span_id=f"{span.parent_span_id:016x}" if span.parent_span_id else None,
+        service=resource["service.name"],
+        name=span.name,
+        kind=_KINDS.get(int(span.kind), KIND_INTERNAL),
+        start_ns=start,
+        end_ns=max(start, end),
+        status=status,
+        status_message=message,
+        attributes=attributes,
+        resource=resource,
+        source=SOURCE,
+    )
+
+
+def trace_records(trace) -> list[SpanRecord]:
+    """Every usable span of one v1 ``Trace``."""
+    trace = _raw(trace)
+    tid = normalize_trace_id(trace.trace_id)
+    if tid is None:
+        return []
+    out = []
+    for span in trace.spans:
+        rec = span_record(tid, span)
+        if rec is not None:
+            out.append(rec)
+    return out
+
+
+# -- client -----------------------------------------------------------------------------------
+
+class PollError(Exception):
+    """The poller cannot go on (bad credentials, permission, quota never recovering): one line."""
+
+
+def make_trace_client(endpoint: str = ""):
+    """A ``TraceServiceClient``: Application Default Credentials, or, with ``endpoint``
+    (``host:port``), a plaintext channel and no credentials (emulators, tests)."""
+    from google.cloud.trace_v1 import TraceServiceClient
+
+    if endpoint:
+        import grpc
+        from google.cloud.trace_v1.services.trace_service.transports import TraceServiceGrpcTransport
+
+        return TraceServiceClient(transport=TraceServiceGrpcTransport(channel=grpc.insecure_channel(endpoint)))
+    import google.auth.exceptions
+
+    try:
+        return TraceServiceClient()
+    except google.auth.exceptions.DefaultCredentialsError as exc:
+        raise PollError("no Google Cloud credentials: run `gcloud auth application-default login` or set "
+                        f"GOOGLE_APPLICATION_CREDENTIALS ({str(exc).splitlines()[0] if str(exc) else exc})") from None
+
+
+def _api_errors():
+    from google.api_core import exceptions as e
+
+    transient = (e.ResourceExhausted, e.ServiceUnavailable, e.DeadlineExceeded, e.InternalServerError,
+                 e.Aborted, e.GatewayTimeout, e.TooManyRequests)
+    return transient, e.GoogleAPICallError
+
+
+def _error_line(exc) -> str:
+    code = getattr(exc, "grpc_status_code", None) or getattr(exc, "code", None)
+    code_name = getattr(code, "name", None) or exc.__class__.__name__
+    msg = getattr(exc, "message", None) or str(exc)
+    msg = msg.strip().splitlines()[0] if msg and msg.strip() else ""
+    return f"{code_name}: {msg}" if msg else code_name
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '500ms', '2m', '6h', '1d' -> seconds."""
+    t = text.strip().lower()
+    for suffix, mult in (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0), ("d", 86400.0)):
+        if t.endswith(suffix) and not (suffix == "s" and t.endswith("ms")):
+            number = t[: -len(suffix)]
+            break
+    else:
+        number, mult = t, 1.0
+    try:
+        value = float(number) * mult
+    except ValueError:
+        raise ValueError(f"{text!r} is not a duration (e.g. 90s, 500ms, 2m, 6h)") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{text!r} is not a duration (e.g. 90s, 500ms, 2m, 6h)")
+    return value
+
+
+def rfc3339(ns: int) -> str:
+    return datetime.fromtimestamp(ns / NS, tz=timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+# -- poller -----------------------------------------------------------------------------------
+
+@dataclass
+class PollerConfig:
+    project: str
+    interval: float = 60.0  # seconds between passes
+    backfill: float = 3600.0  # first pass looks back this far
+    overlap: float = 120.0  # later passes re-read this much before the watermark
+    lag: float = 10.0  # and stop this long before now (indexing lag)
+    page_size: int = 100  # the API's maximum
+    calls_per_minute: float = 10.0  # 10 x 25 units = 250 of the ~300 a minute
+    min_latency_ms: float | None = None  # only traces at least this slow (sampled data)
+    timeout: float = 30.0  # per call
+    backoff_initial: float = 5.0
+    backoff_max: float = 300.0
+    max_attempts: int = 8  # per call in --once mode (about 10 minutes of backing off)
+    chunk: float = 1800.0  # seconds of trace time per checkpointed slice (an empty one costs a call)
+    lease_ttl: float = 0.0  # 0: max(120 s, 3 intervals)
+
+    def ttl(self) -> float:
+        return self.lease_ttl or max(120.0, 3 * self.interval, 2 * self.backoff_max)
+
+
+@dataclass
+class PassResult:
+    window_start_ns: int
+    window_end_ns: int
+    calls: int = 0
+    traces: int = 0
+    spans: int = 0
+    new_spans: int = 0
+    retries: int = 0
+    falling_behind: bool = False
+    behind_seconds: float = 0.0
+    calls_needed_per_minute: float = 0.0
+
+    def summary(self, project: str) -> str:
+        return (f"cloud-trace {project}: {self.spans} spans ({self.new_spans} new) in {self.traces} traces, "
+                f"{rfc3339(self.window_start_ns)} .. {rfc3339(self.window_end_ns)}, {self.calls} calls"
+                + (f", {self.retries} retried" if self.retries else ""))
+
+
+class CloudTracePoller:
+    """Polls one project; ``run_pass()`` is one complete pass (lease must be held)."""
+
+    def __init__(self, engine: Engine, client, config: PollerConfig, rules=None, *,
+                 stop: threading.Event | None = None, once: bool = False, holder: str | None = None,
+                 clock: Callable[[], int] = time.time_ns, rng: random.Random | None = None) -> None:
+        if rules is None:
+            from .stages import load_rules
+
+            rules = load_rules(None)
+        self.engine = engine
+        self.client = client
+        self.cfg = config
+        self.rules = rules
+        self.stop = stop or threading.Event()
+        self.once = once
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.lease = Lease(engine, CURSOR_PREFIX + config.project, config.ttl(), holder)
+        self._next_call = 0.0  # monotonic time before which no call is made
+        self.last_error: str | None = None
+
+    # -- pacing and retries --------------------------------------------------------------
+    def _sleep(self, seconds: float) -> None:
+        if seconds > 0 and self.stop.wait(seconds):
+            raise PollError("stopped")
+
+    def _pace(self) -> None:
+        self._sleep(self._next_call - time.monotonic())
+        self._next_call = time.monotonic() + 60.0 / max(self.cfg.calls_per_minute, 1e-6)
+
+    def backoff_delay(self, attempt: int) -> float:
+        """Exponential with 'equal jitter': half fixed, half random, capped."""
+        d = min(self.cfg.backoff_max, self.cfg.backoff_initial * (2 ** attempt))
+        return d / 2 + self.rng.uniform(0, d / 2)
+
+    def _request(self, start_ns: int, end_ns: int, page_token: str):
+        from google.cloud.trace_v1 import ListTracesRequest
+        from google.protobuf.timestamp_pb2 import Timestamp
+
+        req = ListTracesRequest(
+            project_id=self.cfg.project,
+            view=ListTracesRequest.ViewType.COMPLETE,
+            page_size=self.cfg.page_size,
+            page_token=page_token,
+            start_time=Timestamp(seconds=start_ns // NS, nanos=start_ns % NS),
+            end_time=Timestamp(seconds=end_ns // NS, nanos=end_ns % NS),
+        )
+        if self.cfg.min_latency_ms:
+            req.filter = f"latency:{int(round(self.cfg.min_latency_ms))}ms"
+        return req
+
+    def _call(self, request, result: PassResult):
+        transient, api_error = _api_errors()
+        attempt = 0
+        while True:
+            self._pace()
+            self.lease.renew()
+            try:
+                page = self.client.list_traces(request=request, retry=None, timeout=self.cfg.timeout)
+                result.calls += 1
+                self.last_error = None
+                return page
+            except transient as exc:
+                result.calls += 1
+                result.retries += 1
+                self.last_error = _error_line(exc)
+                if self.once and attempt + 1 >= self.cfg.max_attempts:
+                    raise PollError(f"Cloud Trace did not recover after {attempt + 1} attempts: "
+                                    f"{self.last_error}") from None
+                delay = self.backoff_delay(attempt)
+                log.warning("Cloud Trace %s (attempt %d); backing off %.1fs", self.last_error, attempt + 1, delay)
+                attempt += 1
+                self._sleep(delay)
+            except api_error as exc:
+                self.last_error = _error_line(exc)
+                raise PollError(f"Cloud Trace refused project {self.cfg.project!r}: {self.last_error}") from None
+
+    # -- one pass ------------------------------------------------------------------------
+    def window(self, now_ns: int | None = None) -> tuple[int, int]:
+        now_ns = self.clock() if now_ns is None else now_ns
+        position = self.lease.state().position
+        end = now_ns - int(self.cfg.lag * NS)
+        start = position - int(self.cfg.overlap * NS) if position else now_ns - int(self.cfg.backfill * NS)
+        return start, end
+
+    def _write(self, traces: Iterable, result: PassResult, touched: set[str]) -> None:
+        from .writer import write_spans
+
+        records: list[SpanRecord] = []
+        for trace in traces:
+            recs = trace_records(trace)
+            if recs:
+                result.traces += 1
+                records.extend(recs)
+                touched.add(recs[0].trace_id)
+        if records:
+            self.rules.tag(records)
+            res = write_spans(self.engine, records)
+            result.spans += res.received
+            result.new_spans += res.inserted
+            self._newest_end = max(self._newest_end, max(r.end_ns for r in records))
+
+    def run_pass(self) -> PassResult:
+        from .settle import settle
+
+        pass_started = time.monotonic()
+        start, end = self.window()
+        state = self.lease.state()
+        info = dict(state.info)
+        self._newest_end = int(info.get("newest_span_end_ns", 0) or 0)
+        result = PassResult(start, end)
+        if end <= start:
+            return result
+        slice_start = start
+        while slice_start < end:
+            slice_end = min(end, slice_start + int(self.cfg.chunk * NS))
+            touched: set[str] = set()
+            token = ""
+            while True:
+                page = self._call(self._request(slice_start, slice_end, token), result)
+                self._write(page.traces, result, touched)
+                token = page.next_page_token
+                if not token:
+                    break
+            if touched:
+                settle(self.engine, trace_ids=sorted(touched), force=True)
+            info.update(self._info(result, pass_started, slice_end, done=slice_end >= end))
+            self.lease.save(position=slice_end, info=info)
+            slice_start = slice_end
+        return result
+
+    def _info(self, result: PassResult, pass_started: float, position: int, done: bool) -> dict:
+        """State for /api/v1/health, and the falling-behind verdict."""
+        now = self.clock()
+        behind = max(0.0, (now - int(self.cfg.lag * NS) - position) / NS)
+        window_s = max((min(position, result.window_end_ns) - result.window_start_ns) / NS, 1e-3)
+        # At this traffic, a steady pass (interval + overlap of traces) needs this many calls
+        # a minute, against what the quota spacing allows.
+        per_pass = result.traces / window_s * (self.cfg.interval + self.cfg.overlap) / self.cfg.page_size
+        needed = math.ceil(per_pass) * 60.0 / self.cfg.interval if result.traces >= self.cfg.page_size else 0.0
+        falling = behind > max(2 * self.cfg.interval, 300.0) or needed > self.cfg.calls_per_minute
+        result.falling_behind = falling
+        result.behind_seconds = behind
+        result.calls_needed_per_minute = needed
+        out = {
+            "project": self.cfg.project,
+            "last_pass_calls": result.calls,
+            "last_pass_spans": result.spans,
+            "last_pass_seconds": round(time.monotonic() - pass_started, 3),
+            "newest_span_end_ns": self._newest_end,
+            "behind_seconds": round(behind, 1),
+            "falling_behind": falling,
+            "calls_needed_per_minute": round(needed, 2),
+            "calls_per_minute": self.cfg.calls_per_minute,
+            "sampled": bool(self.cfg.min_latency_ms),
+            "min_latency_ms": self.cfg.min_latency_ms,
+            "last_error": self.last_error,
+        }
+        if done:
+            out["last_pass_ns"] = now
+        return out
+
+    def warn_if_behind(self, result: PassResult) -> None:
+        if result.falling_behind:
+            log.warning(
+                "Cloud Trace project %s: traffic is more than the read quota can pull: about %.0f ListTraces "
+                "calls a minute needed (%.0f units), %g allowed (%g units; 25 units a call); %.0fs behind. "
+                "Raise the quota or --interval, or pass --min-latency to pull only slow traces (the data is "
+                "then sampled).", self.cfg.project, result.calls_needed_per_minute,
+                result.calls_needed_per_minute * UNITS_PER_CALL, self.cfg.calls_per_minute,
+                self.cfg.calls_per_minute * UNITS_PER_CALL, result.behind_seconds)
+
+    # -- the loop ------------------------------------------------------------------------
+    def run(self, on_pass: Callable[[PassResult], None] | None = None) -> PassResult | None:
+        """``once``: one pass (PollError if the lease is held elsewhere); else poll until ``stop``."""
+        last: PassResult | None = None
+        waiting_logged = False
+        try:
+            while not self.stop.is_set():
+                started = time.monotonic()
+                if not self.lease.acquire():
+                    st = self.lease.state()
+                    line = (f"another poller ({st.holder}) holds the Cloud Trace lease for project "
+                            f"{self.cfg.project!r} until {rfc3339(st.lease_expires_ns)}")
+                    if self.once:
+                        raise PollError(line + "; nothing polled")
+                    if not waiting_logged:
+                        log.info("%s; standing by", line)
+                        waiting_logged = True
+                else:
+                    waiting_logged = False
+                    try:
+                        last = self.run_pass()
+                    except LeaseLost as exc:
+                        if self.once:
+                            raise PollError(str(exc)) from None
+                        log.warning("%s; standing by", exc)
+                        last = None
+                    else:
+                        self.warn_if_behind(last)
+                        if on_pass is not None:
+                            on_pass(last)
+                    if self.once:
+                        return last
+                wait = self.cfg.interval - (time.monotonic() - started)
+                if self.stop.wait(max(wait, 1.0 if self.lease.held else self.cfg.interval)):
+                    break
+            return last
+        except PollError as exc:
+            if str(exc) == "stopped":
+                return last
+            raise
+        finally:
+            try:
+                self.lease.release()
+            except Exception:  # noqa: BLE001 - the lease expires on its own
+                log.exception("releasing the Cloud Trace lease failed")
+
+
+# -- health -----------------------------------------------------------------------------------
+
+def poller_health(engine: Engine, now_ns: int | None = None) -> dict | None:
+    """State of the Cloud Trace pollers from their cursor rows, for ``/api/v1/health``; None if none ran.
+
+    ``{"pollers": [{"project", "active", "holder", "watermark", "last_pass", "behind_seconds",
+    "falling_behind", "sampled", "min_latency_ms", "last_error"}], "falling_behind": bool,
+    "sampled": bool}``
+    """
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    rows = read_cursors(engine, CURSOR_PREFIX)
+    if not rows:
+        return None
+    pollers = []
+    for st in rows:
+        info = st.info
+        last_pass = info.get("last_pass_ns")
+        pollers.append({
+            "project": st.name[len(CURSOR_PREFIX):],
+            "active": bool(st.holder) and st.lease_expires_ns > now_ns,
+            "holder": st.holder if st.lease_expires_ns > now_ns else None,
+            "watermark": rfc3339(st.position) if st.position else None,
+            "last_pass": rfc3339(last_pass) if last_pass else None,
+            "behind_seconds": info.get("behind_seconds"),
+            "falling_behind": bool(info.get("falling_behind")),
+            "sampled": bool(info.get("sampled")),
+            "min_latency_ms": info.get("min_latency_ms"),
+            "last_error": info.get("last_error"),
+        })
+    return {"pollers": pollers, "falling_behind": any(p["falling_behind"] for p in pollers),
+            "sampled": any(p["sampled"] for p in pollers)}

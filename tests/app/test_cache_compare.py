@@ -1,0 +1,211 @@
+"""Cache analytics (/api/v1/cache) and triage compare (/api/v1/compare): the pure parts on
+small hand-made inputs, the cache penetration on the demo's pattern store, and Compare
+naming the injected attribute first on a constructed spike (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import orjson
+import pytest
+
+from modalscope.app import create_app, queries
+from modalscope.app.params import Window, rfc3339
+from modalscope.ingest import demo
+from modalscope.ingest.records import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, SpanRecord
+from modalscope.ingest.settle import settle
+from modalscope.ingest.writer import write_spans
+from modalscope.models.sketch import Histogram
+from modalscope.settings import Settings
+from tests.factories import rules
+from tests.ingest.test_demo import PATTERNS, _worker, pattern_store  # noqa: F401
+
+MIN = 60_000_000_000
+MS = 1_000_000
+
+
+# -- pure: cache -----------------------------------------------------------------------
+def _row(t, cache, hit, **attrs):
+    return (t, orjson.dumps({"cache.name": cache, "cache.hit": hit, **attrs}).decode(), "{}")
+
+
+def test_cache_events_groups_by_span_then_resource_attribute():
+    rows = [_row(1, "profile", True, user_tier="gold"), _row(2, "profile", "false", user_tier="bronze"),
+            _row(3, "profile", "maybe", user_tier="gold"),  # neither hit nor miss: dropped
+            (4, orjson.dumps({"cache.name": "kv", "cache.hit": 0}).decode(), '{"user_tier": "silver"}'),
+            (5, "not json", "{}")]
+    events = queries.cache_events(rows, "user_tier")
+    assert events == [(1, "profile", "gold", True), (2, "profile", "bronze", False), (4, "kv", "silver", False)]
+    assert [e[2] for e in queries.cache_events(rows, None)] == [None, None, None]
+
+
+def test_cache_table_and_buckets():
+    ev = [(0, "p", "gold", True), (1, "p", "gold", True), (2, "p", "bronze", False), (3, "p", None, True),
+          (MIN + 5, "p", "bronze", True)]
+    table = queries.cache_table(ev)
+    assert [(r["group"], r["hits"], r["misses"]) for r in table] == [("bronze", 1, 1), ("gold", 2, 0), (None, 1, 0)]
+    assert table[0]["hit_rate"] == 0.5 and table[1]["share"] == pytest.approx(0.4)
+    buckets = queries.cache_buckets(ev, 0, 1)
+    assert [(r["t_ns"], r["group"], r["hit_rate"]) for r in buckets] == [
+        (0, "bronze", 0.0), (0, "gold", 1.0), (0, None, 1.0), (MIN, "bronze", 1.0)]
+
+
+@pytest.mark.parametrize("value,ok", [("user_tier", True), ("k8s.pod/name:x-1", True), ("", False),
+                                      ("a b", False), ("x" * 129, False), ("<b>", False)])
+def test_valid_group_by(value, ok):
+    assert queries.valid_group_by(value) is ok
+
+
+# -- the demo's cache penetration ------------------------------------------------------
+def test_bronze_hit_rate_falls_in_the_penetration_window_while_gold_holds(pattern_store):  # noqa: F811
+    (p,) = [p for p in demo.injected_patterns(PATTERNS) if p.kind == "cache_penetration"]
+    inside = pattern_store.get("cache", group_by="user_tier", start=p.start_ns / 1e9, end=p.end_ns / 1e9)
+    before = pattern_store.get("cache", group_by="user_tier", start=(p.start_ns - 40 * MIN) / 1e9,
+                               end=(p.start_ns - 5 * MIN) / 1e9)
+    rate = {(r["cache"], r["group"]): r for r in inside}
+    base = {(r["cache"], r["group"]): r for r in before}
+    assert set(inside[0]) == {"cache", "group", "hits", "misses", "hit_rate"}
+    assert rate[("profile", "bronze")]["hit_rate"] < 0.25 < 0.75 < base[("profile", "bronze")]["hit_rate"]
+    assert rate[("profile", "gold")]["hit_rate"] > 0.8 and base[("profile", "gold")]["hit_rate"] > 0.8
+    assert all(r["hits"] + r["misses"] > 0 and 0 <= r["hit_rate"] <= 1 for r in inside)
+    # Over time: the bronze series dips inside the window only.
+    reader = pattern_store.app.extensions["modalscope"]["reader"]
+    series = queries.cache_series(reader, Window(p.start_ns - 40 * MIN, p.end_ns), "user_tier", "profile", 5)
+    bronze = [r for r in series if r["group"] == "bronze" and r["hits"] + r["misses"] >= 10]
+    low = [r for r in bronze if r["hit_rate"] < 0.4]
+    assert low and all(p.start_ns - 5 * MIN <= r["t_ns"] < p.end_ns for r in low)
+    assert any(r["hit_rate"] > 0.7 for r in bronze if r["t_ns"] < p.start_ns - 5 * MIN)
+
+
+def test_cache_bad_group_by_is_a_400_naming_it(pattern_store):  # noqa: F811
+    r = pattern_store.client.get("/api/v1/cache", query_string={"group_by": "<script>"})
+    assert r.status_code == 400 and r.get_json()["parameter"] == "group_by"
+    r = pattern_store.client.get("/api/v1/cache", query_string={"group_by": ""})
+    assert r.status_code == 400 and r.get_json()["parameter"] == "group_by"
+
+
+# -- pure: compare ---------------------------------------------------------------------
+def test_span_facets_drop_ids_timestamps_and_structures():
+    row = {"attributes": orjson.dumps({"user_tier": "gold", "request.id": "abc", "event.timestamp": 5,
+                                       "cache.hit": False, "nested": {"a": 1}, "batch.size": 4}).decode(),
+           "resource": orjson.dumps({"service.name": "enc", "service.instance.id": "pod-7",
+                                     "user_tier": "res"}).decode(),
+           "instance": "pod-7", "input_type": "image"}
+    assert queries.span_facets(row) == {"service.name": "enc", "service.instance.id": "pod-7", "user_tier": "gold",
+                                        "cache.hit": "false", "batch.size": "4", "input_type": "image"}
+
+
+def test_attribute_lift_ranks_skips_high_cardinality_and_needs_counts():
+    base = [{"pod": f"pod-{i % 8}", "uid": str(i), "zone": "a" if i % 2 else "b"} for i in range(400)]
+    sel = [{"pod": "pod-7" if i % 2 else f"pod-{i % 7}", "uid": f"s{i}", "zone": "a" if i % 2 else "b"}
+           for i in range(40)]
+    sel += [{"pod": "pod-rare", "uid": "x", "zone": "a"}] * 2  # under the minimum count
+    rows = queries.attribute_lift(sel, base)
+    assert rows[0]["key"] == "pod" and rows[0]["value"] == "pod-7"
+    assert rows[0]["lift"] == pytest.approx((20 / 42) / (50 / 400), rel=1e-3)
+    assert rows[0]["selection_count"] == 20 and rows[0]["baseline_count"] == 50
+    assert all(r["key"] != "uid" for r in rows) and all(r["value"] != "pod-rare" for r in rows)
+    assert all(r["lift"] > 1 for r in rows) and len(rows) <= 10
+    assert queries.attribute_lift([], base) == [] and queries.attribute_lift(sel, []) == []
+
+
+def _hist(*values_ms):
+    return Histogram.from_values([v * MS for v in values_ms])
+
+
+def test_stage_deltas_share_of_added_time():
+    sel = {"preprocessing": (10, 10 * 500 * MS, _hist(*[500] * 10)), "encoder": (10, 10 * 120 * MS, _hist(*[120] * 10))}
+    base = {"preprocessing": (10, 10 * 100 * MS, _hist(*[100] * 10)), "encoder": (10, 10 * 20 * MS, _hist(*[20] * 10)),
+            "fusion": (10, 10 * 30 * MS, _hist(*[30] * 10))}
+    rows = {r["stage"]: r for r in queries.stage_deltas(sel, base, 10, 10)}
+    assert rows["preprocessing"]["share_of_added_time"] == pytest.approx(0.8)
+    assert rows["encoder"]["share_of_added_time"] == pytest.approx(0.2)
+    assert rows["fusion"]["share_of_added_time"] == 0 and rows["fusion"]["selection_p50_ms"] is None
+    assert rows["preprocessing"]["delta_p50_ms"] == pytest.approx(400, rel=0.02)
+
+
+def test_default_baseline_is_the_same_length_just_before():
+    assert queries.default_baseline(Window(100, 160)) == Window(40, 100)
+
+
+# -- compare on a constructed spike ----------------------------------------------------
+def _encode_trace(rng: random.Random, t: int, pod: int, slow: bool) -> list[SpanRecord]:
+    tid = f"{rng.getrandbits(128):032x}"
+    sid = iter(f"{rng.getrandbits(64) | 1:016x}" for _ in range(8))
+    root, client, server, decode, vit = (next(sid) for _ in range(5))
+    decode_ms = (1500 if slow else 60) * (1 + 0.2 * rng.random())
+    vit_ms = 100 * (1 + 0.2 * rng.random())
+    enc_ms = decode_ms + vit_ms + 4
+    total = enc_ms + 60
+    gw = {"service.name": "gateway", "service.instance.id": "gw-0"}
+    enc = {"service.name": "vision-encoder", "service.instance.id": f"pod-{pod}", "host.name": f"node-{pod % 2}"}
+    attrs = {"mm.image_count": 1, "request.id": tid[:12], "region": rng.choice(["eu", "us"])}
+    spans = [
+        SpanRecord(tid, root, None, "gateway", "POST /chat", KIND_SERVER, t, t + int(total * MS), 0,
+                   attributes=attrs, resource=gw),
+        SpanRecord(tid, client, root, "gateway", "vision.Encode", KIND_CLIENT, t + 5 * MS,
+                   t + int((enc_ms + 9) * MS), 0, attributes={"peer.service": "vision-encoder"}, resource=gw),
+        SpanRecord(tid, server, client, "vision-encoder", "VisionEncoder/Encode", KIND_SERVER, t + 7 * MS,
+                   t + int((enc_ms + 7) * MS), 0, attributes={"region": attrs["region"]}, resource=enc),
+        SpanRecord(tid, decode, server, "vision-encoder", "image.decode", KIND_INTERNAL, t + 8 * MS,
+                   t + int((8 + decode_ms) * MS), 0, resource=enc),
+        SpanRecord(tid, vit, server, "vision-encoder", "vit.forward", KIND_INTERNAL, t + int((9 + decode_ms) * MS),
+                   t + int((9 + decode_ms + vit_ms) * MS), 0, resource=enc),
+    ]
+    rules().tag(spans)
+    return spans
+
+
+@pytest.fixture
+def spike(engine, db_url):
+    """30 minutes of even traffic over pods 0-7, then 30 minutes where pod-7 turns slow half
+    the time (others: 4 %): slow spans in the spike are on pod-7 about 4-5x more often."""
+    rng = random.Random(11)
+    base = (time.time_ns() // MIN - 90) * MIN
+    spans = []
+    for i in range(60 * 16):  # one trace every ~1.9 s over an hour
+        t = base + i * (60 * MIN // (60 * 16))
+        pod = i % 8
+        in_spike = i >= 30 * 16
+        slow = rng.random() < (0.5 if pod == 7 else 0.04) if in_spike else rng.random() < 0.04
+        spans += _encode_trace(rng, t, pod, slow)
+    write_spans(engine, spans)
+    settle(engine, force=True)
+    app = create_app(Settings(database_url=db_url))
+    yield app.test_client(), base
+    app.extensions["modalscope"]["engine"].dispose()
+
+
+def test_compare_names_the_injected_attribute_first(spike):
+    client, base = spike
+    q = {"start": rfc3339(base + 30 * MIN), "end": rfc3339(base + 60 * MIN),
+         "caller": "gateway", "callee": "vision-encoder"}
+    r = client.get("/api/v1/compare", query_string=q)
+    assert r.status_code == 200, r.get_json()
+    body = r.get_json()
+    top = body["attributes"][0]
+    assert (top["key"], top["value"]) == ("service.instance.id", "pod-7"), body["attributes"]
+    assert top["lift"] >= 3 and top["selection_count"] >= 5
+    assert set(top) >= {"key", "value", "selection_share", "baseline_share", "lift", "selection_count",
+                        "baseline_count"}
+    assert all(a["key"] not in ("request.id",) for a in body["attributes"])
+    stages = {s["stage"]: s for s in body["stages"]}
+    assert set(body["stages"][0]) >= {"stage", "selection_p50_ms", "baseline_p50_ms", "selection_p99_ms",
+                                      "baseline_p99_ms", "delta_p50_ms", "delta_p99_ms", "share_of_added_time"}
+    assert stages["preprocessing"]["share_of_added_time"] > 0.8
+    assert stages["preprocessing"]["delta_p99_ms"] > 0
+    # The end-to-end subject (root spans, whole traces) finds it too: the trace's own spans
+    # don't carry the pod, but the default baseline (the 30 minutes before) is the same.
+    explicit = client.get("/api/v1/compare", query_string={
+        **q, "baseline_start": rfc3339(base), "baseline_end": rfc3339(base + 30 * MIN)}).get_json()
+    assert explicit["attributes"] == body["attributes"]
+
+
+def test_compare_bad_baseline_is_a_400(spike):
+    client, base = spike
+    r = client.get("/api/v1/compare", query_string={"range": "1h", "baseline_start": "nope"})
+    assert r.status_code == 400 and r.get_json()["parameter"] == "baseline_start"
+    r = client.get("/api/v1/compare", query_string={"range": "1h", "baseline_start": rfc3339(base),
+                                                     "baseline_end": rfc3339(base - MIN)})
+    assert r.status_code == 400 and r.get_json()["parameter"] == "baseline_end"

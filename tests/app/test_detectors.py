@@ -1,0 +1,329 @@
+"""The anomaly catalog's detectors on small hand-made frames: each fires on its pattern and
+stays quiet on the negatives DESIGN.md names (few samples, one outlier, the daily volume
+curve). Service and span names are deliberately not the demo's."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from modalscope.app import detectors as d
+from modalscope.models import sketch
+
+MIN = d.NS_MIN
+T0 = 29_000_000  # unix minutes (2025)
+MS = 1_000_000
+
+
+def sparse(values_ns):
+    k, c = np.unique(sketch.keys_of(np.asarray(values_ns, dtype=float)), return_counts=True)
+    return k.astype(np.int32), c.astype(np.int32)
+
+
+def pair_rows(caller, callee, per_minute):
+    """per_minute: {minute offset: list of durations in ms}."""
+    rows = []
+    for m, vals in per_minute.items():
+        if len(vals):
+            k, c = sparse(np.asarray(vals) * MS)
+            rows.append({"caller": caller, "callee": callee, "minute": T0 + m, "count": len(vals), "errors": 0,
+                         "keys": k, "counts": c})
+    return rows
+
+
+def frames(minutes=120, report_from=0, **kw):
+    f = d.Frames(start_ns=(T0 + report_from) * MIN, end_ns=(T0 + minutes) * MIN, data_start_ns=T0 * MIN)
+    for name, value in kw.items():
+        setattr(f, name, value)
+    return f
+
+
+def lognormal(rng, n, median_ms, sigma=0.3):
+    return [median_ms * np.exp(sigma * rng.gauss(0, 1)) for _ in range(n)]
+
+
+TH = d.Thresholds()
+
+
+# -- p99_band_break ---------------------------------------------------------------------
+def band_frames(stall_from=None, stall_share=0.06, calls=60, single_outlier=False, curve=False, shift=1.0):
+    rng = random.Random(3)
+    per = {}
+    for m in range(120):
+        n = calls if not curve else int(calls * (0.5 + m / 60))
+        vals = lognormal(rng, n, 100)
+        if stall_from is not None and stall_from <= m < stall_from + 15:
+            k = max(1, int(n * stall_share))
+            vals[:k] = [3000 + rng.random() * 2000 for _ in range(k)]
+        if shift != 1.0 and m >= 90:
+            vals = [v * shift for v in vals]
+        if single_outlier and m == 95:
+            vals[0] = 50_000
+        per[m] = vals
+    return frames(pairs=pd.DataFrame(pair_rows("svc-a", "svc-b", per)))
+
+
+def test_band_break_fires_with_its_window_and_frozen_baseline():
+    (f,) = d.detect_p99_band_break(band_frames(stall_from=80), TH)
+    assert f["kind"] == "p99_band_break" and f["subject"] == {"caller": "svc-a", "callee": "svc-b"}
+    assert f["start"] == d.rfc3339((T0 + 80) * MIN) and f["end"] == d.rfc3339((T0 + 95) * MIN)
+    ev = f["evidence"]
+    assert ev["p99_ms"] > 2 * ev["baseline_p99_ms"] and ev["p50_ms"] == pytest.approx(ev["baseline_p50_ms"], rel=0.25)
+    assert ev["sample_count"] >= 15 * 60 and ev["baseline_minutes"] >= 30
+
+
+@pytest.mark.parametrize("case", ["quiet", "single_outlier", "daily_curve", "few_samples", "all_slower",
+                                  "no_baseline"])
+def test_band_break_negatives(case):
+    if case == "quiet":
+        f = band_frames()
+    elif case == "single_outlier":
+        f = band_frames(single_outlier=True)
+    elif case == "daily_curve":
+        f = band_frames(curve=True)
+    elif case == "few_samples":
+        f = band_frames(stall_from=80, calls=1)
+    elif case == "all_slower":  # P50 moves too: a shift, not a band break
+        f = band_frames(shift=3.0)
+    else:  # the stall starts before 30 minutes of baseline exist
+        f = band_frames(stall_from=5)
+        f.start_ns = f.data_start_ns
+        f.pairs = f.pairs[f.pairs["minute"] < T0 + 40]
+        f.end_ns = (T0 + 40) * MIN
+    assert d.detect_p99_band_break(f, TH) == []
+
+
+# -- hot_spot -----------------------------------------------------------------------------
+def hot_frames(hot_p99=True, tied=False):
+    rng = random.Random(5)
+    rows = []
+    for i in range(8):
+        per = {}
+        for m in range(10):
+            n = 40 if i else 100
+            median = 50 if i < 4 else 400
+            if i == 0:
+                median = 600 if hot_p99 else 5
+            if tied:
+                n = 40
+            per[m] = lognormal(rng, n, median, 0.5)
+        rows += pair_rows("front", f"back-{i}", per)
+    return frames(minutes=10, pairs=pd.DataFrame(rows))
+
+
+def test_hot_spot_is_top_quartile_of_volume_and_p99():
+    found = d.detect_hot_spot(hot_frames(), TH)
+    assert [f["subject"] for f in found] == [{"caller": "front", "callee": "back-0"}]
+    assert found[0]["evidence"]["calls"] == 1000
+
+
+@pytest.mark.parametrize("kw", [{"hot_p99": False}, {"tied": True}])
+def test_hot_spot_negatives(kw):
+    # The busiest pair is fast; or every pair has the same volume (ties rank against).
+    assert d.detect_hot_spot(hot_frames(**kw), TH) == []
+
+
+# -- span-based detectors -------------------------------------------------------------------
+def span(trace, service, name, kind, stage, start_ns, dur_ms, instance="i-1", **attrs):
+    return {"trace_id": trace, "service": service, "name": name, "kind": kind, "stage": stage, "start_ns": start_ns,
+            "duration_ns": int(dur_ms * MS), "status": 1, "instance": instance, "attrs": attrs}
+
+
+def tid(i):
+    return f"{i:032x}"
+
+
+def cache_frames(collapse=True, n_per_min=30):
+    rng = random.Random(1)
+    rows = []
+    i = 0
+    for m in range(60):
+        for _ in range(n_per_min):
+            i += 1
+            inside = collapse and 30 <= m < 45
+            r = rng.random()
+            tier = ("t-a" if r < (0.65 if inside else 0.4) else "t-b" if r < 0.8 else "t-c")
+            hit = rng.random() < (0.08 if inside and tier == "t-c" else 0.85)
+            rows.append(span(tid(i), "edge", "GET x", 3, "network", (T0 + m) * MIN + i, 1,
+                             **{"cache.name": "kv", "cache.hit": hit, "tier": tier, "db.system": "redis"}))
+    return frames(minutes=60, spans=pd.DataFrame(rows))
+
+
+def test_cache_penetration_names_the_tag_value():
+    (f,) = d.detect_cache_penetration(cache_frames(), TH)
+    assert f["subject"] == {"cache": "kv", "attribute": {"key": "tier", "value": "t-c"}}
+    assert (f["start"], f["end"]) == (d.rfc3339((T0 + 30) * MIN), d.rfc3339((T0 + 45) * MIN))
+    assert f["evidence"]["hit_rate"] < 0.2 < 0.8 < f["evidence"]["dominant_hit_rate"]
+    assert 1 <= len(f["exemplar_trace_ids"]) <= 5 and "tier=t-a" in f["hint"]
+
+
+@pytest.mark.parametrize("kw", [{"collapse": False}, {"n_per_min": 2}])
+def test_cache_penetration_negatives(kw):
+    assert d.detect_cache_penetration(cache_frames(**kw), TH) == []
+
+
+def sync_frames(spread_ms):
+    rows = []
+    for i in range(400):
+        t = (T0 + i // 10) * MIN + i
+        rows += [span(tid(i), "enc-1", "E1", 2, "encoder", t, 500),
+                 span(tid(i), "enc-2", "E2", 2, "encoder", t, 500 - spread_ms),
+                 span(tid(i), "fuse", "F", 2, "fusion", t + 500 * MS, 50)]
+    return frames(minutes=40, spans=pd.DataFrame(rows))
+
+
+def test_fusion_sync_wait():
+    found = d.detect_fusion_sync_wait(sync_frames(200), TH)
+    assert [f["subject"] for f in found] == [{"service": "fuse", "stage": "fusion"}]
+    assert found[0]["evidence"]["median_spread_ms"] == pytest.approx(200)
+    assert d.detect_fusion_sync_wait(sync_frames(12), TH) == []
+
+
+def batch_frames(stuck, load):
+    rows = []
+    i = 0
+    for m in range(60):
+        inside = 30 <= m < 40
+        for _ in range(int(20 * (load if inside else 1))):
+            i += 1
+            size = 1 if inside and stuck else 4 + i % 3
+            rows.append(span(tid(i), "gpu-svc", "fwd", 1, "encoder", (T0 + m) * MIN + i, 30, **{"batch.size": size}))
+    tr = pd.DataFrame([{"input_type": "x", "minute": T0 + m, "count": int(20 * (load if 30 <= m < 40 else 1)),
+                        "errors": 0, "sum_ns": 1, "keys": np.zeros(0, np.int32), "counts": np.zeros(0, np.int32)}
+                       for m in range(60)])
+    return frames(minutes=60, spans=pd.DataFrame(rows), traces=tr)
+
+
+def test_batching_failure_needs_high_load():
+    (f,) = d.detect_batching_failure(batch_frames(True, 1.5), TH)
+    assert f["subject"] == {"service": "gpu-svc", "attribute": {"key": "batch.size", "value": 1}}
+    assert (f["start"], f["end"]) == (d.rfc3339((T0 + 30) * MIN), d.rfc3339((T0 + 40) * MIN))
+    assert d.detect_batching_failure(batch_frames(True, 0.5), TH) == []  # low load: batch 1 is expected
+    assert d.detect_batching_failure(batch_frames(False, 1.5), TH) == []
+
+
+def fallback_frames(share):
+    rows = []
+    for i in range(1200):
+        m = i // 20
+        fb = 30 <= m < 40 and (i % 100) < share * 100
+        rows.append(span(tid(i), "gen", "step", 1, "inference", (T0 + m) * MIN + i, 160 if fb else 100,
+                         instance="p-2" if fb else "p-1", **{"gpu.cuda_graph": "fallback" if fb else "captured"}))
+    return frames(minutes=60, spans=pd.DataFrame(rows))
+
+
+def test_cuda_graph_fallback():
+    (f,) = d.detect_cuda_graph_fallback(fallback_frames(0.3), TH)
+    assert f["subject"] == {"service": "gen", "attribute": {"key": "gpu.cuda_graph", "value": "fallback"}}
+    assert f["evidence"]["extra_latency_ratio"] == pytest.approx(0.6) and "p-2" in f["hint"]
+    assert d.detect_cuda_graph_fallback(fallback_frames(0.01), TH) == []
+
+
+def lb_frames(n_piled, errors=True):
+    rows = [{"trace_id": tid(i), "root_service": "front", "input_type": "multi_image",
+             "start_ns": (T0 + 10 + i) * MIN, "duration_ns": int((29.9 + 0.01 * i) * 1e9), "error": errors}
+            for i in range(n_piled)]
+    rows += [{"trace_id": tid(100 + i), "root_service": "front", "input_type": "image",
+              "start_ns": (T0 + i) * MIN, "duration_ns": int((10 + i) * 1e9), "error": False} for i in range(5)]
+    return frames(minutes=60, long_traces=pd.DataFrame(rows))
+
+
+def test_lb_timeout_truncation():
+    (f,) = d.detect_lb_timeout_truncation(lb_frames(8), TH)
+    assert f["severity"] == "critical" and f["subject"] == {"service": "front", "input_type": "multi_image"}
+    assert f["evidence"]["ceiling_s"] == 30 and len(f["exemplar_trace_ids"]) == 5
+    assert d.detect_lb_timeout_truncation(lb_frames(3), TH) == []  # too few
+    assert d.detect_lb_timeout_truncation(lb_frames(8, errors=False), TH) == []  # long, but not cut
+
+
+def cold_frames(cold):
+    rows = []
+    rng = random.Random(2)
+    for i in range(2000):
+        t = (T0 + i // 40) * MIN + (i % 40) * 1_500_000_000
+        inst = f"w-{i % 3}" if t < (T0 + 20) * MIN else f"w-{i % 4}"
+        dur = 200 * np.exp(0.2 * rng.gauss(0, 1))
+        if inst == "w-3" and cold and t < (T0 + 22) * MIN:
+            dur += 3000
+        rows.append(span(tid(i), "model", "Serve", 2, "inference", t, dur, instance=inst))
+    return frames(minutes=50, spans=pd.DataFrame(rows))
+
+
+def test_cold_start():
+    (f,) = d.detect_cold_start(cold_frames(True), TH)
+    assert f["subject"] == {"service": "model", "attribute": {"key": "service.instance.id", "value": "w-3"}}
+    assert f["start"] == d.rfc3339((T0 + 20) * MIN) and f["end"] <= d.rfc3339((T0 + 23) * MIN)
+    assert d.detect_cold_start(cold_frames(False), TH) == []  # a new instance at speed: a restart
+
+
+# -- rollup-based input-type detectors ------------------------------------------------------
+def trace_frames(it, median_ms, slow_from=None, slow_factor=1.5, per_minute=20, pre_share=0.2, pre_jump=None):
+    rng = random.Random(9)
+    tr, ts = [], []
+    for m in range(60):
+        vals = lognormal(rng, per_minute, median_ms, 0.15)
+        if slow_from is not None and slow_from <= m < slow_from + 15:
+            vals = [v * slow_factor for v in vals]
+        k, c = sparse(np.asarray(vals) * MS)
+        total = int(sum(vals) * MS)
+        tr.append({"input_type": it, "minute": T0 + m, "count": per_minute, "errors": 0, "sum_ns": total,
+                   "keys": k, "counts": c})
+        share = pre_jump if (pre_jump and 40 <= m < 50) else pre_share
+        ts.append({"input_type": it, "stage": "preprocessing", "minute": T0 + m, "count": per_minute,
+                   "sum_ns": int(total * share)})
+    return frames(minutes=60, traces=pd.DataFrame(tr), tstage=pd.DataFrame(ts))
+
+
+def test_baseline_regression_against_the_seed_table():
+    (f,) = d.detect_baseline_regression(trace_frames("multi_image", 5000, slow_from=30), TH)
+    assert f["subject"] == {"input_type": "multi_image"} and f["severity"] == "critical"
+    assert f["evidence"]["baseline_p95_ms"] == 6400 and f["evidence"]["p95_ms"] > 7040
+    assert (f["start"], f["end"]) == (d.rfc3339((T0 + 30) * MIN), d.rfc3339((T0 + 45) * MIN))
+    # Within the SLO; and an input type with no baseline.
+    assert d.detect_baseline_regression(trace_frames("multi_image", 5000), TH) == []
+    assert d.detect_baseline_regression(trace_frames("audio", 50_000), TH) == []
+    # Few samples: nothing, however slow.
+    assert d.detect_baseline_regression(trace_frames("text", 300, slow_from=30, per_minute=1), TH) == []
+    # A configured baseline wins.
+    th = d.Thresholds(baseline="multi_image:3000:4000")
+    assert d.detect_baseline_regression(trace_frames("multi_image", 5000), th)
+
+
+def test_preprocessing_bound():
+    (f,) = d.detect_preprocessing_bound(trace_frames("image", 1300, pre_jump=0.45), TH)
+    assert f["subject"] == {"input_type": "image", "stage": "preprocessing"}
+    assert f["evidence"]["share"] == pytest.approx(0.45, abs=0.01)
+    assert f["evidence"]["baseline_share"] == pytest.approx(0.2, abs=0.01)
+    # A high but steady share is the input type's normal bottleneck, not a finding.
+    assert d.detect_preprocessing_bound(trace_frames("image", 1300, pre_share=0.4), TH) == []
+
+
+# -- the whole catalog ----------------------------------------------------------------------
+def test_run_all_orders_by_severity_and_shapes_findings():
+    f = band_frames(stall_from=80)
+    f.long_traces = lb_frames(8).long_traces
+    found = d.run_all(f, TH)
+    assert [x["kind"] for x in found] == ["lb_timeout_truncation", "p99_band_break"] or \
+        [x["severity"] for x in found] == sorted((x["severity"] for x in found), key=d.SEVERITY_ORDER.get)
+    for x in found:
+        assert set(x) == {"kind", "severity", "subject", "start", "end", "evidence", "exemplar_trace_ids", "hint"}
+        assert x["start"].endswith("Z") and x["hint"]
+        assert all(isinstance(v, (int, float)) or v is None for v in x["evidence"].values())
+    assert d.run_all(frames(), TH) == []  # nothing stored: nothing found
+
+
+def test_thresholds_are_documented_settings():
+    from modalscope.settings import DOCUMENTED, SettingsError
+
+    th = d.Thresholds.from_env({})
+    assert th == d.Thresholds()
+    for field in d.fields(d.Thresholds):
+        assert d.SETTINGS[field.name] in DOCUMENTED
+    assert d.Thresholds.from_env({"MODALSCOPE_DETECT_BAND_RATIO": "3"}).band_ratio == 3.0
+    with pytest.raises(SettingsError, match="MODALSCOPE_DETECT_BASELINE_MINUTES"):
+        d.Thresholds.from_env({"MODALSCOPE_DETECT_BASELINE_MINUTES": "10"})
+    with pytest.raises(SettingsError, match="MODALSCOPE_DETECT_MIN_SAMPLES"):
+        d.Thresholds.from_env({"MODALSCOPE_DETECT_MIN_SAMPLES": "many"})

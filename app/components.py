@@ -27,6 +27,9 @@ NAV_ITEMS = (  # (path, label, link id)
     ("/drilldown", "Drilldown", ids.NAV_LINKS["/drilldown"]),
     ("/trace", "Trace", ids.NAV_LINKS["/trace"]),
     ("/stages", "Stages", ids.NAV_LINKS["/stages"]),
+    ("/cache", "Cache", ids.NAV_LINKS["/cache"]),
+    ("/anomalies", "Anomalies", ids.NAV_LINKS["/anomalies"]),
+    ("/compare", "Compare", ids.NAV_LINKS["/compare"]),
 )
 EMPTY_HINT = ["send OTLP to ", html.Code(":4318"), " (or gRPC ", html.Code(":4317"), ") or run ",
               html.Code("modalscope demo"), "."]
@@ -280,3 +283,93 @@ def narrow(path: str, state, selected, relayout):
     """Callback answer for a box-select/zoom on a time chart."""
     href = links.narrow_href(path, state or {}, selected, relayout)
     return no_update if href is None else href
+
+
+# -- findings (issue 5) ----------------------------------------------------------------
+SEVERITY_ORDER = ("critical", "warning", "info")
+
+
+def thresholds():
+    """The detectors' thresholds (environment), read once per app like ``/api/v1/anomalies``."""
+    from flask import current_app
+
+    from .detectors import Thresholds
+
+    ext = current_app.extensions["modalscope"]
+    if "thresholds" not in ext:
+        ext["thresholds"] = Thresholds.from_env()
+    return ext["thresholds"]
+
+
+def find_findings(window, filters) -> list[dict]:
+    """The same findings ``/api/v1/anomalies`` returns, most severe first."""
+    from . import findings
+
+    return findings.find(reader(), window, filters, thresholds())
+
+
+def subject_text(subject: Mapping[str, Any]) -> str:
+    """A finding's subject as plain text (values are span data: shown, never interpreted)."""
+    parts = []
+    if subject.get("caller") or subject.get("callee"):
+        parts.append(f"{subject.get('caller') or 'any'} → {subject.get('callee') or 'any'}")
+    for key in ("service", "stage", "input_type", "cache"):
+        if subject.get(key) not in (None, ""):
+            parts.append(f"{key} {subject[key]}")
+    attr = subject.get("attribute")
+    if isinstance(attr, Mapping):
+        parts.append(f"{attr.get('key')}={attr.get('value')}")
+    return " · ".join(str(p) for p in parts) or "everything"
+
+
+def evidence_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False)[:200]
+    return str(value)
+
+
+def finding_links(f: Mapping[str, Any], state: Mapping[str, str], n_traces: int = 5) -> list:
+    """Drilldown, Compare (and Cache) for the finding's subject and window, and its exemplar traces."""
+    out = [dcc.Link("drilldown", href=links.finding_drill_href(f), className="ms-finding-link"),
+           dcc.Link("compare", href=links.finding_compare_href(f), className="ms-finding-link")]
+    cache_href = links.finding_cache_href(f)
+    if cache_href:
+        out.append(dcc.Link("cache", href=cache_href, className="ms-finding-link"))
+    window = links.finding_window(f)
+    traces = []
+    for tid in (f.get("exemplar_trace_ids") or [])[:n_traces]:
+        href = links.trace_href(tid, window or state)
+        if href:
+            traces.append(dcc.Link(str(tid)[:12] + "…", href=href, className="ms-mono ms-trace-link", title=str(tid)))
+    if traces:
+        out.append(html.Span("traces:", className="ms-note"))
+        out.extend(traces)
+    return out
+
+
+def finding_title(f: Mapping[str, Any]) -> list:
+    sev = str(f.get("severity", "info"))
+    return [html.Span(sev, className=f"ms-severity ms-severity-{sev}"), " ",
+            html.Strong(str(f.get("kind", ""))), " — ", html.Span(subject_text(f.get("subject") or {}))]
+
+
+def top_findings(found: list[dict], state: Mapping[str, str], n: int = 3) -> html.Div:
+    """The overview's panel: the ``n`` most severe findings with their links."""
+    if not found:
+        return empty_state("No findings in this window.",
+                           "The anomaly catalog (band breaks, hot spots, cache penetration, regressions …) "
+                           "found nothing that needs attention.")
+    items = []
+    for f in found[:n]:
+        items.append(html.Li(className="ms-finding", children=[
+            html.Div(finding_title(f), className="ms-finding-title"),
+            html.Div(f"{f.get('start', '')} → {f.get('end', '')}", className="ms-note"),
+            html.Div(finding_links(f, state, n_traces=2), className="ms-finding-links"),
+        ]))
+    more = dcc.Link(f"all {len(found)} findings →", href=st.to_href("/anomalies", st.carried(state)),
+                    id="overview-all-findings")
+    return html.Div([html.Ul(items, className="ms-finding-list", id="overview-findings-list"), more])

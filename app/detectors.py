@@ -317,7 +317,26 @@ def _pair_series(frames: Frames) -> dict[tuple[str, str], pd.DataFrame]:
     df = frames.pairs
     if df.empty:
         return {}
-    return {k: g for k, g in df.groupby(["caller", "callee"], sort=True)}
+    cached = frames.__dict__.get("_pair_series_cache")
+    if cached is not None and cached[0] is df:
+        return cached[1]
+    series = {k: g for k, g in df.groupby(["caller", "callee"], sort=True)}
+    frames.__dict__["_pair_series_cache"] = (df, series)
+    return series
+
+
+def _pair_minute_matrix(frames: Frames, key: tuple[str, str], df: pd.DataFrame) -> np.ndarray:
+    """Minutes (from ``frames.first_minute``) x coarse bins of one pair, built once per
+    ``frames.pairs`` and shared by the hot-spot and band-break detectors."""
+    first, n = frames.first_minute, frames.end_minute - frames.first_minute
+    cache = frames.__dict__.get("_pair_matrix_cache")
+    if cache is None or cache[0] is not frames.pairs or cache[1] != (first, n):
+        cache = (frames.pairs, (first, n), {})
+        frames.__dict__["_pair_matrix_cache"] = cache
+    mat = cache[2].get(key)
+    if mat is None:
+        mat = cache[2][key] = _coarse_matrix(df, first, n)
+    return mat
 
 
 # ==========================================================================================
@@ -377,10 +396,21 @@ def detect_hot_spot(frames: Frames, th: Thresholds) -> list[dict]:
     names = list(series)
     counts = np.zeros((len(names), nblk))
     p99 = np.full((len(names), nblk), np.nan)
+    first, n_min = frames.first_minute, frames.end_minute - frames.first_minute
+    minutes = frames.pairs["minute"].to_numpy(dtype=np.int64)
+    # Every stored minute inside [first, end): the blocks are sums of the shared per-minute
+    # matrices (one row per minute, every block holds at least one), else build them here.
+    by_minute = n_min > 0 and bool(((minutes >= first) & (minutes < first + n_min)).all())
+    if by_minute:
+        blk = (_block_of(np.arange(first, first + n_min), th) - blocks[0]) // b
+        starts = np.searchsorted(blk, np.arange(nblk))
     for i, key in enumerate(names):
-        df = series[key].copy()
-        df["minute"] = (_block_of(df["minute"].to_numpy(), th) - blocks[0]) // b
-        mat = _coarse_matrix(df, 0, nblk)
+        if by_minute:
+            mat = np.add.reduceat(_pair_minute_matrix(frames, key, series[key]), starts, axis=0)
+        else:
+            df = series[key].copy()
+            df["minute"] = (_block_of(df["minute"].to_numpy(), th) - blocks[0]) // b
+            mat = _coarse_matrix(df, 0, nblk)
         counts[i] = mat.sum(axis=1)
         p99[i] = _coarse_quantile(mat, 0.99)
     hot = np.zeros((len(names), nblk), dtype=bool)
@@ -436,7 +466,7 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
     if n < B + W:
         return []
     for (caller, callee), df in _pair_series(frames).items():
-        mat = _coarse_matrix(df, first, n)
+        mat = _pair_minute_matrix(frames, (caller, callee), df)
         cum = np.vstack([np.zeros((1, mat.shape[1]), dtype=np.int64), np.cumsum(mat, axis=0)])
         ts = np.arange(B, n - W + 1)
         if not len(ts):
@@ -492,11 +522,25 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
     return out
 
 
-def _attr_spans(frames: Frames, key: str) -> pd.DataFrame:
+def _with_attrs(frames: Frames) -> pd.DataFrame:
+    """The spans that carry attributes (most raw spans are SERVER spans without any), found
+    once per ``frames.spans`` and shared by the attribute detectors."""
     df = frames.spans
-    if df.empty:
-        return df
-    vals = [a.get(key) if isinstance(a, dict) else None for a in df["attrs"]]
+    cached = frames.__dict__.get("_with_attrs_cache")
+    if cached is not None and cached[0] is df:
+        return cached[1]
+    mask = np.fromiter((isinstance(a, dict) and bool(a) for a in df["attrs"]), dtype=bool, count=len(df))
+    sub = df[mask]
+    frames.__dict__["_with_attrs_cache"] = (df, sub)
+    return sub
+
+
+def _attr_spans(frames: Frames, key: str) -> pd.DataFrame:
+    """Spans carrying attribute ``key``, its value in column ``_v`` (in ``frames.spans`` order)."""
+    if frames.spans.empty:
+        return frames.spans
+    df = _with_attrs(frames)
+    vals = [a.get(key) for a in df["attrs"]]
     out = df.assign(_v=vals)
     return out[out["_v"].notna()]
 

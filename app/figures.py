@@ -486,3 +486,100 @@ def icicle(trace: dict) -> go.Figure:
         fig.add_annotation(text=f"{len(roots)} roots", x=1, y=1, xref="paper", yref="paper", showarrow=False,
                            font=dict(color=MUTED))
     return fig
+
+
+# -- cache, compare, findings (issue 5) ------------------------------------------------
+GROUP_COLORS = ("#2563eb", "#f59e0b", "#10b981", "#ef4444", "#8b5cf6", "#14b8a6", "#ec4899", "#84cc16",
+                "#6b7280", "#0ea5e9")
+
+
+def group_label(cache: str, group: str | None, several_caches: bool) -> str:
+    g = "(none)" if group is None else group
+    return f"{cache} · {g}" if several_caches else g
+
+
+def cache_hit_rate_figure(rows: Sequence[dict]) -> go.Figure:
+    """Hit rate per cache and group over time (``queries.cache_series`` rows)."""
+    if not rows:
+        return empty_figure("No cache lookups (spans with cache.name and cache.hit) in this window.")
+    several = len({r["cache"] for r in rows}) > 1
+    keys = sorted({(r["cache"], r["group"]) for r in rows}, key=lambda k: (k[0], k[1] is None, k[1] or ""))
+    fig = go.Figure()
+    for i, (cache, group) in enumerate(keys[:20]):
+        sub = [r for r in rows if r["cache"] == cache and r["group"] == group]
+        label = plot_text(group_label(cache, group, several), 60)
+        color = GROUP_COLORS[i % len(GROUP_COLORS)]
+        fig.add_trace(go.Scatter(
+            x=_times(sub), y=[r["hit_rate"] for r in sub], mode="lines+markers", name=label,
+            line=dict(color=color, width=2), marker=dict(size=4, color=color),
+            text=[f"{label}: {fmt_pct(r['hit_rate'])} of {fmt_count(r['hits'] + r['misses'])} lookups" for r in sub],
+            hovertemplate="%{x|%H:%M} UTC · %{text}<extra></extra>",
+        ))
+    base_layout(fig, height=340)
+    fig.update_yaxes(title_text="hit rate", range=[0, 1.05], tickformat=".0%")
+    fig.update_xaxes(title_text="time (UTC)")
+    fig.update_layout(dragmode="select", selectdirection="h", hovermode="x unified")
+    return fig
+
+
+def cache_share_figure(rows: Sequence[dict]) -> go.Figure:
+    """Each group's share of its cache's lookups, with its hit rate (``queries.cache_rates`` rows)."""
+    if not rows:
+        return empty_figure("No cache lookups in this window.")
+    several = len({r["cache"] for r in rows}) > 1
+    labels = [plot_text(group_label(r["cache"], r["group"], several), 60) for r in rows]
+    fig = go.Figure(go.Bar(
+        x=[r["share"] for r in rows], y=labels, orientation="h",
+        marker=dict(color=[GROUP_COLORS[i % len(GROUP_COLORS)] for i in range(len(rows))]),
+        text=[f"{fmt_pct(r['share'], 0)} · hit {fmt_pct(r['hit_rate'], 0)}" for r in rows], textposition="auto",
+        customdata=[fmt_count(r["hits"] + r["misses"]) for r in rows],
+        hovertemplate="%{y}: %{x:.1%} of lookups (%{customdata})<extra></extra>",
+    ))
+    base_layout(fig, height=max(200, 60 + 34 * len(rows)))
+    fig.update_xaxes(title_text="share of lookups", range=[0, 1], tickformat=".0%")
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(showlegend=False)
+    return fig
+
+
+def compare_stage_figure(stages: Sequence[dict]) -> go.Figure:
+    """Per stage: P99 of per-trace stage time in the selection vs the baseline."""
+    rows = [s for s in stages if s.get("selection_p99_ms") is not None or s.get("baseline_p99_ms") is not None]
+    if not rows:
+        return empty_figure("No stage time in these windows.")
+    div, unit = time_unit(max(max(s.get("selection_p99_ms") or 0, s.get("baseline_p99_ms") or 0) for s in rows))
+    names = [plot_text(s["stage"]) for s in rows]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=names, y=[(s.get("baseline_p99_ms") or 0) / div for s in rows], name="baseline P99",
+                         marker=dict(color="#cbd5e1"), hovertemplate="%{x}: baseline P99 %{y:.3g} " + unit
+                         + "<extra></extra>"))
+    fig.add_trace(go.Bar(x=names, y=[(s.get("selection_p99_ms") or 0) / div for s in rows], name="selection P99",
+                         marker=dict(color=[stage_color(s["stage"]) for s in rows]),
+                         text=[f"{fmt_pct(s['share_of_added_time'], 0)} of added" if s["share_of_added_time"] else ""
+                               for s in rows], textposition="outside",
+                         hovertemplate="%{x}: selection P99 %{y:.3g} " + unit + "<extra></extra>"))
+    base_layout(fig, height=320)
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(title_text=f"per-trace stage time P99 ({unit})", rangemode="tozero")
+    return fig
+
+
+def evidence_figure(rows: Sequence[dict], start: datetime | None, end: datetime | None, height: int = 180) -> go.Figure:
+    """A finding's subject: P50 and P99 over time, the finding's window shaded."""
+    rows = [r for r in rows if r.get("p99_ms") is not None]
+    if not rows:
+        return empty_figure("No rollups for this subject around the window.", height=height)
+    div, unit = time_unit(max(r["p99_ms"] or 0 for r in rows))
+    t = _times(rows)
+    fig = go.Figure()
+    for key in ("p50", "p99"):
+        name, color, _ = PCT_STYLE[key]
+        fig.add_trace(go.Scatter(x=t, y=[(r[f"{key}_ms"] or 0) / div for r in rows], mode="lines", name=name,
+                                 line=dict(color=color, width=1.5),
+                                 hovertemplate="%{x|%H:%M} UTC · " + name + " %{y:.3g} " + unit + "<extra></extra>"))
+    if start is not None and end is not None:
+        fig.add_vrect(x0=start, x1=end, fillcolor=DANGER, opacity=0.12, line_width=0)
+    base_layout(fig, height=height, margin=dict(l=48, r=10, t=10, b=30))
+    fig.update_yaxes(title_text=unit, rangemode="tozero")
+    fig.update_layout(showlegend=False)
+    return fig

@@ -5,11 +5,17 @@ data come from the rollups (``pair``, ``trace``, ``tstage``, per minute, from a 
 look-back of ``MODALSCOPE_DETECT_BASELINE_MINUTES`` before the window so baselines exist);
 raw spans only for the attribute-based detectors, bounded by the window and by
 ``MODALSCOPE_DETECT_MAX_SPANS`` (a longer window is read in evenly spread 10-minute
-slices); long traces (the load-balancer detector) from the traces table.
+slices); long traces (the load-balancer detector) from the traces table. Exemplar look-ups
+for rollup-based findings search the finding's first minutes first (``EXEMPLAR_WINDOW_NS``).
+
+Public (called by the API, the CLI and the pages; keep these signatures): ``load_frames``,
+``add_exemplars``, ``matches``, ``find``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import time
 
@@ -70,20 +76,23 @@ def _span_slices(window_start: int, window_end: int, traces: pd.DataFrame, max_s
 
 def load_frames(reader: StoreReader, window: Window, th: d.Thresholds) -> d.Frames:
     data_start = window.start_ns - max(30, th.baseline_minutes) * d.NS_MIN
-    pairs = _sketch_frame(reader.rollup_rows("pair", data_start, window.end_ns, ("caller", "callee")),
-                          ("caller", "callee"), with_sum=False)
     traces = _sketch_frame(reader.rollup_rows("trace", data_start, window.end_ns, ("input_type",)),
                            ("input_type",), with_sum=True)
-    ts_rows = reader.rollup_rows("tstage", data_start, window.end_ns, ("input_type", "stage"))
-    tstage = pd.DataFrame({"input_type": [r[5] for r in ts_rows], "stage": [r[6] for r in ts_rows],
-                           "minute": [r[0] for r in ts_rows], "count": [r[1] for r in ts_rows],
-                           "sum_ns": [r[3] for r in ts_rows]})
     span_start = window.start_ns - COLD_LOOKBACK_NS
     in_window = traces[traces["minute"] * d.NS_MIN >= span_start] if not traces.empty else traces
     slices, sampled = _span_slices(span_start, window.end_ns, in_window, th.max_spans)
-    rows: list[tuple] = []
-    for a, b in slices:
-        rows.extend(reader.attribute_spans(a, b, SPAN_KEYS, kinds=d.KIND_SERVER_CODES))
+    min_long = int(th.lb_min_ceiling_s * (1 - th.lb_band) * 1e9)
+    calls = [lambda: _sketch_frame(reader.rollup_rows("pair", data_start, window.end_ns, ("caller", "callee")),
+                                   ("caller", "callee"), with_sum=False),
+             lambda: reader.rollup_rows("tstage", data_start, window.end_ns, ("input_type", "stage")),
+             lambda: reader.long_traces(window.start_ns, window.end_ns, min_long)]
+    calls += [(lambda a=a, b=b: reader.attribute_spans(a, b, SPAN_KEYS, kinds=d.KIND_SERVER_CODES))
+              for a, b in slices]
+    pairs, ts_rows, long_rows, *span_parts = [c() for c in calls]
+    tstage = pd.DataFrame({"input_type": [r[5] for r in ts_rows], "stage": [r[6] for r in ts_rows],
+                           "minute": [r[0] for r in ts_rows], "count": [r[1] for r in ts_rows],
+                           "sum_ns": [r[3] for r in ts_rows]})
+    rows = [r for part in span_parts for r in part]
     if rows:
         cols = list(zip(*rows))
         data = {name: list(col) for name, col in zip(d.SPAN_COLUMNS[:-1], cols[:-1])}
@@ -91,8 +100,6 @@ def load_frames(reader: StoreReader, window: Window, th: d.Thresholds) -> d.Fram
         spans = pd.DataFrame(data)
     else:
         spans = d.empty_frame(d.SPAN_COLUMNS)
-    long_rows = reader.long_traces(window.start_ns, window.end_ns,
-                                   int(th.lb_min_ceiling_s * (1 - th.lb_band) * 1e9))
     long_traces = (pd.DataFrame(long_rows)[list(d.LONG_TRACE_COLUMNS)] if long_rows
                    else d.empty_frame(d.LONG_TRACE_COLUMNS))
     return d.Frames(window.start_ns, window.end_ns, data_start, pairs=pairs, traces=traces, tstage=tstage,
@@ -162,20 +169,35 @@ def matches(f: dict, filters: Filters) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _no_gc():
+    """The cyclic garbage collector off while frames of a few hundred thousand rows are
+    built: those allocations trigger full collections that walk every row again (a third
+    of the read). Reference counting still frees everything; the previous state returns."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def find(reader: StoreReader, window: Window, filters: Filters = Filters(), th: d.Thresholds | None = None,
          exemplars: bool = True, timings: dict | None = None) -> list[dict]:
     """Every finding in the window, most severe first."""
     th = th or d.Thresholds()
     t0 = time.perf_counter()
-    frames = load_frames(reader, window, th)
-    t1 = time.perf_counter()
-    out = []
-    per: dict[str, float] = {}
-    for kind, fn in d.DETECTORS.items():
-        a = time.perf_counter()
-        out.extend(fn(frames, th))
-        per[kind] = time.perf_counter() - a
-    t2 = time.perf_counter()
+    with _no_gc():
+        frames = load_frames(reader, window, th)
+        t1 = time.perf_counter()
+        out = []
+        per: dict[str, float] = {}
+        for kind, fn in d.DETECTORS.items():
+            a = time.perf_counter()
+            out.extend(fn(frames, th))
+            per[kind] = time.perf_counter() - a
+        t2 = time.perf_counter()
     out = [f for f in out if matches(f, filters)]
     if exemplars:
         add_exemplars(reader, out)

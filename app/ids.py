@@ -9,6 +9,9 @@ NAV_LINKS = {  # path -> id of its nav link
     "/drilldown": "nav-drilldown",
     "/trace": "nav-trace",
     "/stages": "nav-stages",
+    "/cache": "nav-cache",
+    "/anomalies": "nav-anomalies",
+    "/compare": "nav-compare",
 }
 
 # toolbar (on every page)
@@ -64,3 +67,26 @@ ST_STACK = "stages-stack"
 ST_TIME = "stages-timeseries"
 ST_VIT = "stages-vit"
 ST_TABLE = "stages-table"
+
+# cache
+CA_STATE = "cache-state"
+CA_GROUP_BY = "cache-group-by"
+CA_RATE = "cache-hit-rate"
+CA_SHARE = "cache-share"
+CA_TABLE = "cache-table"
+
+# anomalies
+AN_STATE = "anomalies-state"
+AN_LIST = "anomalies-list"
+AN_CHART = "anomalies-chart"  # + "-<n>" per finding
+
+# compare
+CMP_STATE = "compare-state"
+CMP_SUMMARY = "compare-summary"
+CMP_STAGES = "compare-stages"
+CMP_STAGE_TABLE = "compare-stage-table"
+CMP_ATTRS = "compare-attributes"
+
+# time charts: "Compare this window"
+OV_COMPARE = "overview-compare-link"
+DD_COMPARE = "drilldown-compare-link"

@@ -138,3 +138,65 @@ def open_href(value: str | None, state: dict) -> tuple[str | None, str]:
         return None, exc.message
     keep = {k: v for k, v in state.items() if k in st.TIME_KEYS}
     return st.to_href(f"{TRACE_PATH}/{tid}", keep), ""
+
+
+# -- compare and findings (issue 5) ----------------------------------------------------
+COMPARE_PATH = "/compare"
+ANOMALIES_PATH = "/anomalies"
+CACHE_PATH = "/cache"
+SUBJECT_FILTERS = ("caller", "callee", "service", "stage", "input_type")
+
+
+def compare_href(state: Mapping[str, str]) -> str:
+    """Compare for the page's window and filters (baseline: the same length just before)."""
+    return st.to_href(COMPARE_PATH, st.carried(state))
+
+
+def finding_filters(finding: Mapping[str, Any]) -> dict[str, str]:
+    """The filters naming a finding's subject (string values only)."""
+    subject = finding.get("subject") or {}
+    return {k: subject[k] for k in SUBJECT_FILTERS if isinstance(subject.get(k), str) and subject[k]}
+
+
+def finding_window(finding: Mapping[str, Any]) -> dict[str, str]:
+    try:
+        s, e = parse_time(str(finding["start"]), "start"), parse_time(str(finding["end"]), "end")
+    except (KeyError, ParamError):
+        return {}
+    return {"start": rfc3339(s), "end": rfc3339(max(e, s + 60_000_000_000))}
+
+
+def finding_drill_href(finding: Mapping[str, Any]) -> str:
+    """The drilldown for a finding's subject over its window."""
+    return st.to_href(DRILLDOWN_PATH, {**finding_window(finding), **finding_filters(finding)})
+
+
+def finding_compare_href(finding: Mapping[str, Any]) -> str:
+    """Compare for a finding's window (against the same length before) and subject."""
+    return st.to_href(COMPARE_PATH, {**finding_window(finding), **finding_filters(finding)})
+
+
+def finding_cache_href(finding: Mapping[str, Any]) -> str | None:
+    """The Cache page for a cache finding, grouped by its attribute when that is a plain key."""
+    from .queries import valid_group_by
+
+    subject = finding.get("subject") or {}
+    if not isinstance(subject.get("cache"), str):
+        return None
+    attr = subject.get("attribute") if isinstance(subject.get("attribute"), Mapping) else {}
+    key = attr.get("key") if isinstance(attr.get("key"), str) and valid_group_by(attr.get("key")) else None
+    win = finding_window(finding)
+    if win:  # show the window with context before it
+        s = parse_time(win["start"], "start") - 60 * 60_000_000_000
+        win = {"start": rfc3339(s), "end": win["end"]}
+    return st.to_href(CACHE_PATH, {**win, "cache": subject["cache"], "group_by": key})
+
+
+def trace_href(trace_id: Any, state: Mapping[str, str]) -> str | None:
+    """``/trace/<id>`` for a well-formed trace id (None otherwise: never a link from bad data)."""
+    try:
+        tid = parse_trace_id(str(trace_id))
+    except ParamError:
+        return None
+    keep = {k: v for k, v in state.items() if k in st.TIME_KEYS}
+    return st.to_href(f"{TRACE_PATH}/{tid}", keep)

@@ -23,7 +23,8 @@ DEFAULT_RANGE_LABEL = DEFAULT_RANGE
 TIME_KEYS = ("range", "start", "end")
 FILTER_KEYS = ("service", "caller", "callee", "stage", "input_type")
 # Page-specific selection: latency band, selected span, table sort, baseline.
-EXTRA_KEYS = ("min_ms", "max_ms", "span", "sort", "baseline", "margin")
+EXTRA_KEYS = ("min_ms", "max_ms", "span", "sort", "baseline", "margin", "group_by", "cache",
+              "baseline_start", "baseline_end")
 KEYS = TIME_KEYS + FILTER_KEYS + EXTRA_KEYS
 CARRIED = TIME_KEYS + FILTER_KEYS  # what the nav keeps when moving between pages
 MAX_VALUE_LEN = 1024

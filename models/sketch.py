@@ -153,3 +153,16 @@ class Histogram:
         """(representative ns, count) of every non-empty bucket, ascending."""
         keys = np.flatnonzero(self.counts)
         return _REPR[keys], self.counts[keys]
+
+
+def merge_blobs(blobs: list[bytes]) -> Histogram:
+    """One histogram from many stored ones, in a single vectorised pass.
+
+    Equivalent to ``add_blob`` on each, but with one ``bincount`` instead of one
+    ``np.add.at`` a blob: merging a day of minute rows is dominated by per-row overhead.
+    """
+    if not blobs:
+        return Histogram()
+    pairs = np.frombuffer(b"".join(blobs), dtype="<i4").reshape(-1, 2)
+    counts = np.bincount(pairs[:, 0], weights=pairs[:, 1], minlength=NUM_KEYS)
+    return Histogram(np.rint(counts).astype(np.int64))

@@ -36,7 +36,9 @@ def layout(**query):
             c.panel("Latency distribution", c.loading(c.graph(ids.DD_HIST)),
                     actions=html.Span("click a bar: traces in that band", className="ms-note")),
             c.panel("P50 / P90 / P99 over time", c.loading(c.graph(ids.DD_TIME)),
-                    actions=html.Span("box-select to narrow the window", className="ms-note")),
+                    actions=[html.Span("box-select to narrow the window", className="ms-note"),
+                             dcc.Link("Compare this window →", href=links.compare_href(state), id=ids.DD_COMPARE,
+                                      className="ms-compare-link")]),
         ]),
         c.panel("Exemplar traces (slowest first)", c.loading(html.Div(id=ids.DD_EXEMPLARS))),
     ])

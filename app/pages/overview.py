@@ -12,7 +12,7 @@ import dash
 from dash import Input, Output, State, dcc, html
 
 from modalscope.app import components as c
-from modalscope.app import figures, ids, queries
+from modalscope.app import figures, ids, links, queries
 from modalscope.app import state as st
 from modalscope.app.units import fmt_count, fmt_ms, fmt_pct
 
@@ -31,13 +31,11 @@ def layout(**query):
                 actions=html.Span("baseline: the seed's P50/P95 unless the URL sets baseline=", className="ms-note")),
         html.Div(className="ms-grid-2-1", children=[
             c.panel("Request rate and P99 over time", c.loading(c.graph(ids.OV_TRAFFIC)),
-                    actions=html.Span("box-select to narrow the window", className="ms-note")),
-            c.panel("Top findings", html.Div(id=ids.OV_FINDINGS, children=[
-                c.empty_state("No findings evaluated yet.",
-                              "Anomaly detection (P99 band breaks, hot spots, cache penetration, baseline "
-                              "regressions …) is not part of this build; the input-type table marks regressions "
-                              "against the baseline meanwhile."),
-            ])),
+                    actions=[html.Span("box-select to narrow the window", className="ms-note"),
+                             dcc.Link("Compare this window →", href=links.compare_href(state), id=ids.OV_COMPARE,
+                                      className="ms-compare-link")]),
+            c.panel("Top findings", c.loading(html.Div(id=ids.OV_FINDINGS)),
+                    actions=dcc.Link("all findings", href=st.to_href("/anomalies", st.carried(state)))),
         ]),
     ])
 
@@ -129,3 +127,20 @@ def _fill(state):
 )
 def _narrow(selected, relayout, state):
     return c.narrow(PATH, state, selected, relayout)
+
+
+@dash.callback(
+    Output(ids.OV_FINDINGS, "children"),
+    Input(ids.OV_STATE, "data"),
+)
+def _findings(state):
+    state = state or {}
+    res = st.resolve(state)
+    try:
+        found = c.find_findings(res.window, res.filters)
+    except Exception:  # noqa: BLE001 - the overview stands without its findings panel
+        import logging
+
+        logging.getLogger(__name__).exception("overview: findings failed")
+        return c.banner("The anomaly catalog failed for this window; see the server log.")
+    return c.top_findings(found, state, n=3)

@@ -12,7 +12,7 @@ import pytest
 from modalscope.app import create_app
 from modalscope.settings import Settings
 
-PAGES = ("/", "/pairs", "/drilldown", "/trace", "/stages")
+PAGES = ("/", "/pairs", "/drilldown", "/trace", "/stages", "/cache", "/anomalies", "/compare")
 
 
 @pytest.fixture

@@ -186,7 +186,8 @@ def test_every_page_loads_without_console_errors(site, clean_log):
         site.open(path)
         site.wait(css)
         nav = site.driver.find_elements(By.CSS_SELECTOR, "nav a")
-        assert [a.text for a in nav] == ["Overview", "Service pairs", "Drilldown", "Trace", "Stages"]
+        assert [a.text for a in nav] == ["Overview", "Service pairs", "Drilldown", "Trace", "Stages", "Cache",
+                                        "Anomalies", "Compare"]
         start = parse_qs(site.window)["start"]
         assert all(parse_qs(urlparse(a.get_attribute("href")).query).get("start") == start for a in nav), (
             path, start, [a.get_attribute("href") for a in nav])

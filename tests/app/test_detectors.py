@@ -327,3 +327,36 @@ def test_thresholds_are_documented_settings():
         d.Thresholds.from_env({"MODALSCOPE_DETECT_BASELINE_MINUTES": "10"})
     with pytest.raises(SettingsError, match="MODALSCOPE_DETECT_MIN_SAMPLES"):
         d.Thresholds.from_env({"MODALSCOPE_DETECT_MIN_SAMPLES": "many"})
+
+
+@pytest.mark.parametrize("stored", ["in_time_order", "reversed", "through_index"])
+def test_attribute_spans_reads_the_wanted_spans_in_start_order(engine, stored, monkeypatch):
+    """The findings' raw read (``StoreReader.attribute_spans``): SERVER/CONSUMER spans and
+    spans carrying a convention key, attributes only on the latter, in start order whether
+    row ids follow time (read by id range) or not (read through the start index)."""
+    from modalscope.ingest.records import SpanRecord
+    from modalscope.ingest.writer import write_spans
+    from modalscope.models import reader as reader_module
+    from modalscope.models.reader import StoreReader
+
+    if stored == "through_index":  # row ids too loose for an id-range read
+        monkeypatch.setattr(reader_module, "ATTRIBUTE_SCAN_SLACK", 0)
+    base = T0 * MIN
+    spans = []
+    for i in range(60):
+        kind = (1, 2, 3, 5)[i % 4]
+        attrs = {"cache.name": "c", "cache.hit": i % 3 == 0} if i % 5 == 0 else {"other.key": i}
+        spans.append(SpanRecord(f"{i + 1:032x}", f"{i + 1:016x}", None, "svc-a", f"op{i % 3}", kind,
+                                base + i * 1_000_000_000, base + i * 1_000_000_000 + 5 * MS,
+                                attributes=attrs, resource={"service.name": "svc-a", "service.instance.id": "i-1"}))
+    write_spans(engine, spans[::-1] if stored == "reversed" else spans)
+    reader = StoreReader(engine)
+    lo, hi = base + 10 * 1_000_000_000, base + 50 * 1_000_000_000
+    rows = reader.attribute_spans(lo, hi, ("cache.name", "batch.size"), kinds=(2, 5))
+    want = [s for s in spans if lo <= s.start_ns < hi and (s.kind in (2, 5) or "cache.name" in s.attributes)]
+    assert [r[0] for r in rows] == [s.trace_id for s in want]
+    assert [r[5] for r in rows] == sorted(r[5] for r in rows)
+    for r, s in zip(rows, want):
+        assert (r[1], r[2], r[3], r[6], r[8]) == ("svc-a", s.name, s.kind, 5 * MS, "i-1")
+        assert (r[9] != "") == ("cache.name" in s.attributes)
+    assert reader.attribute_spans(hi + 3600 * 10**9, hi + 7200 * 10**9, ("cache.name",), kinds=(2,)) == []

@@ -67,3 +67,12 @@ def test_rank_of():
     assert h.rank_of(1e12) == 1.0
     assert Histogram().rank_of(5) is None
     assert ALPHA < 0.01
+
+
+@given(st.lists(st.lists(st.integers(0, 10**12), min_size=0, max_size=50), min_size=0, max_size=40))
+@settings(max_examples=60, deadline=None)
+def test_merge_blobs_equals_adding_one_by_one(parts):
+    from modalscope.models.sketch import merge_blobs
+
+    blobs = [Histogram.from_values(np.array(p, dtype=np.int64)).to_blob() for p in parts]
+    assert (merge_blobs(blobs).counts == Histogram.from_blobs(blobs).counts).all()

@@ -1,0 +1,95 @@
+"""Anomalies (``/anomalies``): the anomaly catalog's findings in the window, most severe
+first (the same ``app.findings.find`` as ``/api/v1/anomalies``), each with its evidence
+numbers, the hint, a small chart of its subject's P50/P99 with the finding's window
+shaded, and links to the drilldown, Compare and its exemplar traces. URL state: window
+and filters (a filter keeps the findings whose subject names it).
+"""
+
+from __future__ import annotations
+
+import dash
+from dash import Input, Output, dcc, html
+
+from modalscope.app import components as c
+from modalscope.app import figures, ids, links, queries
+from modalscope.app import state as st
+from modalscope.app.params import ParamError, Window, parse_time
+from modalscope.models.reader import Filters
+
+dash.register_page(__name__, path="/anomalies", name="Anomalies", title="modalscope · anomalies", order=6)
+
+PATH = "/anomalies"
+MAX_CHARTS = 12
+CONTEXT_NS = 45 * 60_000_000_000  # before the finding's window, on its chart
+
+
+def evidence_window(f: dict) -> tuple[Window, int, int] | None:
+    try:
+        s, e = parse_time(str(f["start"]), "start"), parse_time(str(f["end"]), "end")
+    except (KeyError, ParamError):
+        return None
+    return Window(s - CONTEXT_NS, e + CONTEXT_NS // 3), s, e
+
+
+def _chart(f: dict, i: int):
+    from datetime import datetime, timezone
+
+    ew = evidence_window(f)
+    if ew is None:
+        return None
+    window, s, e = ew
+    filters = Filters(**links.finding_filters(f))
+    rows = queries.percentile_series(c.reader(), window, filters, st.step_minutes(window, 60))
+    fig = figures.evidence_figure(rows, datetime.fromtimestamp(s / 1e9, tz=timezone.utc),
+                                  datetime.fromtimestamp(e / 1e9, tz=timezone.utc))
+    return html.Div([html.Div(f"P50 / P99 of {queries.subject_label(filters)}", className="ms-note"),
+                     c.graph(f"{ids.AN_CHART}-{i}", figure=fig, config={"displayModeBar": False})])
+
+
+def _chart_or_blank(f: dict, i: int, chart: bool):
+    out = _chart(f, i) if chart else None
+    return html.Div() if out is None else out
+
+
+def finding_card(f: dict, i: int, state: dict, chart: bool) -> html.Article:
+    evidence = f.get("evidence") or {}
+    ev_rows = [{"name": str(k), "value": c.evidence_text(v)} for k, v in evidence.items()]
+    return html.Article(className=f"ms-panel ms-finding-card ms-finding-{f.get('severity', 'info')}", children=[
+        html.Div(c.finding_title(f), className="ms-finding-title"),
+        html.Div(f"{f.get('start', '')} → {f.get('end', '')}", className="ms-note"),
+        html.P(str(f.get("hint") or ""), className="ms-finding-hint"),
+        html.Div(className="ms-grid-2", children=[
+            c.text_table([("name", "evidence"), ("value", "value")], ev_rows, className="ms-table ms-evidence"),
+            _chart_or_blank(f, i, chart),
+        ]),
+        html.Div(c.finding_links(f, state), className="ms-finding-links"),
+    ])
+
+
+def layout(**query):
+    state = st.from_query(query)
+    res = st.resolve(state)
+    return html.Div(className="ms-page", children=[
+        dcc.Store(id=ids.AN_STATE, data=state),
+        c.toolbar(PATH, state, error=res.error),
+        c.loading(html.Div(id=ids.AN_LIST)),
+    ])
+
+
+@dash.callback(
+    Output(ids.AN_LIST, "children"),
+    Input(ids.AN_STATE, "data"),
+)
+def _fill(state):
+    state = state or {}
+    res = st.resolve(state)
+    found = c.find_findings(res.window, res.filters)
+    if not found:
+        return c.empty_state("No findings in this window.",
+                             "Nothing in the anomaly catalog fired. Widen the time range, clear filters, or ",
+                             *c.EMPTY_HINT)
+    counts = {s: sum(1 for f in found if f.get("severity") == s) for s in c.SEVERITY_ORDER}
+    head = html.Div(" · ".join(f"{n} {s}" for s, n in counts.items() if n), className="ms-note",
+                    id="anomalies-counts")
+    return html.Div([head, html.Div([finding_card(f, i, state, i < MAX_CHARTS) for i, f in enumerate(found)],
+                                    id="anomalies-findings")])

@@ -13,7 +13,7 @@ from typing import Iterable
 from sqlalchemy import Engine, and_, or_, select
 
 from . import Rollup, Series, Span, Trace
-from .sketch import Histogram
+from .sketch import Histogram, merge_blobs
 
 NS_PER_MINUTE = 60_000_000_000
 
@@ -55,6 +55,20 @@ def minute_range(start_ns: int, end_ns: int) -> tuple[int, int]:
     return first, last
 
 
+def _merge(rows) -> list[RollupGroup]:
+    """Group (key, count, errors, sum, sketch blob) rows; one vectorised histogram merge a group."""
+    acc: dict[tuple, list] = {}
+    for key, count, errs, total, blob in rows:
+        a = acc.get(key)
+        if a is None:
+            a = acc[key] = [0, 0, 0, []]
+        a[0] += count
+        a[1] += errs
+        a[2] += total
+        a[3].append(blob)
+    return [RollupGroup(k, c, e, t, merge_blobs(b)) for k, (c, e, t, b) in acc.items()]
+
+
 class StoreReader:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -77,28 +91,23 @@ class StoreReader:
             conds.append(Series.input_type == f.input_type)
         return and_(*conds)
 
-    def rollups(self, q: RollupQuery) -> list[RollupGroup]:
-        """Merge rollup rows per group (and minute, with by_minute)."""
+    def _rollup_rows(self, q: RollupQuery):
         first, last = minute_range(q.start_ns, q.end_ns)
         dims = [getattr(Series, d) for d in q.group_by]
-        stmt = (
+        return first, (
             select(Rollup.minute, Rollup.count, Rollup.error_count, Rollup.sum_ns, Rollup.sketch, *dims)
             .join(Series, Series.id == Rollup.series_id)
             .where(self._series_filter(q.kind, q.filters), Rollup.minute >= first, Rollup.minute < last)
         )
-        groups: dict[tuple, RollupGroup] = {}
+
+    def rollups(self, q: RollupQuery) -> list[RollupGroup]:
+        """Merge rollup rows per group (and minute, with by_minute)."""
+        _, stmt = self._rollup_rows(q)
         with self.engine.connect() as conn:
-            for row in conn.execute(stmt):
-                minute, count, errs, total, blob = row[:5]
-                key = tuple(row[5:]) + ((minute,) if q.by_minute else ())
-                g = groups.get(key)
-                if g is None:
-                    g = groups[key] = RollupGroup(key, 0, 0, 0, Histogram())
-                g.count += count
-                g.error_count += errs
-                g.sum_ns += total
-                g.histogram.add_blob(blob)
-        return list(groups.values())
+            rows = conn.execute(stmt).fetchall()
+        if q.by_minute:
+            return _merge((tuple(r[5:]) + (r[0],), r[1], r[2], r[3], r[4]) for r in rows)
+        return _merge((tuple(r[5:]), r[1], r[2], r[3], r[4]) for r in rows)
 
     # -- raw spans --------------------------------------------------------------------
     def trace_spans(self, trace_id: str) -> list[dict]:
@@ -132,26 +141,10 @@ class StoreReader:
         keeps a time chart at ~100 points whatever the window.
         """
         step = max(1, int(step_minutes))
-        first, last = minute_range(q.start_ns, q.end_ns)
-        dims = [getattr(Series, d) for d in q.group_by]
-        stmt = (
-            select(Rollup.minute, Rollup.count, Rollup.error_count, Rollup.sum_ns, Rollup.sketch, *dims)
-            .join(Series, Series.id == Rollup.series_id)
-            .where(self._series_filter(q.kind, q.filters), Rollup.minute >= first, Rollup.minute < last)
-        )
-        groups: dict[tuple, RollupGroup] = {}
+        first, stmt = self._rollup_rows(q)
         with self.engine.connect() as conn:
-            for row in conn.execute(stmt):
-                minute, count, errs, total, blob = row[:5]
-                key = tuple(row[5:]) + ((minute - (minute - first) % step),)
-                g = groups.get(key)
-                if g is None:
-                    g = groups[key] = RollupGroup(key, 0, 0, 0, Histogram())
-                g.count += count
-                g.error_count += errs
-                g.sum_ns += total
-                g.histogram.add_blob(blob)
-        return list(groups.values())
+            rows = conn.execute(stmt).fetchall()
+        return _merge((tuple(r[5:]) + (r[0] - (r[0] - first) % step,), r[1], r[2], r[3], r[4]) for r in rows)
 
     def series_values(self) -> dict[str, list]:
         """Known dimension values for filter pickers: services, (caller, callee) pairs, stages, input types."""
@@ -186,6 +179,7 @@ class StoreReader:
         if not wanted:
             return out
         first, last = minute_range(start_ns, end_ns)
+        rows: list[tuple] = []
         with self.engine.connect() as conn:
             for i in range(0, len(wanted), 200):
                 chunk = wanted[i : i + 200]
@@ -198,16 +192,9 @@ class StoreReader:
                     .join(Series, Series.id == Rollup.series_id)
                     .where(*conds)
                 )
-                for service, name, count, errs, total, blob in conn.execute(stmt):
-                    key = (service, name)
-                    g = out.get(key)
-                    if g is None:
-                        g = out[key] = RollupGroup(key, 0, 0, 0, Histogram())
-                    g.count += count
-                    g.error_count += errs
-                    g.sum_ns += total
-                    g.histogram.add_blob(blob)
-        return out
+                rows.extend(((service, name), count, errs, total, blob)
+                            for service, name, count, errs, total, blob in conn.execute(stmt))
+        return {g.key: g for g in _merge(rows)}
 
     def slow_spans(self, q: SpanQuery) -> list[dict]:
         """Spans matching ``q``, slowest first (then earliest), ``limit`` from ``offset``.

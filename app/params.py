@@ -100,7 +100,7 @@ def parse_filters(args: Mapping[str, str]) -> Filters:
 
 def parse_trace_id(value: str) -> str:
     if not _HEX32.match(value or "") or set(value) == {"0"}:
-        raise ParamError("trace_id", "trace_id must be 32 hexadecimal digits")
+        raise ParamError("trace_id", "trace_id must be 32 hexadecimal digits, not all zero")
     return value.lower()
 
 

@@ -295,6 +295,20 @@ def _block_of(minutes: np.ndarray, th: Thresholds) -> np.ndarray:
     return np.asarray(minutes, dtype=np.int64) // b * b
 
 
+
+def _flagged_runs(blocks, flags, block_minutes: int):
+    """Runs of consecutive flagged blocks: (first index, last index, start minute, end minute)."""
+    k = 0
+    while k < len(blocks):
+        if not flags[k]:
+            k += 1
+            continue
+        j = k
+        while j + 1 < len(blocks) and flags[j + 1] and blocks[j + 1] == blocks[j] + block_minutes:
+            j += 1
+        yield k, j, int(blocks[k]), int(blocks[j]) + block_minutes
+        k = j + 1
+
 def _reportable(frames: Frames, start_minute: int, end_minute: int) -> bool:
     return end_minute > frames.report_minute and start_minute < frames.end_minute
 
@@ -654,15 +668,7 @@ def detect_fusion_sync_wait(frames: Frames, th: Thresholds) -> list[dict]:
     out = []
     blocks = stats.index.to_numpy()
     fl = flags.to_numpy()
-    k = 0
-    while k < len(blocks):
-        if not fl[k]:
-            k += 1
-            continue
-        j = k
-        while j + 1 < len(blocks) and fl[j + 1] and blocks[j + 1] == blocks[j] + b:
-            j += 1
-        s_min, e_min = int(blocks[k]), int(blocks[j]) + b
+    for k, j, s_min, e_min in _flagged_runs(blocks, fl, b):
         if _reportable(frames, s_min, e_min):
             inside = per[(per["block"] >= s_min) & (per["block"] < e_min)]
             outside = per[(per["block"] < s_min) | (per["block"] >= e_min)]
@@ -673,7 +679,6 @@ def detect_fusion_sync_wait(frames: Frames, th: Thresholds) -> list[dict]:
                 "baseline_spread_ms": round(float(outside["spread_ms"].median()), 3) if len(outside) else None,
                 "threshold_ms": th.sync_spread_ms, "sample_count": int(len(inside)),
             }, HINTS["fusion_sync_wait"], inside.sort_values("spread_ms", ascending=False).index.tolist()))
-        k = j + 1
     return out
 
 
@@ -709,15 +714,7 @@ def detect_preprocessing_bound(frames: Frames, th: Thresholds) -> list[dict]:
         fl = ((g["count"] >= th.min_samples) & (g["share"] >= th.preprocess_min_share)
               & (g["share"] >= th.preprocess_ratio * base)).to_numpy()
         blocks = g["block"].to_numpy()
-        k = 0
-        while k < len(g):
-            if not fl[k]:
-                k += 1
-                continue
-            j = k
-            while j + 1 < len(g) and fl[j + 1] and blocks[j + 1] == blocks[j] + b:
-                j += 1
-            s_min, e_min = int(blocks[k]), int(blocks[j]) + b
+        for k, j, s_min, e_min in _flagged_runs(blocks, fl, b):
             if _reportable(frames, s_min, e_min):
                 inside = g.iloc[k:j + 1]
                 share = float(inside["pre_ns"].sum() / inside["sum_ns"].sum())
@@ -728,7 +725,6 @@ def detect_preprocessing_bound(frames: Frames, th: Thresholds) -> list[dict]:
                     "threshold_share": round(max(th.preprocess_min_share, th.preprocess_ratio * base), 4),
                     "sample_count": int(inside["count"].sum()),
                 }, HINTS["preprocessing_bound"]))
-            k = j + 1
     return out
 
 
@@ -764,15 +760,7 @@ def detect_batching_failure(frames: Frames, th: Thresholds) -> list[dict]:
         fl = ((stats["size"] >= th.min_samples) & (stats["mean"] >= th.batch_stuck_share)
               & (lo >= th.batch_load_ratio * med)).to_numpy()
         blocks = stats.index.to_numpy()
-        k = 0
-        while k < len(blocks):
-            if not fl[k]:
-                k += 1
-                continue
-            j = k
-            while j + 1 < len(blocks) and fl[j + 1] and blocks[j + 1] == blocks[j] + b:
-                j += 1
-            s_min, e_min = int(blocks[k]), int(blocks[j]) + b
+        for k, j, s_min, e_min in _flagged_runs(blocks, fl, b):
             if _reportable(frames, s_min, e_min):
                 inside = g[(g["block"] >= s_min) & (g["block"] < e_min)]
                 load_in = float(lo.iloc[k:j + 1].mean())
@@ -785,7 +773,6 @@ def detect_batching_failure(frames: Frames, th: Thresholds) -> list[dict]:
                     "mean_batch_size": round(float(pd.to_numeric(inside["_v"]).mean()), 3),
                     "sample_count": int(len(inside)),
                 }, HINTS["batching_failure"], inside.sort_values("duration_ns", ascending=False)["trace_id"].tolist()))
-            k = j + 1
     return out
 
 
@@ -805,15 +792,7 @@ def detect_cuda_graph_fallback(frames: Frames, th: Thresholds) -> list[dict]:
         fl = ((stats["size"] >= th.min_samples) & (stats["mean"] >= th.fallback_share)
               & (stats["sum"] >= th.min_events)).to_numpy()
         blocks = stats.index.to_numpy()
-        k = 0
-        while k < len(blocks):
-            if not fl[k]:
-                k += 1
-                continue
-            j = k
-            while j + 1 < len(blocks) and fl[j + 1] and blocks[j + 1] == blocks[j] + b:
-                j += 1
-            s_min, e_min = int(blocks[k]), int(blocks[j]) + b
+        for k, j, s_min, e_min in _flagged_runs(blocks, fl, b):
             if _reportable(frames, s_min, e_min):
                 inside = g[(g["block"] >= s_min) & (g["block"] < e_min)]
                 outside = g[(g["block"] < s_min) | (g["block"] >= e_min)]
@@ -840,7 +819,6 @@ def detect_cuda_graph_fallback(frames: Frames, th: Thresholds) -> list[dict]:
                     "extra_latency_ratio": round(extra, 4) if extra is not None else None,
                     "fallback_count": int(len(fb)), "sample_count": int(len(inside)),
                 }, hint, fb.sort_values("duration_ns", ascending=False)["trace_id"].tolist()))
-            k = j + 1
     return out
 
 
@@ -995,16 +973,7 @@ def detect_baseline_regression(frames: Frames, th: Thresholds) -> list[dict]:
         fl = np.array([n >= th.min_samples and a / n > 0.05
                        for n, a in zip(stats["count"], stats["above"])], dtype=bool)
         blocks = stats.index.to_numpy()
-        k = 0
-        while k < len(blocks):
-            if not fl[k]:
-                k += 1
-                continue
-            j = k
-            while j + 1 < len(blocks) and fl[j + 1] and blocks[j + 1] == blocks[j] + b:
-                j += 1
-            s_min, e_min = int(blocks[k]), int(blocks[j]) + b
-            k = j + 1
+        for k, j, s_min, e_min in _flagged_runs(blocks, fl, b):
             if not _reportable(frames, s_min, e_min):
                 continue
             inside = g[(g["block"] >= s_min) & (g["block"] < e_min)]

@@ -33,7 +33,7 @@ from typing import Callable
 
 from sqlalchemy import Engine
 
-from .cloud_trace import PollError, _api_errors, _error_line, rfc3339
+from .cloud_trace import PollError, _api_errors, _error_line, google_client, rfc3339
 from .cursors import Lease, LeaseLost, read_cursors
 
 log = logging.getLogger(__name__)
@@ -143,21 +143,11 @@ def time_series(project: str, minute: int, points: list[MetricPoint]) -> list:
 
 
 def make_monitoring_client(endpoint: str = ""):
-    """A ``MetricServiceClient``: ADC, or a plaintext, anonymous channel to ``endpoint``."""
+    """A ``MetricServiceClient`` (see :func:`cloud_trace.google_client`)."""
     from google.cloud.monitoring_v3 import MetricServiceClient
+    from google.cloud.monitoring_v3.services.metric_service.transports import MetricServiceGrpcTransport
 
-    if endpoint:
-        import grpc
-        from google.cloud.monitoring_v3.services.metric_service.transports import MetricServiceGrpcTransport
-
-        return MetricServiceClient(transport=MetricServiceGrpcTransport(channel=grpc.insecure_channel(endpoint)))
-    import google.auth.exceptions
-
-    try:
-        return MetricServiceClient()
-    except google.auth.exceptions.DefaultCredentialsError as exc:
-        raise ExportError("no Google Cloud credentials: run `gcloud auth application-default login` or set "
-                          f"GOOGLE_APPLICATION_CREDENTIALS ({str(exc).splitlines()[0] if str(exc) else exc})") from None
+    return google_client(MetricServiceClient, MetricServiceGrpcTransport, endpoint, ExportError)
 
 
 @dataclass

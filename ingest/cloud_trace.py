@@ -206,23 +206,32 @@ class PollError(Exception):
     """The poller cannot go on (bad credentials, permission, quota never recovering): one line."""
 
 
-def make_trace_client(endpoint: str = ""):
-    """A ``TraceServiceClient``: Application Default Credentials, or, with ``endpoint``
-    (``host:port``), a plaintext channel and no credentials (emulators, tests)."""
-    from google.cloud.trace_v1 import TraceServiceClient
+def google_client(client_cls, transport_cls, endpoint: str, error_cls):
+    """A Google API client: Application Default Credentials, or, with ``endpoint``
+    (``host:port``), a plaintext channel and no credentials (emulators, tests).
 
+    ``client_options`` with ``api_endpoint`` alone would insist on TLS, hence the injected
+    transport. Missing credentials raise ``error_cls`` with one line saying what to do.
+    """
     if endpoint:
         import grpc
-        from google.cloud.trace_v1.services.trace_service.transports import TraceServiceGrpcTransport
 
-        return TraceServiceClient(transport=TraceServiceGrpcTransport(channel=grpc.insecure_channel(endpoint)))
+        return client_cls(transport=transport_cls(channel=grpc.insecure_channel(endpoint)))
     import google.auth.exceptions
 
     try:
-        return TraceServiceClient()
+        return client_cls()
     except google.auth.exceptions.DefaultCredentialsError as exc:
-        raise PollError("no Google Cloud credentials: run `gcloud auth application-default login` or set "
+        raise error_cls("no Google Cloud credentials: run `gcloud auth application-default login` or set "
                         f"GOOGLE_APPLICATION_CREDENTIALS ({str(exc).splitlines()[0] if str(exc) else exc})") from None
+
+
+def make_trace_client(endpoint: str = ""):
+    """A ``TraceServiceClient`` (see :func:`google_client`)."""
+    from google.cloud.trace_v1 import TraceServiceClient
+    from google.cloud.trace_v1.services.trace_service.transports import TraceServiceGrpcTransport
+
+    return google_client(TraceServiceClient, TraceServiceGrpcTransport, endpoint, PollError)
 
 
 def _api_errors():

@@ -21,7 +21,6 @@ with ``FOR UPDATE SKIP LOCKED``; SQLite serialises them with ``BEGIN IMMEDIATE``
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import threading
 import time
@@ -30,7 +29,6 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
-import orjson
 from sqlalchemy import Connection, Engine, bindparam, case, delete, literal, or_, select, tuple_
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
@@ -112,35 +110,6 @@ def registry_for(engine: Engine) -> SeriesRegistry:
         if reg is None:
             reg = _REGISTRIES[engine] = SeriesRegistry()
         return reg
-
-
-_EMPTY: dict = {}
-_NO_EVENTS: list = []
-
-
-def _loads(text: str | None):
-    return orjson.loads(text) if text else {}
-
-
-def load_trace_spans(conn: Connection, trace_ids: Sequence[str]) -> dict[str, list[SpanRecord]]:
-    """Spans of these traces, as records; attributes are parsed only where settling reads them."""
-    out: dict[str, list[SpanRecord]] = {t: [] for t in trace_ids}
-    cols = (Span.trace_id, Span.span_id, Span.parent_span_id, Span.service, Span.name, Span.kind,
-            Span.stage, Span.start_ns, Span.duration_ns, Span.status, Span.attributes)
-    for i in range(0, len(trace_ids), 500):
-        chunk = trace_ids[i : i + 500]
-        for tid, sid, parent, service, name, kind, stage, start, dur, status, attrs in conn.execute(
-                select(*cols).where(Span.trace_id.in_(chunk))).fetchall():
-            # Roots, clients and spans naming an input type are the only ones whose attributes
-            # settling reads; skipping the rest keeps settling cheap.
-            if parent is None or kind == KIND_CLIENT or "mm.input_type" in attrs:
-                attributes = _loads(attrs)
-            else:
-                attributes = {}
-            # Positional, every field given: no default factories on this hot path.
-            out[tid].append(SpanRecord(tid, sid, parent, service, name, kind, start, start + dur, status, "",
-                                       attributes, _EMPTY, _NO_EVENTS, "", "", stage))
-    return out
 
 
 @dataclass

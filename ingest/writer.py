@@ -18,7 +18,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import orjson
 from sqlalchemy import Engine
@@ -82,10 +82,6 @@ def span_rows(records: Sequence[SpanRecord]) -> list[tuple]:
             _clean(_json(r.events)) if r.events else None,
         ))
     return rows
-
-
-def span_row(r: SpanRecord) -> dict:
-    return dict(zip(SPAN_COLUMNS, span_rows([r])[0]))
 
 
 @dataclass

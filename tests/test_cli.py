@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 from sqlalchemy import func, select
 
 from modalscope.models import Span, Trace

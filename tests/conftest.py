@@ -17,6 +17,9 @@ import pytest
 from modalscope.models.engine import make_engine
 from modalscope.models.migrate import upgrade
 
+# The demo stores (clean_store, pattern_store) shared by the demo, findings and page tests.
+pytest_plugins = ["tests.demo_stores"]
+
 PG_ADMIN_URL = os.environ.get("MODALSCOPE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 REQUIRE_PG = os.environ.get("MODALSCOPE_REQUIRE_POSTGRES") == "1"
 RUN_ID = uuid.uuid4().hex[:10]

@@ -19,7 +19,7 @@ from modalscope.ingest.writer import write_spans
 from modalscope.models.sketch import Histogram
 from modalscope.settings import Settings
 from tests.factories import rules
-from tests.ingest.test_demo import PATTERNS, _worker, pattern_store  # noqa: F401
+from tests.demo_stores import PATTERNS
 
 MIN = 60_000_000_000
 MS = 1_000_000

@@ -10,7 +10,7 @@ import pytest
 
 from modalscope.app.params import parse_time
 from modalscope.ingest import demo
-from tests.ingest.test_demo import CLEAN, PATTERNS, _worker, clean_store, pattern_store  # noqa: F401
+from tests.demo_stores import PATTERNS
 from tests.test_cli import run
 
 MIN = 60_000_000_000

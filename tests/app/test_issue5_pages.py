@@ -12,7 +12,7 @@ import pytest
 from modalscope.app import components as c
 from modalscope.app import figures, links
 from modalscope.ingest import demo
-from tests.ingest.test_demo import PATTERNS, _worker, pattern_store  # noqa: F401
+from tests.demo_stores import PATTERNS
 
 MIN = 60_000_000_000
 HOSTILE = "<img src=x onerror=alert(1)>"

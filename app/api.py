@@ -10,7 +10,7 @@ from sqlalchemy import text
 
 from .. import __version__
 from . import queries
-from .params import ParamError, parse_filters, parse_int, parse_trace_id, parse_window
+from .params import ParamError, parse_baseline_window, parse_filters, parse_int, parse_trace_id, parse_window
 
 log = logging.getLogger(__name__)
 
@@ -136,19 +136,8 @@ def compare():
     """The selection (``start``/``end`` or ``range``) against a baseline (``baseline_start``/
     ``baseline_end``, default: the same length just before): stage deltas and attribute
     values over-represented among slow spans (``queries.compare``)."""
-    from .params import Window, parse_time
-
     window = parse_window(request.args)
-    b_start, b_end = request.args.get("baseline_start"), request.args.get("baseline_end")
-    baseline = None
-    if b_start or b_end:
-        if not b_start:
-            raise ParamError("baseline_start", "baseline_start is needed with baseline_end")
-        s = parse_time(b_start, "baseline_start")
-        e = parse_time(b_end, "baseline_end") if b_end else s + (window.end_ns - window.start_ns)
-        if e <= s:
-            raise ParamError("baseline_end", "baseline_end must be after baseline_start")
-        baseline = Window(s, e)
+    baseline = parse_baseline_window(request.args, window)
     return jsonify(queries.compare(_reader(), window, baseline, parse_filters(request.args)))
 
 

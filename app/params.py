@@ -86,6 +86,21 @@ def parse_window(args: Mapping[str, str], now_ns: int | None = None) -> Window:
     return Window(start, end)
 
 
+def parse_baseline_window(args: Mapping[str, str], window: Window) -> Window | None:
+    """``baseline_start``/``baseline_end`` (end defaults to the selection's length); None
+    when neither is given (the caller's default: the same length just before)."""
+    b_start, b_end = args.get("baseline_start"), args.get("baseline_end")
+    if not b_start and not b_end:
+        return None
+    if not b_start:
+        raise ParamError("baseline_start", "baseline_start is needed with baseline_end")
+    s = parse_time(b_start, "baseline_start")
+    e = parse_time(b_end, "baseline_end") if b_end else s + (window.end_ns - window.start_ns)
+    if e <= s:
+        raise ParamError("baseline_end", "baseline_end must be after baseline_start")
+    return Window(s, e)
+
+
 def parse_filters(args: Mapping[str, str]) -> Filters:
     values = {}
     for name in FILTER_NAMES:

@@ -14,7 +14,7 @@ from dash import Input, Output, dcc, html
 from modalscope.app import components as c
 from modalscope.app import figures, ids, queries
 from modalscope.app import state as st
-from modalscope.app.params import ParamError, Window, parse_time
+from modalscope.app.params import ParamError, Window, parse_baseline_window
 from modalscope.app.units import fmt_count, fmt_ms, fmt_pct
 
 dash.register_page(__name__, path="/compare", name="Compare", title="modalscope · compare", order=7)
@@ -24,19 +24,10 @@ PATH = "/compare"
 
 def baseline_of(state, window: Window) -> tuple[Window | None, str | None]:
     """The baseline window from the URL (None: the default), or an error message."""
-    b_start, b_end = state.get("baseline_start"), state.get("baseline_end")
-    if not b_start and not b_end:
-        return None, None
     try:
-        if not b_start:
-            raise ParamError("baseline_start", "baseline_start is needed with baseline_end")
-        s = parse_time(b_start, "baseline_start")
-        e = parse_time(b_end, "baseline_end") if b_end else s + (window.end_ns - window.start_ns)
-        if e <= s:
-            raise ParamError("baseline_end", "baseline_end must be after baseline_start")
+        return parse_baseline_window(state, window), None
     except ParamError as exc:
         return None, f"{exc.parameter}: {exc.message} — using the same length just before"
-    return Window(s, e), None
 
 
 def layout(**query):

@@ -428,11 +428,13 @@ def exemplar_traces(reader: StoreReader, window: Window, filters: Filters = Filt
         return [_trace_summary(r) for r in rows]
 
     if subject == "pair":
+        callers = () if filters.caller else tuple(reader.services_of("pair", filters))
         sq = SpanQuery(window.start_ns, window.end_ns, kind=KIND_CLIENT, service=filters.caller,
-                       input_type=filters.input_type, min_ns=min_ns, max_ns=max_ns)
+                       input_type=filters.input_type, min_ns=min_ns, max_ns=max_ns, services=callers)
     else:
+        services = () if filters.service else tuple(reader.services_of("op", filters))
         sq = SpanQuery(window.start_ns, window.end_ns, service=filters.service, stage=filters.stage,
-                       input_type=filters.input_type, min_ns=min_ns, max_ns=max_ns)
+                       input_type=filters.input_type, min_ns=min_ns, max_ns=max_ns, services=services)
     found: dict[str, dict] = {}
     page = max(200, limit * 10)
     offset = 0

@@ -9,6 +9,7 @@ from sqlalchemy import Engine
 
 from ..settings import Settings
 from .records import SpanRecord
+from .retention import RetentionPolicy
 from .settle import Settler, SettlerProcess
 from .stages import StageRules, load_rules
 from .writer import BatchWriter, WriterClosed, WriterFull
@@ -33,10 +34,12 @@ class IngestPipeline:
         self.settings = settings
         self.rules = rules if rules is not None else load_rules(settings.rules_path or None)
         self.writer = BatchWriter(engine, max_queue_spans=settings.max_queue_spans)
+        retention = RetentionPolicy.from_settings(settings)  # the settler prunes every 10 minutes
         if settle == "process":
-            self.settler = SettlerProcess(settings.database_url, settings.settle_seconds, interval=settle_interval)
+            self.settler = SettlerProcess(settings.database_url, settings.settle_seconds, interval=settle_interval,
+                                          retention=retention)
         elif settle:
-            self.settler = Settler(engine, settings.settle_seconds, interval=settle_interval)
+            self.settler = Settler(engine, settings.settle_seconds, interval=settle_interval, retention=retention)
         else:
             self.settler = None
 

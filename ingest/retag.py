@@ -7,7 +7,7 @@ from typing import Callable
 
 from sqlalchemy import Engine, bindparam, delete, select, update
 
-from ..models import Rollup, Span, Trace
+from ..models import HourlyRollup, Rollup, Span, Trace
 from .records import SpanRecord
 from .settle import settle
 from .stages import StageRules
@@ -49,6 +49,7 @@ def retag(engine: Engine, rules: StageRules, progress: Callable[[int], None] | N
             progress(len(rows))
     with engine.begin() as conn:
         conn.execute(delete(Rollup))
+        conn.execute(delete(HourlyRollup))
         conn.execute(update(Trace).values(pending=True, contributions=None))
     traces = settle(engine, force=True)
     return changed, traces

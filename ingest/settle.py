@@ -32,7 +32,7 @@ import numpy as np
 from sqlalchemy import Connection, Engine, bindparam, case, delete, literal, or_, select, tuple_
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from ..models import Rollup, Series, Span, Trace
+from ..models import HourlyRollup, Rollup, Series, Span, Trace
 from ..models import sketch
 from ..models.dialect import insert_ignore, supports_skip_locked
 from .records import KIND_CLIENT, STATUS_ERROR, SpanRecord
@@ -182,7 +182,21 @@ def _unpack(blob: bytes | None) -> np.ndarray:
 
 def apply_contributions(conn: Connection, series: np.ndarray, minutes: np.ndarray,
                         values: np.ndarray, errs: np.ndarray, signs: np.ndarray) -> int:
-    """Add (sign +1) or subtract (-1) histogram entries to the rollup rows; returns rows touched."""
+    """Add (sign +1) or subtract (-1) histogram entries to the minute rollups and to the
+    hourly rollups, in the caller's transaction; returns minute rows touched.
+
+    Both tiers take the same deltas, so an hour is always exactly the sum of its minutes,
+    a late span's re-settle included (minute rows past MODALSCOPE_MINUTE_ROLLUP_DAYS are
+    gone by then, and a delta for a missing row with nothing to add creates nothing).
+    """
+    touched = _apply_tier(conn, Rollup, "minute", series, minutes, values, errs, signs)
+    _apply_tier(conn, HourlyRollup, "hour", series, minutes // 60, values, errs, signs)
+    return touched
+
+
+def _apply_tier(conn: Connection, model, time_col: str, series: np.ndarray, minutes: np.ndarray,
+                values: np.ndarray, errs: np.ndarray, signs: np.ndarray) -> int:
+    """``apply_contributions`` for one table: ``minutes`` holds that table's time unit."""
     if len(series) == 0:
         return 0
     group = (series.astype(np.int64) << 32) | minutes.astype(np.int64)
@@ -201,17 +215,18 @@ def apply_contributions(conn: Connection, series: np.ndarray, minutes: np.ndarra
     cell_key = cells % sketch.NUM_KEYS
     bounds = np.searchsorted(cell_group, np.arange(len(uniq) + 1))
 
-    pairs = [(int(g & 0xFFFFFFFF), int(g >> 32)) for g in uniq]  # (minute, series_id)
-    existing: dict[tuple[int, int], Rollup] = {}
+    pairs = [(int(g & 0xFFFFFFFF), int(g >> 32)) for g in uniq]  # (minute or hour, series_id)
+    time_of = getattr(model, time_col)
+    existing: dict[tuple[int, int], dict] = {}
     lock = supports_skip_locked(conn)
     for i in range(0, len(pairs), 400):
         chunk = sorted(pairs[i : i + 400])
-        q = select(Rollup).where(tuple_(Rollup.minute, Rollup.series_id).in_(chunk)).order_by(
-            Rollup.minute, Rollup.series_id)
+        q = select(model).where(tuple_(time_of, model.series_id).in_(chunk)).order_by(
+            time_of, model.series_id)
         if lock:
             q = q.with_for_update()
         for r in conn.execute(q).mappings():
-            existing[(r["minute"], r["series_id"])] = r
+            existing[(r[time_col], r["series_id"])] = r
     inserts = []
     updates = []
     deletes = []
@@ -232,7 +247,7 @@ def apply_contributions(conn: Connection, series: np.ndarray, minutes: np.ndarra
         count += int(d_count[gi])
         err += int(d_err[gi])
         total += int(d_sum[gi])
-        row = {"minute": minute, "series_id": sid, "count": max(count, 0), "error_count": max(err, 0),
+        row = {time_col: minute, "series_id": sid, "count": max(count, 0), "error_count": max(err, 0),
                "sum_ns": max(total, 0), "sketch": sketch.encode_dense(dense)}
         if old is None:
             if count > 0:
@@ -242,20 +257,20 @@ def apply_contributions(conn: Connection, series: np.ndarray, minutes: np.ndarra
         else:
             updates.append(row)
     if inserts:
-        conn.execute(Rollup.__table__.insert(), inserts)
+        conn.execute(model.__table__.insert(), inserts)
     if updates:
-        t = Rollup.__table__
+        t = model.__table__
 
         conn.execute(
             t.update()
-            .where(t.c.minute == bindparam("b_minute"), t.c.series_id == bindparam("b_series_id"))
+            .where(t.c[time_col] == bindparam("b_time"), t.c.series_id == bindparam("b_series_id"))
             .values(count=bindparam("count"), error_count=bindparam("error_count"),
                     sum_ns=bindparam("sum_ns"), sketch=bindparam("sketch")),
-            [{"b_minute": u["minute"], "b_series_id": u["series_id"], "count": u["count"],
+            [{"b_time": u[time_col], "b_series_id": u["series_id"], "count": u["count"],
               "error_count": u["error_count"], "sum_ns": u["sum_ns"], "sketch": u["sketch"]} for u in updates],
         )
     for i in range(0, len(deletes), 400):
-        conn.execute(delete(Rollup).where(tuple_(Rollup.minute, Rollup.series_id).in_(deletes[i : i + 400])))
+        conn.execute(delete(model).where(tuple_(time_of, model.series_id).in_(deletes[i : i + 400])))
     return len(pairs)
 
 
@@ -429,7 +444,8 @@ def settle(engine: Engine, *, settle_seconds: float = 5.0, trace_ids: Sequence[s
     return total
 
 
-def run_settler_process(database_url: str, settle_seconds: float, interval: float, stop_reader) -> None:
+def run_settler_process(database_url: str, settle_seconds: float, interval: float, stop_reader,
+                        retention=None) -> None:
     """Entry point of the settler process (``IngestPipeline(settle="process")``).
 
     Runs until its parent writes to, or closes, the other end of ``stop_reader`` (a pipe,
@@ -448,13 +464,17 @@ def run_settler_process(database_url: str, settle_seconds: float, interval: floa
     except OSError:
         pass
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .retention import PruneSchedule
+
     engine = make_engine(database_url, write=True)
+    pruning = PruneSchedule(engine, retention)
     try:
         while not stop_reader.poll(interval):  # True on a message, or on EOF: parent gone
             try:
                 settle(engine, settle_seconds=settle_seconds, max_batches=20)
             except Exception:  # noqa: BLE001 - keep settling; the next pass retries
                 log.exception("settling failed")
+            pruning.tick(should_stop=lambda: stop_reader.poll(0))
         # Stopping: one last pass over what is due (the rest stays pending, durably, for
         # the next process).
         try:
@@ -468,13 +488,14 @@ def run_settler_process(database_url: str, settle_seconds: float, interval: floa
 class SettlerProcess:
     """The settler in its own process, so settling has a core of its own."""
 
-    def __init__(self, database_url: str, settle_seconds: float, interval: float = 0.5) -> None:
+    def __init__(self, database_url: str, settle_seconds: float, interval: float = 0.5, retention=None) -> None:
+        """``retention``: a ``retention.RetentionPolicy`` the settler applies every 10 minutes, or None."""
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")
         reader, self._stop_writer = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(target=run_settler_process, name="modalscope-settler",
-                                 args=(database_url, settle_seconds, interval, reader), daemon=True)
+                                 args=(database_url, settle_seconds, interval, reader, retention), daemon=True)
         self._reader = reader
 
     def start(self) -> "SettlerProcess":
@@ -497,10 +518,13 @@ class SettlerProcess:
 class Settler:
     """Background thread settling idle traces every ``interval`` seconds."""
 
-    def __init__(self, engine: Engine, settle_seconds: float, interval: float = 0.5) -> None:
+    def __init__(self, engine: Engine, settle_seconds: float, interval: float = 0.5, retention=None) -> None:
+        from .retention import PruneSchedule
+
         self.engine = engine
         self.settle_seconds = settle_seconds
         self.interval = interval
+        self._pruning = PruneSchedule(engine, retention)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="modalscope-settler", daemon=True)
         self.settled = 0
@@ -515,6 +539,7 @@ class Settler:
                 self.settled += settle(self.engine, settle_seconds=self.settle_seconds, max_batches=20)
             except Exception:  # noqa: BLE001 - keep settling; the next pass retries
                 log.exception("settling failed")
+            self._pruning.tick(should_stop=self._stop.is_set)
 
     def stop(self, final: bool = True) -> None:
         self._stop.set()

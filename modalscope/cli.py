@@ -46,6 +46,76 @@ def _progress(total: int | None, desc: str, unit: str = "it", unit_scale: bool =
 
 
 # -- commands -----------------------------------------------------------------------------
+def cmd_db_prune(args) -> int:
+    from .ingest.retention import RetentionPolicy, prune
+    from .models.engine import make_engine
+    from .models.schema import ensure_schema
+
+    settings = _settings()
+    ensure_schema(settings.database_url, create=False)
+    engine = make_engine(settings.database_url, write=True)
+    policy = RetentionPolicy.from_settings(settings)
+    try:
+        with _progress(None, "pruning", unit=" rows") as bar:
+            result = prune(engine, policy, progress=bar.update)
+    finally:
+        engine.dispose()
+    print(f"deleted {result.spans:,} spans and {result.traces:,} traces older than {policy.span_days:g} days, "
+          f"{result.minute_rollups:,} minute rollup rows older than {policy.minute_rollup_days:g} days, "
+          f"{result.hourly_rollups:,} hourly rollup rows older than {policy.hourly_rollup_days:g} days")
+    return 0
+
+
+def cmd_db_upgrade(args) -> int:
+    from .models.migrate import upgrade
+    from .models.engine import make_engine
+    from .models.schema import current_revision
+
+    settings = _settings()
+    make_engine(settings.database_url).dispose()  # validates the URL and directory first
+    upgrade(settings.database_url)
+    engine = make_engine(settings.database_url)
+    print(f"database at revision {current_revision(engine)}")
+    engine.dispose()
+    return 0
+
+
+def cmd_import(args) -> int:
+    from .ingest.importer import import_files
+
+    settings = _settings()
+    rules = _rules(settings)  # a bad rules file stops us before anything is written
+    engine = _open_store(settings)
+    total = sum(os.path.getsize(p) for p in args.files if os.path.isfile(p))
+    bar = _progress(total, "importing", unit="B", unit_scale=True)
+    try:
+        report = import_files(engine, args.files, rules, progress=bar.update)
+    finally:
+        bar.close()
+        engine.dispose()
+    for line in report.skipped:
+        print(line, file=sys.stderr)
+    print(report.summary())
+    return 1 if report.skipped else 0
+
+
+def cmd_retag(args) -> int:
+    from .ingest.retag import retag
+
+    settings = _settings()
+    rules = _rules(settings)
+    engine = _open_store(settings, create=False)
+    try:
+        bar = _progress(None, "retagging", unit=" spans", unit_scale=True)
+        changed, traces = retag(engine, rules, progress=bar.update)
+        bar.close()
+    finally:
+        engine.dispose()
+    print(f"retagged: {changed} spans changed stage; {traces} traces re-settled")
+    return 0
+
+
+_STOP = threading.Event()
 def cmd_db_upgrade(args) -> int:
     from .models.migrate import upgrade
     from .models.engine import make_engine
@@ -217,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     dsub = s.add_subparsers(dest="db_command", required=True, metavar="ACTION")
     u = dsub.add_parser("upgrade", help="migrate the database to the current schema")
     u.set_defaults(func=cmd_db_upgrade)
+    pr = dsub.add_parser("prune", help="delete spans and rollups past their retention now (the settler "
+                         "also does it every 10 minutes)")
+    pr.set_defaults(func=cmd_db_prune)
     return p
 
 

@@ -27,7 +27,9 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "MODALSCOPE_INGEST_TOKEN": ("", "When set, OTLP ingest requires `Authorization: Bearer <token>` (gRPC metadata `authorization`)."),
     "MODALSCOPE_SECRET_KEY": ("", "Key that signs session cookies and shared embed/image links."),
     "MODALSCOPE_EMBED_ORIGINS": ("", "Origins allowed to frame `/embed/*` (comma- or space-separated); unset: same origin only."),
-    "MODALSCOPE_RETENTION_DAYS": ("7", "Raw spans older than this many days are deleted; rollups are kept."),
+    "MODALSCOPE_RETENTION_DAYS": ("7", "Raw spans (and trace rows) older than this many days are deleted, in small batches by the settler every 10 minutes or by `modalscope db prune`; `0` keeps them forever."),
+    "MODALSCOPE_MINUTE_ROLLUP_DAYS": ("2", "Minute rollups older than this many days are deleted; older windows are answered from hourly rollups, rounded to whole hours (`0`: keep)."),
+    "MODALSCOPE_ROLLUP_RETENTION_DAYS": ("90", "Hourly rollups (the percentiles and counts of long ranges) older than this many days are deleted (`0`: keep)."),
     "MODALSCOPE_SETTLE_SECONDS": ("5", "A trace idle this long is settled: input type, self times, pairs and rollups computed (corrected if a late span arrives)."),
     "MODALSCOPE_MAX_REQUEST_BYTES": ("20971520", "Largest OTLP request accepted, in bytes, checked before and after decompression (default 20 MiB)."),
     "MODALSCOPE_MAX_QUEUE_SPANS": ("200000", "Spans the writer holds before receivers answer 429/UNAVAILABLE with a retry delay."),
@@ -105,6 +107,8 @@ class Settings:
     secret_key: str = ""
     embed_origins: tuple[str, ...] = field(default_factory=tuple)
     retention_days: float = 7.0
+    minute_rollup_days: float = 2.0
+    rollup_retention_days: float = 90.0
     settle_seconds: float = 5.0
     max_request_bytes: int = 20 * 1024 * 1024
     max_queue_spans: int = 200_000
@@ -129,6 +133,8 @@ class Settings:
             secret_key=_str(env, "MODALSCOPE_SECRET_KEY"),
             embed_origins=tuple(origins),
             retention_days=_float(env, "MODALSCOPE_RETENTION_DAYS"),
+            minute_rollup_days=_float(env, "MODALSCOPE_MINUTE_ROLLUP_DAYS"),
+            rollup_retention_days=_float(env, "MODALSCOPE_ROLLUP_RETENTION_DAYS"),
             settle_seconds=_float(env, "MODALSCOPE_SETTLE_SECONDS"),
             max_request_bytes=_int(env, "MODALSCOPE_MAX_REQUEST_BYTES", minimum=1024),
             max_queue_spans=_int(env, "MODALSCOPE_MAX_QUEUE_SPANS", minimum=1),

@@ -1,12 +1,15 @@
 """SQLAlchemy 2.0 typed models of the store.
 
-Four tables carry everything:
+Five tables carry everything:
 
 * ``spans`` — raw spans, unique on ``(trace_id, span_id)``; kept ``MODALSCOPE_RETENTION_DAYS``.
 * ``traces`` — one row a trace, written when the trace settles; ``pending`` marks traces
   with spans not yet folded into the rollups.
 * ``series`` + ``rollups`` — per minute and series (operation, service pair, input type,
   per-trace stage time), a log-bucketed latency histogram with count, error count and sum.
+* ``rollups_hourly`` — the same per hour, written in the same transaction as the minutes, so
+  long windows merge 60 times fewer rows; kept ``MODALSCOPE_ROLLUP_RETENTION_DAYS`` while
+  minute rows are kept ``MODALSCOPE_MINUTE_ROLLUP_DAYS``.
 * ``cursors`` — ingest watermarks and leases (Cloud Trace poller, metrics exporter).
 
 User-supplied strings (service and span names) are unbounded ``String`` columns: a length
@@ -71,6 +74,9 @@ class Span(Base):
     __table_args__ = (
         UniqueConstraint("trace_id", "span_id"),
         Index(None, "start_ns"),
+        # Exemplars: a service's slowest spans in a window or latency band walk this index
+        # backwards instead of sorting every span of the window (Jaeger's duration index).
+        Index(None, "service", "duration_ns"),
     )
 
 
@@ -100,6 +106,7 @@ class Trace(Base):
     __table_args__ = (
         Index(None, "start_ns"),
         Index(None, "pending", "last_seen_ns"),
+        Index(None, "duration_ns"),  # slowest traces first, walked backwards
     )
 
 
@@ -135,6 +142,25 @@ class Rollup(Base):
     __table_args__ = (Index(None, "series_id", "minute"),)
 
 
+class HourlyRollup(Base):
+    """Per hour and series: the sums and merged histogram of that hour's minute rollups."""
+
+    __tablename__ = "rollups_hourly"
+
+    hour: Mapped[int] = mapped_column(Integer, primary_key=True)  # unix time // 3600
+    series_id: Mapped[int] = mapped_column(ForeignKey("series.id"), primary_key=True)
+    count: Mapped[int] = mapped_column(BigInteger, default=0)
+    error_count: Mapped[int] = mapped_column(BigInteger, default=0)
+    sum_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    sketch: Mapped[bytes] = mapped_column(LargeBinary)
+
+    __table_args__ = (Index(None, "series_id", "hour"),)
+
+
+# The cursor row whose ``position`` is the oldest minute retention keeps minute rollups for.
+MINUTE_BOUNDARY_CURSOR = "retention:minute_rollups"
+
+
 class Cursor(Base):
     """A named watermark and, optionally, a lease on it (one active poller per project)."""
 
@@ -148,4 +174,4 @@ class Cursor(Base):
     info: Mapped[str | None] = mapped_column(Text)  # JSON
 
 
-__all__ = ["Base", "Span", "Trace", "Series", "Rollup", "Cursor", "NAMING_CONVENTION"]
+__all__ = ["MINUTE_BOUNDARY_CURSOR", "Base", "Span", "Trace", "Series", "Rollup", "HourlyRollup", "Cursor", "NAMING_CONVENTION"]

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from sqlalchemy import Engine, and_, or_, select
+from sqlalchemy import Engine, and_, func, or_, select
 
-from . import Rollup, Series, Span, Trace
+from . import MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, Rollup, Series, Span, Trace
 from .sketch import Histogram, merge_blobs
 
 NS_PER_MINUTE = 60_000_000_000
@@ -55,6 +55,43 @@ def minute_range(start_ns: int, end_ns: int) -> tuple[int, int]:
     return first, last
 
 
+@dataclass(frozen=True)
+class TierPlan:
+    """Which rollup rows answer a window: minute rows for the ragged edges, hourly rows for
+    the whole hours between (minutes ``[m0, m1)`` and ``[m2, m3)``, hours ``[h0, h1)``)."""
+
+    minute_ranges: tuple[tuple[int, int], ...]
+    hours: tuple[int, int]
+
+
+def tier_plan(start_ns: int, end_ns: int, minutes_kept_from: int | None = None) -> TierPlan:
+    """Pure: split the window's minutes ``minute_range(start, end)`` into edge minutes and
+    whole hours. ``minutes_kept_from`` is the oldest minute whose minute rows are still
+    kept (MODALSCOPE_MINUTE_ROLLUP_DAYS); an edge older than that is answered by its
+    whole hour instead, so old windows are rounded outwards to hours."""
+    first, last = minute_range(start_ns, end_ns)
+    if last <= first:
+        return TierPlan((), (0, 0))
+    h0 = -(-first // 60)  # first whole hour
+    h1 = last // 60  # hours [h0, h1) lie wholly inside
+    if h1 <= h0:
+        if minutes_kept_from is not None and first < minutes_kept_from:
+            return TierPlan((), (first // 60, (last - 1) // 60 + 1))
+        return TierPlan(((first, last),), (0, 0))
+    ranges = []
+    if first < h0 * 60:
+        if minutes_kept_from is not None and first < minutes_kept_from:
+            h0 -= 1
+        else:
+            ranges.append((first, h0 * 60))
+    if h1 * 60 < last:
+        if minutes_kept_from is not None and h1 * 60 < minutes_kept_from:
+            h1 += 1
+        else:
+            ranges.append((h1 * 60, last))
+    return TierPlan(tuple(ranges), (h0, h1))
+
+
 def _merge(rows) -> list[RollupGroup]:
     """Group (key, count, errors, sum, sketch blob) rows; one vectorised histogram merge a group."""
     acc: dict[tuple, list] = {}
@@ -72,6 +109,12 @@ def _merge(rows) -> list[RollupGroup]:
 class StoreReader:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+
+    def _minutes_kept_from(self, conn) -> int | None:
+        """The oldest minute whose minute rollups retention keeps (it records the boundary
+        when it prunes; MODALSCOPE_MINUTE_ROLLUP_DAYS): windows before it are answered
+        from hourly rows. One primary-key lookup; None when nothing was ever pruned."""
+        return conn.execute(select(Cursor.position).where(Cursor.name == MINUTE_BOUNDARY_CURSOR)).scalar()
 
     # -- rollups ----------------------------------------------------------------------
     def _series_filter(self, kind: str, f: Filters):
@@ -100,13 +143,39 @@ class StoreReader:
             .where(self._series_filter(q.kind, q.filters), Rollup.minute >= first, Rollup.minute < last)
         )
 
-    def rollups(self, q: RollupQuery) -> list[RollupGroup]:
-        """Merge rollup rows per group (and minute, with by_minute)."""
-        _, stmt = self._rollup_rows(q)
+    def _tiered_rows(self, kind: str, filters: Filters, start_ns: int, end_ns: int, cols: list) -> list[tuple]:
+        """``(minute, count, error_count, sum_ns, sketch, *cols)`` rows covering the window:
+        minute rows at the edges, hourly rows (minute = the hour's first) in between."""
+        where = self._series_filter(kind, filters)
+        rows: list[tuple] = []
         with self.engine.connect() as conn:
-            rows = conn.execute(stmt).fetchall()
+            plan = tier_plan(start_ns, end_ns, self._minutes_kept_from(conn))
+            for m0, m1 in plan.minute_ranges:
+                rows.extend(conn.execute(
+                    select(Rollup.minute, Rollup.count, Rollup.error_count, Rollup.sum_ns, Rollup.sketch, *cols)
+                    .join(Series, Series.id == Rollup.series_id)
+                    .where(where, Rollup.minute >= m0, Rollup.minute < m1)).fetchall())
+            h0, h1 = plan.hours
+            if h1 > h0:
+                rows.extend(conn.execute(
+                    select(HourlyRollup.hour * 60, HourlyRollup.count, HourlyRollup.error_count,
+                           HourlyRollup.sum_ns, HourlyRollup.sketch, *cols)
+                    .join(Series, Series.id == HourlyRollup.series_id)
+                    .where(where, HourlyRollup.hour >= h0, HourlyRollup.hour < h1)).fetchall())
+        return rows
+
+    def rollups(self, q: RollupQuery) -> list[RollupGroup]:
+        """Merge rollup rows per group (and minute, with by_minute).
+
+        Without ``by_minute`` the window's whole hours come from the hourly tier: a day
+        merges 24 rows a series instead of 1,440.
+        """
         if q.by_minute:
+            _, stmt = self._rollup_rows(q)
+            with self.engine.connect() as conn:
+                rows = conn.execute(stmt).fetchall()
             return _merge((tuple(r[5:]) + (r[0],), r[1], r[2], r[3], r[4]) for r in rows)
+        rows = self._tiered_rows(q.kind, q.filters, q.start_ns, q.end_ns, [getattr(Series, d) for d in q.group_by])
         return _merge((tuple(r[5:]), r[1], r[2], r[3], r[4]) for r in rows)
 
     # -- raw spans --------------------------------------------------------------------
@@ -141,6 +210,10 @@ class StoreReader:
         keeps a time chart at ~100 points whatever the window.
         """
         step = max(1, int(step_minutes))
+        if step % 60 == 0:
+            # Whole-hour steps on an hour-aligned grid: whole hours come from the hourly tier.
+            rows = self._tiered_rows(q.kind, q.filters, q.start_ns, q.end_ns, [getattr(Series, d) for d in q.group_by])
+            return _merge((tuple(r[5:]) + (r[0] - r[0] % step,), r[1], r[2], r[3], r[4]) for r in rows)
         first, stmt = self._rollup_rows(q)
         with self.engine.connect() as conn:
             rows = conn.execute(stmt).fetchall()
@@ -178,34 +251,62 @@ class StoreReader:
         out: dict[tuple[str, str], RollupGroup] = {}
         if not wanted:
             return out
-        first, last = minute_range(start_ns, end_ns)
         rows: list[tuple] = []
         with self.engine.connect() as conn:
-            for i in range(0, len(wanted), 200):
-                chunk = wanted[i : i + 200]
-                conds = [Series.kind == "op", tuple_(Series.service, Series.name).in_(chunk),
-                         Rollup.minute >= first, Rollup.minute < last]
-                if input_type:
-                    conds.append(Series.input_type == input_type)
-                stmt = (
-                    select(Series.service, Series.name, Rollup.count, Rollup.error_count, Rollup.sum_ns, Rollup.sketch)
-                    .join(Series, Series.id == Rollup.series_id)
-                    .where(*conds)
-                )
-                rows.extend(((service, name), count, errs, total, blob)
-                            for service, name, count, errs, total, blob in conn.execute(stmt))
+            plan = tier_plan(start_ns, end_ns, self._minutes_kept_from(conn))
+            tiers = [(Rollup, Rollup.minute, m0, m1) for m0, m1 in plan.minute_ranges]
+            if plan.hours[1] > plan.hours[0]:
+                tiers.append((HourlyRollup, HourlyRollup.hour, *plan.hours))
+            for table, time_col, t0, t1 in tiers:
+                for i in range(0, len(wanted), 200):
+                    chunk = wanted[i : i + 200]
+                    conds = [Series.kind == "op", tuple_(Series.service, Series.name).in_(chunk),
+                             time_col >= t0, time_col < t1]
+                    if input_type:
+                        conds.append(Series.input_type == input_type)
+                    stmt = (
+                        select(Series.service, Series.name, table.count, table.error_count, table.sum_ns, table.sketch)
+                        .join(Series, Series.id == table.series_id)
+                        .where(*conds)
+                    )
+                    rows.extend(((service, name), count, errs, total, blob)
+                                for service, name, count, errs, total, blob in conn.execute(stmt))
         return {g.key: g for g in _merge(rows)}
 
     def slow_spans(self, q: SpanQuery) -> list[dict]:
         """Spans matching ``q``, slowest first (then earliest), ``limit`` from ``offset``.
 
-        Uses the ``start_ns`` index for the window; with ``input_type`` it joins the trace row.
+        A short window is read through the ``start_ns`` index and sorted. A long one would
+        sort millions of spans, so when the service is known (``service``, or the candidate
+        ``services``) each service's spans are walked slowest first through the
+        ``(service, duration_ns)`` index, stopping at ``offset + limit`` in the window.
+        With ``input_type`` the trace row is joined.
         """
+        services = [q.service] if q.service else list(q.services)
+        if q.end_ns - q.start_ns <= LONG_WINDOW_NS or not services:
+            return self._slow_spans_in_window(q)
+        wanted = q.offset + q.limit
+        rows: list[dict] = []
+        for service in services:
+            rows.extend(self._slow_spans_in_window(q, by_duration_of=service, limit=wanted))
+        rows.sort(key=lambda r: (-r["duration_ns"], r["start_ns"], r["_id"]))
+        out = rows[q.offset : q.offset + q.limit]
+        for r in out:
+            del r["_id"]
+        return out
+
+    def _slow_spans_in_window(self, q: SpanQuery, by_duration_of: str | None = None,
+                              limit: int | None = None) -> list[dict]:
         cols = [Span.__table__.c[c] for c in _CANDIDATE_COLUMNS]
-        conds = [Span.start_ns >= q.start_ns, Span.start_ns < q.end_ns]
+        if by_duration_of is not None:
+            # "+ 0" keeps the planner off the start_ns index: the duration index gives the order.
+            conds = [Span.service == by_duration_of, Span.start_ns + 0 >= q.start_ns, Span.start_ns + 0 < q.end_ns]
+            cols.append(Span.id.label("_id"))
+        else:
+            conds = [Span.start_ns >= q.start_ns, Span.start_ns < q.end_ns]
         if q.kind is not None:
             conds.append(Span.kind == q.kind)
-        if q.service:
+        if q.service and by_duration_of is None:
             conds.append(Span.service == q.service)
         if q.stage:
             conds.append(Span.stage == q.stage)
@@ -217,9 +318,18 @@ class StoreReader:
         if q.input_type:
             stmt = stmt.join(Trace, Trace.trace_id == Span.trace_id)
             conds.append(Trace.input_type == q.input_type)
-        stmt = stmt.where(*conds).order_by(Span.duration_ns.desc(), Span.start_ns, Span.id).limit(q.limit).offset(q.offset)
+        stmt = stmt.where(*conds).order_by(Span.duration_ns.desc(), Span.start_ns, Span.id)
+        stmt = stmt.limit(q.limit).offset(q.offset) if limit is None else stmt.limit(limit)
         with self.engine.connect() as conn:
             return [dict(r) for r in conn.execute(stmt).mappings()]
+
+    def services_of(self, kind: str, filters: Filters) -> list[str]:
+        """Services that have ``kind`` series matching ``filters`` (for a pair: the callers):
+        the candidates an exemplar search walks when no service is named."""
+        col = Series.caller if kind == "pair" else Series.service
+        stmt = select(col).where(self._series_filter(kind, filters)).distinct()
+        with self.engine.connect() as conn:
+            return sorted(v for v in conn.execute(stmt).scalars() if v)
 
     def callee_children(self, parents: Iterable[tuple[str, str]]) -> list[dict]:
         """SERVER/CONSUMER children of the given (trace_id, span_id) spans (found through the
@@ -248,7 +358,13 @@ class StoreReader:
                     limit: int = 20) -> list[dict]:
         """Settled traces starting in the window, slowest first (the ``traces.start_ns`` index)."""
         cols = [Trace.__table__.c[c] for c in _TRACE_SUMMARY_COLUMNS]
-        conds = [Trace.start_ns >= start_ns, Trace.start_ns < end_ns, Trace.settled_ns.is_not(None)]
+        if end_ns - start_ns > LONG_WINDOW_NS:
+            # A long window: walk the duration index slowest first ("+ 0": not the start index).
+            # The duration bound (always true) is what makes SQLite's planner take that index.
+            conds = [Trace.start_ns + 0 >= start_ns, Trace.start_ns + 0 < end_ns, Trace.settled_ns.is_not(None),
+                     Trace.duration_ns >= 0]
+        else:
+            conds = [Trace.start_ns >= start_ns, Trace.start_ns < end_ns, Trace.settled_ns.is_not(None)]
         if input_type:
             conds.append(Trace.input_type == input_type)
         if root_service:
@@ -462,6 +578,13 @@ class SpanQuery:
     max_ns: int | None = None
     limit: int = 200
     offset: int = 0
+    # Without ``service``: the services whose spans can match (lets a long window use the
+    # per-service duration index); empty means unknown.
+    services: tuple[str, ...] = ()
+
+
+# Windows longer than this find their slowest spans through the duration indexes.
+LONG_WINDOW_NS = 2 * 3_600_000_000_000
 
 
 _CANDIDATE_COLUMNS = ("trace_id", "span_id", "parent_span_id", "service", "name", "kind", "stage",

@@ -130,5 +130,8 @@ def test_retag_applies_new_rules_and_rebuilds_rollups(db_url, tmp_path):
 
 
 def test_db_upgrade_creates_schema(tmp_path):
-    r = run(["db", "upgrade"], {"MODALSCOPE_DATABASE_URL": f"sqlite:///{tmp_path / 'new.db'}"})
-    assert r.returncode == 0 and "revision 0001" in r.stdout
+    from modalscope.models.schema import head_revision
+
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    r = run(["db", "upgrade"], {"MODALSCOPE_DATABASE_URL": url})
+    assert r.returncode == 0 and f"revision {head_revision(url)}" in r.stdout

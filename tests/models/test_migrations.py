@@ -25,3 +25,43 @@ def test_upgrade_then_check_finds_no_drift(empty_db_url):
         engine.dispose()
     assert set(Base.metadata.tables) <= tables
     assert "alembic_version" in tables
+
+
+@pytest.mark.parametrize("empty_db_url", ["sqlite", "postgresql"], indirect=True)
+def test_upgrading_a_0001_store_fills_hourly_rollups_from_its_minutes(empty_db_url):
+    import numpy as np
+    from sqlalchemy import text
+
+    from modalscope.models.sketch import decode, keys_of, encode
+
+    upgrade(empty_db_url, "0001")
+    engine = make_engine(empty_db_url, write=True)
+    rng = np.random.default_rng(1)
+    minutes = {}
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO series (id, key_hash, kind, service, name, stage, input_type, caller, callee) "
+                              "VALUES (1, 'h1', 'op', 's', 'n', 'encoder', 'image', '', '')"))
+            for minute in (600, 601, 659, 660, 725):
+                values = rng.lognormal(18, 1, size=int(rng.integers(1, 50)))
+                keys, counts = np.unique(keys_of(values), return_counts=True)
+                minutes[minute] = (len(values), keys, counts)
+                conn.execute(text("INSERT INTO rollups (minute, series_id, count, error_count, sum_ns, sketch) "
+                                  "VALUES (:m, 1, :c, 1, :s, :b)"),
+                             {"m": minute, "c": len(values), "s": int(values.sum()), "b": encode(keys, counts)})
+        upgrade(empty_db_url)
+        check(empty_db_url)
+        with engine.connect() as conn:
+            hours = {h: (c, e, dict(zip(*[a.tolist() for a in decode(b)])))
+                     for h, c, e, b in conn.execute(text("SELECT hour, count, error_count, sketch FROM rollups_hourly"))}
+    finally:
+        engine.dispose()
+    assert sorted(hours) == [10, 11, 12]
+    for hour, (count, errs, buckets) in hours.items():
+        mine = [v for m, v in minutes.items() if m // 60 == hour]
+        assert count == sum(v[0] for v in mine) and errs == len(mine)
+        want: dict = {}
+        for _, keys, counts in mine:
+            for k, c in zip(keys.tolist(), counts.tolist()):
+                want[k] = want.get(k, 0) + c
+        assert buckets == want

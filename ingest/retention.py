@@ -1,0 +1,166 @@
+"""Retention: raw spans for ``MODALSCOPE_RETENTION_DAYS``, minute rollups for
+``MODALSCOPE_MINUTE_ROLLUP_DAYS``, hourly rollups for ``MODALSCOPE_ROLLUP_RETENTION_DAYS``.
+
+Deletes run in bounded batches, each its own short transaction with a pause after it, so
+receivers and the dashboard keep going while a week of spans is pruned: on SQLite a batch
+holds the write lock for milliseconds, on PostgreSQL it locks only the rows it deletes.
+The settler runs ``prune`` every ``PRUNE_INTERVAL_SECONDS``; ``modalscope db prune`` runs it
+on demand (cron, or after lowering a retention setting).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from sqlalchemy import Engine, delete, select
+
+from ..models import MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, Rollup, Span, Trace
+
+log = logging.getLogger(__name__)
+
+NS_PER_DAY = 86_400 * 1_000_000_000
+PRUNE_INTERVAL_SECONDS = 600.0
+BATCH_ROWS = 5_000
+PAUSE_SECONDS = 0.02
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """How long each kind of row lives, in days; 0 keeps that kind forever."""
+
+    span_days: float = 7.0
+    minute_rollup_days: float = 2.0
+    hourly_rollup_days: float = 90.0
+
+    @classmethod
+    def from_settings(cls, settings) -> "RetentionPolicy":
+        return cls(settings.retention_days, settings.minute_rollup_days, settings.rollup_retention_days)
+
+
+@dataclass
+class PruneResult:
+    spans: int = 0
+    traces: int = 0
+    minute_rollups: int = 0
+    hourly_rollups: int = 0
+
+    def total(self) -> int:
+        return self.spans + self.traces + self.minute_rollups + self.hourly_rollups
+
+
+def cutoffs(policy: RetentionPolicy, now_ns: int) -> dict[str, int | None]:
+    """Pure: the oldest value kept per table (span/trace start ns, minute, hour); None = keep all."""
+    def before(days: float) -> int | None:
+        return None if days <= 0 else now_ns - int(days * NS_PER_DAY)
+
+    span_ns = before(policy.span_days)
+    minute_ns = before(policy.minute_rollup_days)
+    hour_ns = before(policy.hourly_rollup_days)
+    return {
+        "span_start_ns": span_ns,
+        "minute": None if minute_ns is None else minute_ns // 60_000_000_000,
+        "hour": None if hour_ns is None else hour_ns // 3_600_000_000_000,
+    }
+
+
+def _batched(engine: Engine, select_keys, delete_keys, batch: int, pause: float,
+             should_stop: Callable[[], bool], progress: Callable[[int], None] | None) -> int:
+    """Repeat "select up to ``batch`` keys, delete them" in short transactions until none is left."""
+    done = 0
+    while not should_stop():
+        with engine.begin() as conn:
+            keys = [tuple(r) if len(r) > 1 else r[0] for r in conn.execute(select_keys.limit(batch))]
+            if not keys:
+                break
+            conn.execute(delete_keys(keys))
+        done += len(keys)
+        if progress is not None:
+            progress(len(keys))
+        if len(keys) < batch:
+            break
+        time.sleep(pause)  # let receivers' commits and readers in between batches
+    return done
+
+
+def prune(engine: Engine, policy: RetentionPolicy, *, now_ns: int | None = None, batch: int = BATCH_ROWS,
+          pause: float = PAUSE_SECONDS, should_stop: Callable[[], bool] = lambda: False,
+          progress: Callable[[int], None] | None = None) -> PruneResult:
+    """Delete what ``policy`` no longer keeps, oldest first, ``batch`` rows a transaction."""
+    from sqlalchemy import tuple_
+
+    cut = cutoffs(policy, time.time_ns() if now_ns is None else now_ns)
+    out = PruneResult()
+    if cut["span_start_ns"] is not None:
+        c = cut["span_start_ns"]
+        # Trace rows first (settled ones only: a pending trace is still being folded in),
+        # so a late span of a pruned trace starts a new trace instead of re-settling a
+        # trace whose other spans are gone.
+        out.traces = _batched(
+            engine,
+            select(Trace.trace_id).where(Trace.start_ns < c, Trace.pending.is_(False)).order_by(Trace.start_ns),
+            lambda ids: delete(Trace).where(Trace.trace_id.in_(ids)),
+            batch, pause, should_stop, progress)
+        out.spans = _batched(
+            engine,
+            select(Span.id).where(Span.start_ns < c).order_by(Span.start_ns),
+            lambda ids: delete(Span).where(Span.id.in_(ids)),
+            batch, pause, should_stop, progress)
+    if cut["minute"] is not None:
+        # Record the boundary first: readers answer windows before it from hourly rows
+        # (a window that started there would otherwise see half-deleted minutes).
+        _record_minute_boundary(engine, cut["minute"])
+        out.minute_rollups = _batched(
+            engine,
+            select(Rollup.minute, Rollup.series_id).where(Rollup.minute < cut["minute"]).order_by(Rollup.minute),
+            lambda keys: delete(Rollup).where(tuple_(Rollup.minute, Rollup.series_id).in_(keys)),
+            batch, pause, should_stop, progress)
+    if cut["hour"] is not None:
+        out.hourly_rollups = _batched(
+            engine,
+            select(HourlyRollup.hour, HourlyRollup.series_id).where(HourlyRollup.hour < cut["hour"])
+            .order_by(HourlyRollup.hour),
+            lambda keys: delete(HourlyRollup).where(tuple_(HourlyRollup.hour, HourlyRollup.series_id).in_(keys)),
+            batch, pause, should_stop, progress)
+    if out.total():
+        log.info("retention: deleted %d spans, %d traces, %d minute and %d hourly rollup rows",
+                 out.spans, out.traces, out.minute_rollups, out.hourly_rollups)
+    return out
+
+
+def _record_minute_boundary(engine: Engine, minute: int) -> None:
+    from ..models.dialect import upsert
+
+    with engine.begin() as conn:
+        current = conn.execute(select(Cursor.position).where(Cursor.name == MINUTE_BOUNDARY_CURSOR)).scalar()
+        if current is not None and current >= minute:
+            return
+        conn.execute(upsert(conn, Cursor.__table__, ["name"], ["position", "updated_ns"]),
+                     {"name": MINUTE_BOUNDARY_CURSOR, "position": minute, "holder": None, "lease_expires_ns": 0,
+                      "updated_ns": time.time_ns(), "info": None})
+
+
+class PruneSchedule:
+    """Runs ``prune`` at most every ``interval`` seconds from a loop that ticks often (the settler's)."""
+
+    def __init__(self, engine: Engine, policy: RetentionPolicy | None, interval: float = PRUNE_INTERVAL_SECONDS,
+                 first_after: float = 60.0) -> None:
+        self.engine = engine
+        self.policy = policy
+        self.interval = interval
+        self._next = time.monotonic() + first_after
+
+    def tick(self, should_stop: Callable[[], bool] = lambda: False) -> PruneResult | None:
+        if self.policy is None or time.monotonic() < self._next:
+            return None
+        self._next = time.monotonic() + self.interval
+        try:
+            return prune(self.engine, self.policy, should_stop=should_stop)
+        except Exception:  # noqa: BLE001 - retention retries at the next interval; ingest goes on
+            log.exception("retention pass failed")
+            return None
+
+
+__all__ = ["PruneResult", "PruneSchedule", "RetentionPolicy", "cutoffs", "prune"]

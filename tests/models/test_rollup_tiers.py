@@ -1,0 +1,143 @@
+"""Hourly rollups: always the exact sum of their minutes, and long windows read them."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+
+import numpy as np
+from sqlalchemy import func, select, text
+
+from modalscope.ingest.settle import settle
+from modalscope.ingest.writer import write_spans
+from modalscope.models import HourlyRollup, Rollup
+from modalscope.models.reader import Filters, RollupQuery, StoreReader, TierPlan, minute_range, tier_plan
+from modalscope.models.sketch import decode, merge_blobs
+from tests.factories import multimodal_trace
+
+MIN = 60_000_000_000
+HOUR = 60 * MIN
+
+
+# -- the pure plan ----------------------------------------------------------------------
+def test_plan_splits_a_window_into_edge_minutes_and_whole_hours():
+    start = 10 * HOUR + 17 * MIN  # 10:17 .. 13:05
+    end = 13 * HOUR + 5 * MIN
+    plan = tier_plan(start, end)
+    assert plan.hours == (11, 13)
+    assert plan.minute_ranges == ((617, 660), (780, 785))
+    covered = set()
+    for m0, m1 in plan.minute_ranges:
+        covered |= set(range(m0, m1))
+    for h in range(*plan.hours):
+        covered |= set(range(h * 60, h * 60 + 60))
+    first, last = minute_range(start, end)
+    assert covered == set(range(first, last))  # every minute once, nothing outside
+
+
+def test_plan_for_a_window_inside_one_hour_reads_minutes_only():
+    assert tier_plan(10 * HOUR + 5 * MIN, 10 * HOUR + 50 * MIN) == TierPlan(((605, 650),), (0, 0))
+    assert tier_plan(10 * HOUR, 11 * HOUR) == TierPlan((), (10, 11))
+    assert tier_plan(5 * HOUR, 5 * HOUR) == TierPlan((), (0, 0))
+
+
+def test_plan_rounds_edges_past_minute_retention_out_to_their_hours():
+    start, end = 10 * HOUR + 17 * MIN, 13 * HOUR + 5 * MIN
+    # Minutes kept from 12:00: the early edge (10:17) becomes the whole 10:00 hour.
+    plan = tier_plan(start, end, minutes_kept_from=12 * 60)
+    assert plan.hours == (10, 13)
+    assert plan.minute_ranges == ((780, 785),)
+    # Nothing kept at minute resolution any more: both edges round out.
+    assert tier_plan(start, end, minutes_kept_from=14 * 60) == TierPlan((), (10, 14))
+    assert tier_plan(10 * HOUR + 5 * MIN, 10 * HOUR + 9 * MIN, minutes_kept_from=11 * 60) == TierPlan((), (10, 11))
+
+
+# -- the store ----------------------------------------------------------------------------
+def _fill(engine, hours: float = 3.0, n: int = 120, seed: int = 3):
+    rng = random.Random(seed)
+    base = (time.time_ns() // HOUR - 5) * HOUR + 13 * MIN
+    traces = [multimodal_trace(rng, base + int(i * hours * HOUR / n), images=1 + i % 3, error=(i % 17 == 0))
+              for i in range(n)]
+    write_spans(engine, [s for t in traces for s in t])
+    settle(engine, force=True)
+    return base, base + int(hours * HOUR), traces
+
+
+def _hours_from_minutes(engine) -> dict:
+    out: dict = {}
+    with engine.connect() as conn:
+        for minute, sid, count, errs, total, blob in conn.execute(select(
+                Rollup.minute, Rollup.series_id, Rollup.count, Rollup.error_count, Rollup.sum_ns, Rollup.sketch)):
+            a = out.setdefault((minute // 60, sid), [0, 0, 0, []])
+            a[0] += count
+            a[1] += errs
+            a[2] += total
+            a[3].append(blob)
+    return {k: (c, e, t, merge_blobs(b).counts.tolist()) for k, (c, e, t, b) in out.items()}
+
+
+def _hours(engine) -> dict:
+    with engine.connect() as conn:
+        return {(h, sid): (c, e, t, merge_blobs([b]).counts.tolist()) for h, sid, c, e, t, b in conn.execute(select(
+            HourlyRollup.hour, HourlyRollup.series_id, HourlyRollup.count, HourlyRollup.error_count,
+            HourlyRollup.sum_ns, HourlyRollup.sketch))}
+
+
+def test_each_hour_is_the_exact_sum_of_its_minutes_even_after_a_late_span(engine):
+    _, _, traces = _fill(engine)
+    assert _hours(engine) == _hours_from_minutes(engine)
+    assert len(_hours(engine)) > 0
+    # A late span of a settled trace: the trace re-settles, both tiers take the correction.
+    late = traces[5][-1]
+    moved = dataclasses.replace(late, span_id="00000000000000ff", name="late.step")
+    write_spans(engine, [moved])
+    settle(engine, force=True)
+    assert _hours(engine) == _hours_from_minutes(engine)
+
+
+def test_long_windows_read_hourly_rows_and_give_the_minute_answer(engine):
+    start, end, _ = _fill(engine)
+    reader = StoreReader(engine)
+    q = RollupQuery("op", start - 7 * MIN, end + 11 * MIN, Filters(), group_by=("service", "name"))
+    tiered = {g.key: (g.count, g.error_count, g.sum_ns, g.histogram.counts.tolist()) for g in reader.rollups(q)}
+    # The same window merged from minute rows alone (by_minute, then summed).
+    by_minute: dict = {}
+    for g in reader.rollups(RollupQuery(q.kind, q.start_ns, q.end_ns, q.filters, q.group_by, by_minute=True)):
+        a = by_minute.setdefault(g.key[:-1], [0, 0, 0, np.zeros_like(g.histogram.counts)])
+        a[0] += g.count
+        a[1] += g.error_count
+        a[2] += g.sum_ns
+        a[3] = a[3] + g.histogram.counts
+    assert tiered == {k: (c, e, t, h.tolist()) for k, (c, e, t, h) in by_minute.items()}
+    # Hour-sized steps come from the same rows, on an hour-aligned grid.
+    steps = reader.rollup_steps(q, 60)
+    assert all(g.key[-1] % 60 == 0 for g in steps)
+    assert sum(g.count for g in steps) == sum(v[0] for v in tiered.values())
+
+
+def test_windows_past_minute_retention_are_answered_from_hours(engine):
+    start, end, _ = _fill(engine)
+    reader_all = StoreReader(engine)
+    q = RollupQuery("trace", start, end, Filters(), group_by=("input_type",))
+    expected = {g.key: g.count for g in reader_all.rollups(q)}
+    # What the pruner does to minute rows past their retention: record the boundary, delete.
+    from modalscope.ingest.retention import _record_minute_boundary
+
+    _record_minute_boundary(engine, end // MIN + 60)
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM rollups"))
+    # No minute rows left: every edge rounds out to its whole hour, so the traces of the
+    # window's partial first hour still count (the hour starts at :00, the window at :13).
+    got = {g.key: g.count for g in reader_all.rollups(q)}
+    assert got == expected
+    assert sum(got.values()) == 120
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(Rollup)).scalar_one() == 0
+
+
+def test_settled_sketch_counts_match_rollup_counts(engine):
+    _fill(engine, n=30)
+    with engine.connect() as conn:
+        for count, blob in conn.execute(select(HourlyRollup.count, HourlyRollup.sketch)):
+            assert int(decode(blob)[1].sum()) == count

@@ -1,0 +1,134 @@
+"""Scale-out: several `modalscope ingest otlp` processes behind a (simulated) load balancer
+write one store. Traces are split across receivers and part of the traffic is resent to
+another receiver (a client retrying elsewhere); the store ends exactly as one process
+would have left it: every span once, every trace settled once, the same rollups."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import requests
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from sqlalchemy import func, select
+
+from modalscope.app import queries
+from modalscope.app.params import Window
+from modalscope.ingest import demo
+from modalscope.ingest.settle import settle
+from modalscope.models import Span, Trace
+from modalscope.models.engine import make_engine
+from modalscope.models.reader import Filters, StoreReader
+from modalscope.models.schema import ensure_schema
+from tests.ingest.test_receivers import free_port
+from tests.test_e2e import _start, _stop, _wait_http
+
+RECEIVERS = 3
+# Six minutes of demo traffic, anchored in the past so "now" never moves under us.
+CONFIG = demo.DemoConfig(now_ns=(time.time_ns() // 60_000_000_000 - 30) * 60_000_000_000, seed=11,
+                         hours=0.1, rate=1.5, spans_per_request=400)
+
+
+def _split(payload: bytes, parts: int) -> list[bytes]:
+    """One request's spans dealt round-robin into ``parts`` requests (each keeps its
+    resource and scope), so every trace is spread over several receivers."""
+    req = ExportTraceServiceRequest.FromString(payload)
+    outs = [ExportTraceServiceRequest() for _ in range(parts)]
+    i = 0
+    for rs in req.resource_spans:
+        targets = [None] * parts
+        for ss in rs.scope_spans:
+            scopes = [None] * parts
+            for span in ss.spans:
+                k = i % parts
+                i += 1
+                if targets[k] is None:
+                    targets[k] = outs[k].resource_spans.add()
+                    targets[k].resource.CopyFrom(rs.resource)
+                if scopes[k] is None:
+                    scopes[k] = targets[k].scope_spans.add()
+                    scopes[k].scope.CopyFrom(ss.scope)
+                scopes[k].spans.add().CopyFrom(span)
+    return [o.SerializeToString() for o in outs if o.resource_spans]
+
+
+def _post(port: int, body: bytes) -> None:
+    for attempt in range(50):  # retry as an OTLP exporter does on 429/503
+        r = requests.post(f"http://127.0.0.1:{port}/v1/traces", data=body,
+                          headers={"Content-Type": "application/x-protobuf"}, timeout=30)
+        if r.status_code == 200:
+            return
+        assert r.status_code in (429, 503), r.text
+        time.sleep(float(r.headers.get("Retry-After", "0.2")))
+    raise AssertionError("receiver never accepted the request")
+
+
+def _answers(reader: StoreReader) -> dict:
+    w = Window(CONFIG.start_ns - 60_000_000_000, CONFIG.end_ns + 600_000_000_000)
+    return {"pairs": queries.pairs(reader, w, Filters()), "input_types": queries.input_types(reader, w, Filters()),
+            "stages": queries.stages(reader, w, Filters())}
+
+
+def test_several_receivers_one_store_lose_and_duplicate_nothing(db_url, tmp_path, monkeypatch):
+    for k in list(os.environ):
+        if k.startswith("OTEL_"):
+            monkeypatch.delenv(k)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODALSCOPE_")}
+    env.update({"MODALSCOPE_DATABASE_URL": db_url, "MODALSCOPE_SETTLE_SECONDS": "0.3"})
+    procs, ports = [], []
+    try:
+        for _ in range(RECEIVERS):
+            port = free_port()
+            e = dict(env, MODALSCOPE_OTLP_HTTP_PORT=str(port), MODALSCOPE_OTLP_GRPC_PORT=str(free_port()))
+            procs.append(_start(["ingest", "otlp"], e))
+            ports.append(port)
+        for port, proc in zip(ports, procs):
+            _wait_http(f"http://127.0.0.1:{port}/", proc)
+
+        sent = 0
+        for n, payload in enumerate(demo.export_requests(CONFIG)):
+            for k, part in enumerate(_split(payload, RECEIVERS)):
+                _post(ports[(n + k) % RECEIVERS], part)
+                if (n + k) % 4 == 0:  # a retry that went to another receiver
+                    _post(ports[(n + k + 1) % RECEIVERS], part)
+                sent += 1
+        assert sent > 20
+
+        for proc in procs:  # Ctrl-C: each writes what it acknowledged and settles what is due
+            code, _, err = _stop(proc)
+            assert code == 0, err
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+    engine = make_engine(db_url, write=True)
+    try:
+        settle(engine, force=True)  # whatever was not yet due when the receivers stopped
+        with engine.connect() as conn:
+            spans = conn.execute(select(func.count()).select_from(Span)).scalar_one()
+            distinct = conn.execute(select(func.count()).select_from(
+                select(Span.trace_id, Span.span_id).distinct().subquery())).scalar_one()
+            traces = conn.execute(select(func.count()).select_from(Trace)).scalar_one()
+            pending = conn.execute(select(func.count()).select_from(Trace).where(Trace.pending.is_(True))).scalar_one()
+        got = _answers(StoreReader(engine))
+    finally:
+        engine.dispose()
+
+    # The same traffic through one process into a fresh SQLite store: the reference.
+    ref_url = f"sqlite:///{tmp_path / 'reference.db'}"
+    ensure_schema(ref_url)
+    ref = make_engine(ref_url, write=True)
+    try:
+        filled = demo.fill(ref, CONFIG)
+        settle(ref, force=True)
+        expected = _answers(StoreReader(ref))
+    finally:
+        ref.dispose()
+
+    assert spans == distinct == filled.spans
+    assert traces == filled.traces and pending == 0
+    assert got == expected
+    assert sum(r["count"] for r in got["input_types"]) == filled.traces

@@ -9,6 +9,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     MODALSCOPE_BIND=0.0.0.0 \
     MODALSCOPE_DATABASE_URL=sqlite:////data/modalscope.db
 
+# Chromium draws the /render/<panel>.png|svg images (kaleido drives it; BROWSER_PATH names
+# it), with fonts for the labels. Only the image renderer uses it.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends chromium fonts-liberation fonts-dejavu-core \
+    && rm -rf /var/lib/apt/lists/*
+ENV BROWSER_PATH=/usr/bin/chromium
+
 WORKDIR /src
 COPY pyproject.toml README.md alembic.ini ./
 COPY modalscope ./modalscope

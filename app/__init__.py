@@ -26,7 +26,7 @@ def assets_folder() -> Path:
 def create_app(settings: Settings | None = None) -> Flask:
     from ..models.engine import make_engine
     from ..models.reader import StoreReader
-    from . import api
+    from . import api, auth, embed
 
     settings = settings or Settings.from_env()
     server = Flask(__name__)
@@ -36,20 +36,13 @@ def create_app(settings: Settings | None = None) -> Flask:
     engine = make_engine(settings.database_url)
     server.extensions["modalscope"] = {"settings": settings, "engine": engine, "reader": StoreReader(engine)}
     server.register_blueprint(api.bp)
+    server.register_blueprint(embed.bp)  # /embed/<panel>, /render/<panel>.png|svg
 
-    if settings.auth_token:
-        _require_bearer_token(server, settings.auth_token)
+    # The access gate and /login first: its before_request must run before Dash's.
+    auth.init_app(server, settings, inline_scripts=lambda: _dash_inline_scripts(server))
 
     dash_app = _add_dashboard(server, settings)
     server.extensions["modalscope"]["dash"] = dash_app
-
-    @server.after_request
-    def _headers(resp):
-        resp.headers.setdefault("X-Content-Type-Options", "nosniff")
-        resp.headers.setdefault("X-Frame-Options", "DENY")
-        resp.headers.setdefault("Content-Security-Policy", "frame-ancestors 'self'")
-        resp.headers.setdefault("Referrer-Policy", "same-origin")
-        return resp
 
     return server
 
@@ -59,7 +52,7 @@ def _add_dashboard(server: Flask, settings: Settings):
     import dash
     from dash import _callback
 
-    from . import components
+    from . import auth, components
 
     dash_app = dash.Dash(
         "modalscope.app",
@@ -74,7 +67,8 @@ def _add_dashboard(server: Flask, settings: Settings):
         compress=False,
         meta_tags=[{"name": "viewport", "content": "width=device-width, initial-scale=1"}],
     )
-    dash_app.layout = components.shell()
+    # A function, so each page load's shell knows who is signed in (auth.account()).
+    dash_app.layout = lambda: components.shell(account=auth.account())
     components.register_callbacks()
     # Dash collects ``dash.callback`` registrations in module-level lists and hands them to
     # whichever app serves its first request. Page modules are (re-)executed for every app
@@ -94,22 +88,10 @@ def _add_dashboard(server: Flask, settings: Settings):
     return dash_app
 
 
-def _require_bearer_token(server: Flask, token: str) -> None:
-    """MODALSCOPE_AUTH_TOKEN: everything but /api/v1/health needs ``Authorization: Bearer``."""
-    import hmac
-
-    from flask import jsonify, request
-
-    expected = f"Bearer {token}".encode()
-
-    @server.before_request
-    def _check_token():
-        if request.path == "/api/v1/health":
-            return None
-        given = request.headers.get("Authorization", "").encode()
-        if hmac.compare_digest(given, expected):
-            return None
-        resp = jsonify({"error": "authentication required: send Authorization: Bearer <MODALSCOPE_AUTH_TOKEN>"})
-        resp.status_code = 401
-        resp.headers["WWW-Authenticate"] = 'Bearer realm="modalscope"'
-        return resp
+def _dash_inline_scripts(server: Flask) -> list[str]:
+    """The inline scripts Dash writes into its pages (the renderer's start and clientside
+    callbacks), for the CSP's script hashes. Dash adds some at its first request."""
+    dash_app = server.extensions["modalscope"].get("dash")
+    if dash_app is None:
+        return []
+    return [*dash_app._inline_scripts, dash_app.renderer]  # noqa: SLF001

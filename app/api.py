@@ -74,6 +74,13 @@ def stages():
                                   group_by=None if group_by == "none" else group_by))
 
 
+#: Longest window /anomalies scans (the Anomalies page's longest range is 7 days).
+MAX_ANOMALY_WINDOW_S = 7 * 86400
+
+#: Longest duration a filter takes (~31 years; the store's nanoseconds end near 292 years).
+MAX_DURATION_MS = 1e12
+
+
 def _float_param(name: str) -> float | None:
     raw = request.args.get(name)
     if raw is None or raw == "":
@@ -84,6 +91,8 @@ def _float_param(name: str) -> float | None:
         raise ParamError(name, f"{name} must be a number of milliseconds") from None
     if not math.isfinite(value) or value < 0:
         raise ParamError(name, f"{name} must be a non-negative number of milliseconds")
+    if value > MAX_DURATION_MS:  # past what the store's 64-bit nanoseconds hold
+        raise ParamError(name, f"{name} must be at most {MAX_DURATION_MS:.0e} milliseconds")
     return value
 
 
@@ -115,6 +124,11 @@ def anomalies():
     from . import findings
 
     window = parse_window(request.args)
+    if window.seconds > MAX_ANOMALY_WINDOW_S:
+        # The detectors work minute by minute: a 400-day window held a worker for a
+        # minute and 1.2 GB; a window from 1970 tried to allocate 57 GiB.
+        raise ParamError("range" if request.args.get("range") else "start",
+                         f"the anomaly window is at most {MAX_ANOMALY_WINDOW_S // 86400} days")
     return jsonify(findings.find(_reader(), window, parse_filters(request.args), _thresholds()))
 
 
@@ -139,6 +153,23 @@ def compare():
     window = parse_window(request.args)
     baseline = parse_baseline_window(request.args, window)
     return jsonify(queries.compare(_reader(), window, baseline, parse_filters(request.args)))
+
+
+@bp.get("/share")
+def share():
+    """The addresses of one panel (``panels.share_urls``): ``{"link", "embed_url", "image_url",
+    "svg_url", "iframe", "signed", "expires"}``, absolute from this request's host. With
+    MODALSCOPE_SECRET_KEY the embed and image URLs are signed for ``ttl`` seconds (default
+    30 days); every other parameter is the panel's query, checked like the panel checks it."""
+    from . import panels
+
+    name = request.args.get("panel") or ""
+    if name not in panels.PANELS:
+        raise ParamError("panel", f"panel must be one of {', '.join(panels.PANEL_NAMES)}")
+    ttl = panels.parse_ttl(request.args.get("ttl"))
+    params = [(k, v) for k, v in request.args.items(multi=True) if k not in ("panel", "ttl")]
+    secret = current_app.extensions["modalscope"]["settings"].secret_key
+    return jsonify(panels.share_urls(request.url_root, name, params, secret=secret, ttl_seconds=ttl))
 
 
 @bp.get("/traces/<trace_id>")

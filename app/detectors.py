@@ -25,9 +25,19 @@ sketch, see ``models/sketch.py``):
 * ``pairs``: caller, callee, minute, count, errors, keys, counts (``pair`` rollups)
 * ``traces``: input_type, minute, count, errors, sum_ns, keys, counts (``trace`` rollups)
 * ``tstage``: input_type, stage, minute, count, sum_ns (``tstage`` rollups)
-* ``spans``: trace_id, service, name, kind, stage, start_ns, duration_ns, status,
-  instance, attrs (dict): SERVER/CONSUMER spans and spans carrying a convention attribute
 * ``long_traces``: trace_id, root_service, input_type, start_ns, duration_ns, error
+* ``cache``: service, cache, key, value, minute, count, misses (``cache`` rollups: lookups
+  per tag value)
+* ``batch``: service, minute, count, ones, sum (``batch`` rollups: spans with a numeric
+  ``batch.size``, those of size 1, the sizes' sum)
+* ``cuda``: service, name, fallback, minute, count, keys, counts (``cuda`` rollups)
+* ``sync``: service, minute, count, keys, counts (``sync`` rollups: encoder spread a trace)
+* ``spans``: trace_id, service, name, kind, stage, start_ns, duration_ns, status,
+  instance, attrs (dict). Read from the store only around new instances (``cold_start``);
+  hand-made frames may carry every span instead of the convention frames, which are then
+  computed from them exactly as the settler does (``ingest/settle_fast.py``), and the
+  detectors take exemplars and exact medians from them. From rollups alone, the
+  attribute findings get their exemplars later (``describe_from_spans``, a bounded read).
 """
 
 from __future__ import annotations
@@ -179,6 +189,16 @@ class Frames:
     long_traces: pd.DataFrame = field(default_factory=lambda: empty_frame(LONG_TRACE_COLUMNS))
     sampled: bool = False
     spans_start_ns: int | None = None  # where raw spans begin (default: data_start_ns)
+    # Convention rollups (``cache``/``batch``/``cuda``/``sync`` series, see CACHE_COLUMNS
+    # etc.); None: computed from ``spans`` (hand-made frames carry raw spans only).
+    cache: pd.DataFrame | None = None
+    batch: pd.DataFrame | None = None
+    cuda: pd.DataFrame | None = None
+    sync: pd.DataFrame | None = None
+    # (service, instance) pairs the ``inst`` rollups show as new; None: every instance
+    # first seen after the raw spans begin. With it, ``spans`` may hold only the spans
+    # around those births.
+    new_instances: set | None = None
 
     @property
     def first_minute(self) -> int:
@@ -559,16 +579,42 @@ def _attr_spans(frames: Frames, key: str) -> pd.DataFrame:
     return out[out["_v"].notna()]
 
 
-def _bounded_keys(df: pd.DataFrame, exclude_prefixes=("cache.",), max_values: int = 20) -> list[str]:
-    """String attribute keys of ``df``'s spans with 2..max_values distinct values."""
-    values: dict[str, set] = {}
-    for a in df["attrs"]:
-        for k, v in a.items():
-            if isinstance(v, str) and not k.startswith(exclude_prefixes):
-                s = values.setdefault(k, set())
-                if len(s) <= max_values:
-                    s.add(v)
-    return sorted(k for k, s in values.items() if 2 <= len(s) <= max_values)
+CACHE_COLUMNS = ("service", "cache", "key", "value", "minute", "count", "misses")
+BATCH_COLUMNS = ("service", "minute", "count", "ones", "sum")
+CUDA_COLUMNS = ("service", "name", "fallback", "minute", "count", "keys", "counts")
+SYNC_COLUMNS = ("service", "minute", "count", "keys", "counts")
+MAX_TAG_VALUES = 20  # a cache tag has 2..20 values in the data
+
+
+def _convention_rows(frames: Frames, kind: str) -> list[tuple]:
+    """(series key, minute, value, error) of the raw spans' convention contributions: the
+    rollups the settler writes (``ingest/settle_fast.py``), computed from ``frames.spans``."""
+    from ..ingest.settle_fast import convention_contributions
+
+    out = []
+    df = _with_attrs(frames)
+    for service, name, start, dur, attrs in zip(df["service"], df["name"], df["start_ns"], df["duration_ns"],
+                                                df["attrs"]):
+        out.extend(c for c in convention_contributions(service, name, int(start), int(dur), attrs)
+                   if c[0][0] == kind)
+    return out
+
+
+def _cache_frame(frames: Frames) -> pd.DataFrame:
+    """Cache lookups and misses per (service, cache, tag key, tag value, minute): the
+    ``cache`` rollups, or the same from raw spans."""
+    if frames.cache is not None:
+        return frames.cache
+    rows = [(k[1], k[2], k[5], k[6], m, 1, e) for k, m, v, e in _convention_rows(frames, "cache")]
+    if not rows:
+        return empty_frame(CACHE_COLUMNS)
+    df = pd.DataFrame(rows, columns=list(CACHE_COLUMNS))
+    return df.groupby(list(CACHE_COLUMNS[:5]), as_index=False)[["count", "misses"]].sum()
+
+
+def _in_run(frames: Frames, df: pd.DataFrame, s_min: int, e_min: int) -> pd.DataFrame:
+    """Raw spans of ``df`` starting in the run's minutes (exemplars and exact evidence)."""
+    return df[(df["start_ns"] >= s_min * NS_MIN) & (df["start_ns"] < e_min * NS_MIN)]
 
 
 def detect_cache_penetration(frames: Frames, th: Thresholds) -> list[dict]:
@@ -576,93 +622,134 @@ def detect_cache_penetration(frames: Frames, th: Thresholds) -> list[dict]:
     (a string attribute of the lookups with 2-20 values), the hit rate of one tag value
     falls below ``(1 - cache_drop)`` x the dominant value's in the same block, while the
     dominant value (the busiest, at least ``cache_dominant_share`` of the lookups) keeps
-    its own rate. Each side needs ``min_samples`` lookups a block.
+    its own rate. Each side needs ``min_samples`` lookups a block. Reads the ``cache``
+    rollups (a tag whose values overflowed the settler's cap is no bounded tag).
     """
-    df = _attr_spans(frames, "cache.name")
+    df = _cache_frame(frames)
     if df.empty:
         return []
-    df = df.assign(hit=[bool(a.get("cache.hit")) for a in df["attrs"]],
-                   block=_block_of(df["start_ns"].to_numpy() // NS_MIN, th))
+    df = df.assign(block=_block_of(df["minute"].to_numpy(), th), hits=df["count"] - df["misses"])
     out = []
     b = max(1, th.block_minutes)
-    for cache, cdf in df.groupby("_v"):
-        for key in _bounded_keys(cdf):
-            vals = np.array([a.get(key) for a in cdf["attrs"]], dtype=object)
-            sub = cdf.assign(tag=vals)
-            sub = sub[sub["tag"].notna()]
-            stats = sub.groupby(["block", "tag"]).agg(n=("hit", "size"), hits=("hit", "sum")).reset_index()
-            flagged: dict[str, list[tuple[int, str, float, float, int, float]]] = {}
-            for blk, g in stats.groupby("block"):
-                total = g["n"].sum()
-                dom = g.loc[g["n"].idxmax()]
-                share = dom["n"] / total
-                if share < th.cache_dominant_share or dom["n"] < th.min_samples:
+    raw = _attr_spans(frames, "cache.name") if not frames.spans.empty else None
+    for (cache, key), kdf in df.groupby(["cache", "key"], sort=True):
+        values = set(kdf.loc[kdf["count"] > 0, "value"])
+        if "" in values or not 2 <= len(values) <= MAX_TAG_VALUES:
+            continue
+        stats = kdf.groupby(["block", "value"], as_index=False)[["count", "hits"]].sum()
+        stats = stats.rename(columns={"count": "n", "value": "tag"})
+        flagged: dict[str, list[tuple[int, str, float, float, int, float]]] = {}
+        for blk, g in stats.groupby("block"):
+            total = g["n"].sum()
+            dom = g.loc[g["n"].idxmax()]
+            share = dom["n"] / total
+            if share < th.cache_dominant_share or dom["n"] < th.min_samples:
+                continue
+            dom_rate = dom["hits"] / dom["n"]
+            for tag, n, hits in zip(g["tag"], g["n"], g["hits"]):
+                if tag == dom["tag"] or n < th.min_samples:
                     continue
-                dom_rate = dom["hits"] / dom["n"]
-                for _, r in g.iterrows():
-                    if r["tag"] == dom["tag"] or r["n"] < th.min_samples:
-                        continue
-                    rate = r["hits"] / r["n"]
-                    if rate < (1 - th.cache_drop) * dom_rate:
-                        flagged.setdefault(r["tag"], []).append((int(blk), str(dom["tag"]), rate, dom_rate,
-                                                                 int(r["n"]), share))
-            for value, items in flagged.items():
-                items.sort()
-                blks = np.array([x[0] for x in items])
-                runs, s = [], 0
-                for k in range(1, len(blks) + 1):
-                    if k == len(blks) or blks[k] != blks[k - 1] + b:
-                        runs.append(items[s:k])
-                        s = k
-                for run in runs:
-                    s_min, e_min = run[0][0], run[-1][0] + b
-                    if not _reportable(frames, s_min, e_min):
-                        continue
-                    in_run = sub[(sub["block"] >= s_min) & (sub["block"] < e_min)]
-                    mine = in_run[in_run["tag"] == value]
-                    dominant = max(set(x[1] for x in run), key=[x[1] for x in run].count)
-                    dom_rows = in_run[in_run["tag"] == dominant]
-                    before = sub[(sub["tag"] == value) & ((sub["block"] < s_min) | (sub["block"] >= e_min))]
-                    misses = mine[~mine["hit"]].sort_values("start_ns")
-                    s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
-                    out.append(finding("cache_penetration", "warning",
-                                       {"cache": str(cache), "attribute": {"key": key, "value": value}}, s_ns, e_ns, {
-                        "hit_rate": round(mine["hit"].mean(), 4), "dominant_hit_rate": round(dom_rows["hit"].mean(), 4),
-                        "baseline_hit_rate": round(before["hit"].mean(), 4) if len(before) else None,
-                        "threshold_hit_rate": round((1 - th.cache_drop) * dom_rows["hit"].mean(), 4),
-                        "dominant_share": round(len(dom_rows) / max(1, len(in_run)), 4),
-                        "sample_count": int(len(mine)), "dominant_count": int(len(dom_rows)),
-                    }, HINTS["cache_penetration"].format(key=key, value=value, dominant=f"{key}={dominant}"),
-                        misses["trace_id"].tolist()))
+                rate = hits / n
+                if rate < (1 - th.cache_drop) * dom_rate:
+                    flagged.setdefault(tag, []).append((int(blk), str(dom["tag"]), rate, dom_rate, int(n), share))
+        for value, items in flagged.items():
+            items.sort()
+            blks = np.array([x[0] for x in items])
+            runs, s = [], 0
+            for k in range(1, len(blks) + 1):
+                if k == len(blks) or blks[k] != blks[k - 1] + b:
+                    runs.append(items[s:k])
+                    s = k
+            for run in runs:
+                s_min, e_min = run[0][0], run[-1][0] + b
+                if not _reportable(frames, s_min, e_min):
+                    continue
+                in_run = stats[(stats["block"] >= s_min) & (stats["block"] < e_min)]
+                mine = in_run[in_run["tag"] == value]
+                dominant = max(set(x[1] for x in run), key=[x[1] for x in run].count)
+                dom_rows = in_run[in_run["tag"] == dominant]
+                before = stats[(stats["tag"] == value) & ((stats["block"] < s_min) | (stats["block"] >= e_min))]
+                dom_rate = dom_rows["hits"].sum() / max(1, dom_rows["n"].sum())
+                exemplars = []
+                if raw is not None:
+                    r = _in_run(frames, raw[raw["_v"].astype(str) == str(cache)], s_min, e_min)
+                    misses = [t for t, a in zip(r["trace_id"], r["attrs"]) if a.get(key) == value
+                              and not bool(a.get("cache.hit"))]
+                    exemplars = misses
+                s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
+                out.append(finding("cache_penetration", "warning",
+                                   {"cache": str(cache), "attribute": {"key": key, "value": value}}, s_ns, e_ns, {
+                    "hit_rate": round(mine["hits"].sum() / max(1, mine["n"].sum()), 4),
+                    "dominant_hit_rate": round(dom_rate, 4),
+                    "baseline_hit_rate": round(before["hits"].sum() / before["n"].sum(), 4)
+                    if before["n"].sum() else None,
+                    "threshold_hit_rate": round((1 - th.cache_drop) * dom_rate, 4),
+                    "dominant_share": round(dom_rows["n"].sum() / max(1, in_run["n"].sum()), 4),
+                    "sample_count": int(mine["n"].sum()), "dominant_count": int(dom_rows["n"].sum()),
+                }, HINTS["cache_penetration"].format(key=key, value=value, dominant=f"{key}={dominant}"), exemplars))
     return out
+
+
+def _sync_blocks(frames: Frames, th: Thresholds):
+    """Per block: median encoder spread (ms) and trace count, plus a function giving the
+    median over a set of blocks, and the fusion service. From raw spans when the frames
+    carry them (exact, with per-trace exemplars), else from the ``sync`` rollups."""
+    if frames.sync is None:
+        df = frames.spans
+        if df.empty:
+            return None
+        srv = df[df["kind"].isin(KIND_SERVER_CODES)]
+        enc = srv[srv["stage"] == "encoder"]
+        fus = srv[srv["stage"] == "fusion"]
+        if enc.empty or fus.empty:
+            return None
+        enc = enc[enc["trace_id"].isin(set(fus["trace_id"]))]
+        ends = (enc.assign(end=enc["start_ns"] + enc["duration_ns"])
+                .groupby(["trace_id", "service"]).agg(end=("end", "max"), start=("start_ns", "min")).reset_index())
+        per = ends.groupby("trace_id").agg(n=("service", "size"), first=("end", "min"), last=("end", "max"),
+                                           start=("start", "min"))
+        per = per[per["n"] >= 2]
+        if per.empty:
+            return None
+        per = per.assign(spread_ms=(per["last"] - per["first"]) / 1e6,
+                         block=_block_of(per["start"].to_numpy() // NS_MIN, th))
+        stats = per.groupby("block")["spread_ms"].agg(["median", "size"])
+
+        def median_of(sel) -> tuple[float, int, list]:
+            inside = per[sel(per["block"])]
+            return (float(inside["spread_ms"].median()) if len(inside) else None, len(inside),
+                    inside.sort_values("spread_ms", ascending=False).index.tolist())
+
+        return stats, median_of, fus["service"].mode().iloc[0]
+    df = frames.sync
+    if df.empty:
+        return None
+    df = df.assign(block=_block_of(df["minute"].to_numpy(), th))
+    rows = []
+    for blk, g in df.groupby("block", sort=True):
+        h = histogram_of(g["keys"], g["counts"])
+        rows.append((blk, h.quantile(0.5) / 1e6 if h.count else np.nan, int(g["count"].sum())))
+    stats = pd.DataFrame(rows, columns=["block", "median", "size"]).set_index("block")
+
+    def median_of(sel) -> tuple[float, int, list]:
+        inside = df[sel(df["block"])]
+        h = histogram_of(inside["keys"], inside["counts"])
+        return (h.quantile(0.5) / 1e6 if h.count else None, int(inside["count"].sum()), [])
+
+    return stats, median_of, df.groupby("service")["count"].sum().idxmax()
 
 
 def detect_fusion_sync_wait(frames: Frames, th: Thresholds) -> list[dict]:
     """``fusion_sync_wait``: in traces with a fusion-stage span, the spread between the
     first and the last encoder to finish (per service, the end of its last encoder-stage
     SERVER span). Fires for blocks whose median spread, over at least ``min_samples``
-    traces with two or more encoders, exceeds ``sync_spread_ms``.
+    traces with two or more encoders, exceeds ``sync_spread_ms``. Reads the ``sync``
+    rollups (one spread a trace), or computes them from raw spans.
     """
-    df = frames.spans
-    if df.empty:
+    got = _sync_blocks(frames, th)
+    if got is None:
         return []
-    srv = df[df["kind"].isin(KIND_SERVER_CODES)]
-    enc = srv[srv["stage"] == "encoder"]
-    fus = srv[srv["stage"] == "fusion"]
-    if enc.empty or fus.empty:
-        return []
-    enc = enc[enc["trace_id"].isin(set(fus["trace_id"]))]
-    ends = (enc.assign(end=enc["start_ns"] + enc["duration_ns"])
-            .groupby(["trace_id", "service"]).agg(end=("end", "max"), start=("start_ns", "min")).reset_index())
-    per = ends.groupby("trace_id").agg(n=("service", "size"), first=("end", "min"), last=("end", "max"),
-                                       start=("start", "min"))
-    per = per[per["n"] >= 2]
-    if per.empty:
-        return []
-    per = per.assign(spread_ms=(per["last"] - per["first"]) / 1e6,
-                     block=_block_of(per["start"].to_numpy() // NS_MIN, th))
-    stats = per.groupby("block")["spread_ms"].agg(["median", "size"])
-    fusion_service = fus["service"].mode().iloc[0]
+    stats, median_of, fusion_service = got
     flags = (stats["median"] > th.sync_spread_ms) & (stats["size"] >= th.min_samples)
     b = max(1, th.block_minutes)
     out = []
@@ -670,15 +757,15 @@ def detect_fusion_sync_wait(frames: Frames, th: Thresholds) -> list[dict]:
     fl = flags.to_numpy()
     for k, j, s_min, e_min in _flagged_runs(blocks, fl, b):
         if _reportable(frames, s_min, e_min):
-            inside = per[(per["block"] >= s_min) & (per["block"] < e_min)]
-            outside = per[(per["block"] < s_min) | (per["block"] >= e_min)]
+            med_in, n_in, exemplars = median_of(lambda blk: (blk >= s_min) & (blk < e_min))
+            med_out, n_out, _ = median_of(lambda blk: (blk < s_min) | (blk >= e_min))
             s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
             out.append(finding("fusion_sync_wait", "warning", {"service": str(fusion_service), "stage": "fusion"},
                                s_ns, e_ns, {
-                "median_spread_ms": round(float(inside["spread_ms"].median()), 3),
-                "baseline_spread_ms": round(float(outside["spread_ms"].median()), 3) if len(outside) else None,
-                "threshold_ms": th.sync_spread_ms, "sample_count": int(len(inside)),
-            }, HINTS["fusion_sync_wait"], inside.sort_values("spread_ms", ascending=False).index.tolist()))
+                "median_spread_ms": round(float(med_in), 3),
+                "baseline_spread_ms": round(float(med_out), 3) if n_out and med_out is not None else None,
+                "threshold_ms": th.sync_spread_ms, "sample_count": int(n_in),
+            }, HINTS["fusion_sync_wait"], exemplars))
     return out
 
 
@@ -735,45 +822,78 @@ def _load_by_block(frames: Frames, th: Thresholds) -> pd.Series:
     return d.groupby("block")["count"].sum().astype(float)
 
 
+def _batch_frame(frames: Frames) -> pd.DataFrame:
+    """Spans with a numeric ``batch.size`` per (service, minute): count, size-1 count, sum
+    of sizes (the ``batch`` rollups, or the same from raw spans)."""
+    if frames.batch is not None:
+        return frames.batch
+    rows = [(k[1], m, 1, e, v) for k, m, v, e in _convention_rows(frames, "batch")]
+    if not rows:
+        return empty_frame(BATCH_COLUMNS)
+    return pd.DataFrame(rows, columns=list(BATCH_COLUMNS)).groupby(["service", "minute"], as_index=False).sum()
+
+
 def detect_batching_failure(frames: Frames, th: Thresholds) -> list[dict]:
     """``batching_failure``: per service, the share of its spans with ``batch.size`` = 1
     reaches ``batch_stuck_share`` in blocks whose load (requests, from the ``trace``
     rollups) is at least ``batch_load_ratio`` x the median block's, while over the whole
     data that share stays under one half. A block needs ``min_samples`` batched spans.
     """
-    df = _attr_spans(frames, "batch.size")
+    df = _batch_frame(frames)
     if df.empty:
         return []
-    size = pd.to_numeric(df["_v"], errors="coerce")
-    df = df.assign(one=(size == 1), block=_block_of(df["start_ns"].to_numpy() // NS_MIN, th))
-    df = df[size.notna()]
+    df = df.assign(block=_block_of(df["minute"].to_numpy(), th))
     load = _load_by_block(frames, th)
     med = float(load.median()) if len(load) else 0.0
     b = max(1, th.block_minutes)
+    raw = _attr_spans(frames, "batch.size") if not frames.spans.empty else None
     out = []
     for service, g in df.groupby("service"):
-        stats = g.groupby("block")["one"].agg(["mean", "size", "sum"])
-        base = float(stats.loc[stats["size"] >= th.min_samples, "mean"].median()) if len(stats) else 1.0
+        stats = g.groupby("block")[["count", "ones", "sum"]].sum()
+        stats = stats.assign(mean=stats["ones"] / stats["count"])
+        full = stats["count"] >= th.min_samples
+        base = float(stats.loc[full, "mean"].median()) if full.any() else float("nan")
         if not base < 0.5:
             continue
         lo = load.reindex(stats.index).fillna(0.0)
-        fl = ((stats["size"] >= th.min_samples) & (stats["mean"] >= th.batch_stuck_share)
-              & (lo >= th.batch_load_ratio * med)).to_numpy()
+        fl = (full & (stats["mean"] >= th.batch_stuck_share) & (lo >= th.batch_load_ratio * med)).to_numpy()
         blocks = stats.index.to_numpy()
         for k, j, s_min, e_min in _flagged_runs(blocks, fl, b):
             if _reportable(frames, s_min, e_min):
-                inside = g[(g["block"] >= s_min) & (g["block"] < e_min)]
+                inside = stats.iloc[k:j + 1]
+                n = int(inside["count"].sum())
                 load_in = float(lo.iloc[k:j + 1].mean())
+                exemplars = []
+                if raw is not None:
+                    r = _in_run(frames, raw[raw["service"] == service], s_min, e_min)
+                    r = r[pd.to_numeric(r["_v"], errors="coerce").notna()]
+                    exemplars = r.sort_values("duration_ns", ascending=False)["trace_id"].tolist()
                 s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
                 out.append(finding("batching_failure", "warning",
                                    {"service": str(service), "attribute": {"key": "batch.size", "value": 1}}, s_ns, e_ns, {
-                    "batch_one_share": round(float(inside["one"].mean()), 4), "baseline_batch_one_share": round(base, 4),
+                    "batch_one_share": round(float(inside["ones"].sum()) / n, 4), "baseline_batch_one_share": round(base, 4),
                     "threshold_share": th.batch_stuck_share,
                     "load_ratio": round(load_in / med, 3) if med else None, "threshold_load_ratio": th.batch_load_ratio,
-                    "mean_batch_size": round(float(pd.to_numeric(inside["_v"]).mean()), 3),
-                    "sample_count": int(len(inside)),
-                }, HINTS["batching_failure"], inside.sort_values("duration_ns", ascending=False)["trace_id"].tolist()))
+                    "mean_batch_size": round(float(inside["sum"].sum()) / n, 3),
+                    "sample_count": n,
+                }, HINTS["batching_failure"], exemplars))
     return out
+
+
+def _cuda_frame(frames: Frames) -> pd.DataFrame:
+    """Spans with ``gpu.cuda_graph`` per (service, span name, fallback or not, minute), with
+    their latency sketches (the ``cuda`` rollups, or the same from raw spans)."""
+    if frames.cuda is not None:
+        return frames.cuda
+    rows = [(k[1], k[2], k[6] == "fallback", m, v) for k, m, v, e in _convention_rows(frames, "cuda")]
+    if not rows:
+        return empty_frame(CUDA_COLUMNS)
+    df = pd.DataFrame(rows, columns=["service", "name", "fallback", "minute", "v"])
+    out = []
+    for key, g in df.groupby(["service", "name", "fallback", "minute"], sort=True):
+        k, c = np.unique(sketch.keys_of(g["v"].to_numpy(dtype=float)), return_counts=True)
+        out.append((*key, len(g), k, c))
+    return pd.DataFrame(out, columns=list(CUDA_COLUMNS))
 
 
 def detect_cuda_graph_fallback(frames: Frames, th: Thresholds) -> list[dict]:
@@ -781,45 +901,70 @@ def detect_cuda_graph_fallback(frames: Frames, th: Thresholds) -> list[dict]:
     spans carrying ``gpu.cuda_graph`` say ``fallback`` (and at least ``min_events`` of them);
     the evidence adds their extra latency against captured spans of the same operation.
     """
-    df = _attr_spans(frames, "gpu.cuda_graph")
+    df = _cuda_frame(frames)
     if df.empty:
         return []
-    df = df.assign(fb=(df["_v"] == "fallback"), block=_block_of(df["start_ns"].to_numpy() // NS_MIN, th))
+    df = df.assign(block=_block_of(df["minute"].to_numpy(), th),
+                   fb=df["count"].where(df["fallback"].astype(bool), 0))
+    raw = _attr_spans(frames, "gpu.cuda_graph") if not frames.spans.empty else None
     b = max(1, th.block_minutes)
     out = []
     for service, g in df.groupby("service"):
-        stats = g.groupby("block")["fb"].agg(["mean", "size", "sum"])
-        fl = ((stats["size"] >= th.min_samples) & (stats["mean"] >= th.fallback_share)
-              & (stats["sum"] >= th.min_events)).to_numpy()
+        stats = g.groupby("block")[["count", "fb"]].sum()
+        mean = stats["fb"] / stats["count"]
+        fl = ((stats["count"] >= th.min_samples) & (mean >= th.fallback_share)
+              & (stats["fb"] >= th.min_events)).to_numpy()
         blocks = stats.index.to_numpy()
         for k, j, s_min, e_min in _flagged_runs(blocks, fl, b):
-            if _reportable(frames, s_min, e_min):
-                inside = g[(g["block"] >= s_min) & (g["block"] < e_min)]
-                outside = g[(g["block"] < s_min) | (g["block"] >= e_min)]
-                fb = inside[inside["fb"]]
-                cap = inside[~inside["fb"]]
-                ratios = []
+            if not _reportable(frames, s_min, e_min):
+                continue
+            inside = g[(g["block"] >= s_min) & (g["block"] < e_min)]
+            outside = stats[(stats.index < s_min) | (stats.index >= e_min)]
+            n, n_fb = int(inside["count"].sum()), int(inside["fb"].sum())
+            hint = HINTS["cuda_graph_fallback"]
+            exemplars: list = []
+            ratios = []
+            if raw is not None:  # raw spans: exact medians, the instance and exemplars
+                r = _in_run(frames, raw[raw["service"] == service], s_min, e_min)
+                fb = r[r["_v"] == "fallback"]
+                cap = r[r["_v"] != "fallback"]
                 for name, f in fb.groupby("name"):
                     c = cap[cap["name"] == name]
                     if len(c):
                         ratios.append(f["duration_ns"].median() / max(1.0, c["duration_ns"].median()))
-                extra = float(np.median(ratios)) - 1 if ratios else None
-                instances = fb["instance"].dropna()
-                top = instances.mode().iloc[0] if len(instances) else None
-                hint = HINTS["cuda_graph_fallback"]
-                if top:
-                    hint += f" Most fallbacks are on instance {top} ({(instances == top).mean():.0%})."
-                s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
-                out.append(finding("cuda_graph_fallback", "warning",
-                                   {"service": str(service), "attribute": {"key": "gpu.cuda_graph", "value": "fallback"}},
-                                   s_ns, e_ns, {
-                    "fallback_share": round(float(inside["fb"].mean()), 4),
-                    "baseline_fallback_share": round(float(outside["fb"].mean()), 4) if len(outside) else None,
-                    "threshold_share": th.fallback_share,
-                    "extra_latency_ratio": round(extra, 4) if extra is not None else None,
-                    "fallback_count": int(len(fb)), "sample_count": int(len(inside)),
-                }, hint, fb.sort_values("duration_ns", ascending=False)["trace_id"].tolist()))
+                hint = cuda_hint(fb["instance"])
+                exemplars = fb.sort_values("duration_ns", ascending=False)["trace_id"].tolist()
+            else:
+                for name, ng in inside.groupby("name"):
+                    f, c = ng[ng["fallback"].astype(bool)], ng[~ng["fallback"].astype(bool)]
+                    if len(f) and len(c):
+                        mf = histogram_of(f["keys"], f["counts"]).quantile(0.5)
+                        mc = histogram_of(c["keys"], c["counts"]).quantile(0.5)
+                        if mf is not None and mc is not None:
+                            ratios.append(mf / max(1.0, mc))
+            extra = float(np.median(ratios)) - 1 if ratios else None
+            s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
+            out.append(finding("cuda_graph_fallback", "warning",
+                               {"service": str(service), "attribute": {"key": "gpu.cuda_graph", "value": "fallback"}},
+                               s_ns, e_ns, {
+                "fallback_share": round(n_fb / n, 4),
+                "baseline_fallback_share": round(float(outside["fb"].sum() / outside["count"].sum()), 4)
+                if outside["count"].sum() else None,
+                "threshold_share": th.fallback_share,
+                "extra_latency_ratio": round(extra, 4) if extra is not None else None,
+                "fallback_count": n_fb, "sample_count": n,
+            }, hint, exemplars))
     return out
+
+
+def cuda_hint(instances: pd.Series) -> str:
+    """The fallback hint, naming the instance most fallbacks ran on (from raw spans)."""
+    hint = HINTS["cuda_graph_fallback"]
+    instances = instances.dropna()
+    top = instances.mode().iloc[0] if len(instances) else None
+    if top:
+        hint += f" Most fallbacks are on instance {top} ({(instances == top).mean():.0%})."
+    return hint
 
 
 def detect_lb_timeout_truncation(frames: Frames, th: Thresholds) -> list[dict]:
@@ -859,11 +1004,26 @@ def detect_lb_timeout_truncation(frames: Frames, th: Thresholds) -> list[dict]:
     return out
 
 
+COLD_STEADY_NS = 30 * NS_MIN  # the steady state: the half hour after a new instance's warm-up
+
+
+def cold_start_candidate(first: pd.DataFrame, steady: pd.DataFrame, th: Thresholds) -> bool:
+    """Pre-check on ``inst`` rollups (one request a trace and instance, per minute): a new
+    instance's first minutes (``first``) against its service's next half hour
+    (``steady``, all instances): worth reading raw spans when the median is at least half
+    ``cold_factor`` x slower (minutes and mixed operations blur the exact rule)."""
+    hf = histogram_of(first["keys"], first["counts"])
+    hs = histogram_of(steady["keys"], steady["counts"])
+    if hf.count < th.min_events or hs.count < th.min_samples:
+        return False
+    return hf.quantile(0.5) >= 0.5 * th.cold_factor * hs.quantile(0.5)
+
+
 def detect_cold_start(frames: Frames, th: Thresholds) -> list[dict]:
     """``cold_start``: a ``service.instance.id`` first seen after the data began (a new
     instance) whose requests (SERVER/CONSUMER spans) in its first ``cold_warmup_s`` are,
     at the median, ``cold_factor`` x slower than the same operations' steady state (the
-    service's other spans from a warm-up after that instance's birth, all instances).
+    service's other spans in the half hour after that instance's warm-up, all instances).
     Needs ``min_events`` first requests and ``min_samples`` steady ones.
     """
     df = frames.spans
@@ -880,7 +1040,10 @@ def detect_cold_start(frames: Frames, th: Thresholds) -> list[dict]:
     # Only instances first seen after the data began can be new: find them with one grouped
     # minimum, then look at their spans (most instances live through the whole window).
     births = srv.groupby(["service", "instance"], sort=True)["start_ns"].min()
-    births = births[births >= spans_start + grace]
+    if frames.new_instances is None:
+        births = births[births >= spans_start + grace]
+    else:  # the rollups found the new instances; the raw spans are those around their births
+        births = births[[key in frames.new_instances for key in births.index]]
     if births.empty:
         return []
     by_service = {service: sg for service, sg in srv.groupby("service", sort=True)}
@@ -906,10 +1069,11 @@ def detect_cold_start(frames: Frames, th: Thresholds) -> list[dict]:
         total = 0
         for name, st, du in ops[service]:
             i = int(np.searchsorted(st, born + warm, side="left"))
-            cnt = len(st) - i
+            e = int(np.searchsorted(st, born + warm + COLD_STEADY_NS, side="left"))
+            cnt = e - i
             total += cnt
             if cnt and cnt >= th.min_samples:
-                med[name] = float(np.median(du[i:]))
+                med[name] = float(np.median(du[i:e]))
         steady = pd.Series(med, dtype=float)
         counts = pd.Series({"_": total})
         f = first[first["name"].isin(steady.index)]
@@ -1026,3 +1190,38 @@ def run_all(frames: Frames, th: Thresholds | None = None, kinds=None) -> list[di
             continue
         out.extend(fn(frames, th))
     return sort_findings(out)
+
+
+# -- exemplars for rollup-based attribute findings -----------------------------------------
+ATTRIBUTE_KINDS = ("cache_penetration", "batching_failure", "cuda_graph_fallback", "fusion_sync_wait")
+
+
+def describe_from_spans(f: dict, spans: pd.DataFrame) -> None:
+    """Fill a finding of :data:`ATTRIBUTE_KINDS` found from rollups with exemplar traces
+    (and, for a CUDA Graph fallback, the instance in its hint) from raw spans of (part of)
+    its window, as the detectors do when they have raw spans. ``spans`` as ``Frames.spans``."""
+    if spans.empty:
+        return
+    frames = Frames(0, 1, 0, spans=spans)
+    s = f["subject"]
+    ids: list = []
+    if f["kind"] == "cache_penetration":
+        df = _attr_spans(frames, "cache.name")
+        key, value = s["attribute"]["key"], s["attribute"]["value"]
+        df = df[df["_v"].astype(str) == s["cache"]]
+        ids = [t for t, a in zip(df["trace_id"], df["attrs"]) if a.get(key) == value and not bool(a.get("cache.hit"))]
+    elif f["kind"] == "batching_failure":
+        df = _attr_spans(frames, "batch.size")
+        df = df[(df["service"] == s["service"]) & pd.to_numeric(df["_v"], errors="coerce").notna()]
+        ids = df.sort_values("duration_ns", ascending=False)["trace_id"].tolist()
+    elif f["kind"] == "cuda_graph_fallback":
+        df = _attr_spans(frames, "gpu.cuda_graph")
+        fb = df[(df["service"] == s["service"]) & (df["_v"] == "fallback")]
+        ids = fb.sort_values("duration_ns", ascending=False)["trace_id"].tolist()
+        if len(fb):
+            f["hint"] = cuda_hint(fb["instance"])
+    elif f["kind"] == "fusion_sync_wait":
+        got = _sync_blocks(frames, Thresholds())
+        if got is not None:
+            ids = got[1](lambda blk: blk == blk)[2]
+    f["exemplar_trace_ids"] = finding("", "", {}, 0, 0, {}, "", ids)["exemplar_trace_ids"]

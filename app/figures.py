@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from datetime import datetime
 from typing import Iterable, Sequence
 
@@ -46,12 +47,17 @@ PCT_STYLE = {"p50": ("P50", "#10b981", "circle"), "p90": ("P90", "#f59e0b", "dia
 HEAT_SCALE = [[0.0, "#f8fafc"], [0.15, "#dbeafe"], [0.4, "#60a5fa"], [0.7, "#1d4ed8"], [1.0, "#172554"]]
 
 
+# C0/C1 controls (but tab and newline) and bidirectional overrides: shown as U+FFFD, so a
+# span name cannot reorder or hide the text around it in a label.
+UNSAFE_CHARS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
 def plot_text(value: object, limit: int = 120) -> str:
-    """Untrusted text made inert for Plotly (escaped, shortened)."""
+    """Untrusted text made inert for Plotly (escaped, shortened, no control or bidi characters)."""
     text = str(value)
     if len(text) > limit:
         text = text[: limit - 1] + "…"
-    return html.escape(text, quote=False)
+    return html.escape(UNSAFE_CHARS.sub("\ufffd", text), quote=False)
 
 
 def stage_color(stage: str | None) -> str:

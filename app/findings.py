@@ -2,11 +2,12 @@
 
 The detectors (``app/detectors.py``) are pure; this module is their one reader. Percentile
 data come from the rollups (``pair``, ``trace``, ``tstage``, per minute, from a trailing
-look-back of ``MODALSCOPE_DETECT_BASELINE_MINUTES`` before the window so baselines exist);
-raw spans only for the attribute-based detectors, bounded by the window and by
-``MODALSCOPE_DETECT_MAX_SPANS`` (a longer window is read in evenly spread 10-minute
-slices); long traces (the load-balancer detector) from the traces table. Exemplar look-ups
-for rollup-based findings search the finding's first minutes first (``EXEMPLAR_WINDOW_NS``).
+look-back of ``MODALSCOPE_DETECT_BASELINE_MINUTES`` before the window so baselines exist),
+and so do the span conventions the attribute detectors need (``cache``, ``batch``,
+``cuda``, ``sync`` rollups, written at settle time); raw spans only around new instances
+(``inst`` rollups) that look like cold starts; long traces (the load-balancer detector)
+from the traces table. Exemplar look-ups for rollup-based findings search the finding's
+first minutes first (``EXEMPLAR_WINDOW_NS``): a bounded raw read.
 
 Public (called by the API, the CLI and the pages; keep these signatures): ``load_frames``,
 ``add_exemplars``, ``matches``, ``find``.
@@ -28,9 +29,6 @@ from . import detectors as d
 from .params import Window
 
 SPAN_KEYS = ("cache.name", "gpu.cuda_graph", "batch.size")
-SPANS_PER_TRACE_ESTIMATE = 15  # SERVER spans and convention-attribute spans a request, for sampling
-SLICE_MINUTES = 10
-COLD_LOOKBACK_NS = 10 * d.NS_MIN
 
 
 def _sketch_frame(rows: list[tuple], dims: tuple[str, ...], with_sum: bool) -> pd.DataFrame:
@@ -55,55 +53,81 @@ def _sketch_frame(rows: list[tuple], dims: tuple[str, ...], with_sum: bool) -> p
     return pd.DataFrame(data)
 
 
-def _span_slices(window_start: int, window_end: int, traces: pd.DataFrame, max_spans: int) -> tuple[list[tuple[int, int]], bool]:
-    """[start, end) ranges to read raw spans from: the whole window when it is small
-    enough, else every k-th 10-minute slice (evenly spread)."""
-    est = float(traces["count"].sum()) * SPANS_PER_TRACE_ESTIMATE if not traces.empty else 0.0
-    if est <= max_spans or max_spans <= 0:
-        return [(window_start, window_end)], False
-    k = max(1, math.ceil(est / max_spans))
-    step = SLICE_MINUTES * d.NS_MIN
-    out = []
-    i = 0
-    t = window_start
-    while t < window_end:
-        if i % k == 0:
-            out.append((t, min(t + step, window_end)))
-        t += step
-        i += 1
-    return out, True
+def _convention_frames(reader: StoreReader, data_start: int, end_ns: int) -> dict[str, pd.DataFrame]:
+    """The ``cache``/``batch``/``cuda``/``sync`` rollups as the detectors' frames."""
+    cache = reader.rollup_rows("cache", data_start, end_ns, ("service", "name", "caller", "callee"))
+    batch = reader.rollup_rows("batch", data_start, end_ns, ("service",))
+    cuda = _sketch_frame(reader.rollup_rows("cuda", data_start, end_ns, ("service", "name", "callee")),
+                         ("service", "name", "callee"), with_sum=False)
+    sync = _sketch_frame(reader.rollup_rows("sync", data_start, end_ns, ("service",)), ("service",), with_sum=False)
+    return {
+        "cache": pd.DataFrame([(r[5], r[6], r[7], r[8], r[0], r[1], r[2]) for r in cache],
+                              columns=list(d.CACHE_COLUMNS)),
+        "batch": pd.DataFrame([(r[5], r[0], r[1], r[2], r[3]) for r in batch], columns=list(d.BATCH_COLUMNS)),
+        "cuda": (cuda.assign(fallback=cuda["callee"] == "fallback")[list(d.CUDA_COLUMNS)] if not cuda.empty
+                 else d.empty_frame(d.CUDA_COLUMNS)),
+        "sync": sync[list(d.SYNC_COLUMNS)] if not sync.empty else d.empty_frame(d.SYNC_COLUMNS),
+    }
+
+
+def _new_instances(reader: StoreReader, data_start: int, window: Window, th: d.Thresholds):
+    """New instances worth a raw look (cold starts): first seen (``inst`` rollups) at least
+    two minutes after the data begins and before the window ends, and slow enough in their
+    first minutes (``detectors.cold_start_candidate``). Returns those (service, instance)
+    pairs and the raw SERVER/CONSUMER spans of their services around each birth."""
+    first_data_minute = -(-data_start // d.NS_MIN)
+    warm_minutes = math.ceil(th.cold_warmup_s / 60) + 1
+    steady_minutes = d.COLD_STEADY_NS // d.NS_MIN
+    found: set = set()
+    rows: list[tuple] = []
+    for service, instance, born in reader.first_minutes("inst", data_start, window.end_ns):
+        if born < first_data_minute + 2:
+            continue
+        inst = reader.series_rollup_rows("inst", service, born * d.NS_MIN,
+                                         (born + warm_minutes + steady_minutes) * d.NS_MIN, ("name",))
+        frame = _sketch_frame(inst, ("name",), with_sum=False)
+        first = frame[(frame["name"] == instance) & (frame["minute"] < born + warm_minutes)]
+        steady = frame[frame["minute"] >= born + warm_minutes]
+        if not d.cold_start_candidate(first, steady, th):
+            continue
+        found.add((service, instance))
+        end = born * d.NS_MIN + int(th.cold_warmup_s * 1e9) + d.COLD_STEADY_NS + d.NS_MIN
+        rows.extend(reader.attribute_spans(born * d.NS_MIN, end, (), kinds=d.KIND_SERVER_CODES, service=service,
+                                           limit=max(1, th.max_spans)))
+    return found, rows
+
+
+def _spans_frame(rows: list[tuple]) -> pd.DataFrame:
+    if not rows:
+        return d.empty_frame(d.SPAN_COLUMNS)
+    rows = sorted(set(rows), key=lambda r: (r[5], r[0]))
+    cols = list(zip(*rows))
+    data = {name: list(col) for name, col in zip(d.SPAN_COLUMNS[:-1], cols[:-1])}
+    data["attrs"] = [orjson.loads(a) if a else {} for a in cols[-1]]
+    return pd.DataFrame(data)
 
 
 def load_frames(reader: StoreReader, window: Window, th: d.Thresholds) -> d.Frames:
+    """Every frame from rollups (a trailing ``baseline_minutes`` before the window for
+    baselines), long traces from the traces table, and raw spans only around new instances
+    that look like cold starts."""
     data_start = window.start_ns - max(30, th.baseline_minutes) * d.NS_MIN
     traces = _sketch_frame(reader.rollup_rows("trace", data_start, window.end_ns, ("input_type",)),
                            ("input_type",), with_sum=True)
-    span_start = window.start_ns - COLD_LOOKBACK_NS
-    in_window = traces[traces["minute"] * d.NS_MIN >= span_start] if not traces.empty else traces
-    slices, sampled = _span_slices(span_start, window.end_ns, in_window, th.max_spans)
+    pairs = _sketch_frame(reader.rollup_rows("pair", data_start, window.end_ns, ("caller", "callee")),
+                          ("caller", "callee"), with_sum=False)
+    ts_rows = reader.rollup_rows("tstage", data_start, window.end_ns, ("input_type", "stage"))
     min_long = int(th.lb_min_ceiling_s * (1 - th.lb_band) * 1e9)
-    calls = [lambda: _sketch_frame(reader.rollup_rows("pair", data_start, window.end_ns, ("caller", "callee")),
-                                   ("caller", "callee"), with_sum=False),
-             lambda: reader.rollup_rows("tstage", data_start, window.end_ns, ("input_type", "stage")),
-             lambda: reader.long_traces(window.start_ns, window.end_ns, min_long)]
-    calls += [(lambda a=a, b=b: reader.attribute_spans(a, b, SPAN_KEYS, kinds=d.KIND_SERVER_CODES))
-              for a, b in slices]
-    pairs, ts_rows, long_rows, *span_parts = [c() for c in calls]
+    long_rows = reader.long_traces(window.start_ns, window.end_ns, min_long)
     tstage = pd.DataFrame({"input_type": [r[5] for r in ts_rows], "stage": [r[6] for r in ts_rows],
                            "minute": [r[0] for r in ts_rows], "count": [r[1] for r in ts_rows],
                            "sum_ns": [r[3] for r in ts_rows]})
-    rows = [r for part in span_parts for r in part]
-    if rows:
-        cols = list(zip(*rows))
-        data = {name: list(col) for name, col in zip(d.SPAN_COLUMNS[:-1], cols[:-1])}
-        data["attrs"] = [orjson.loads(a) if a else {} for a in cols[-1]]
-        spans = pd.DataFrame(data)
-    else:
-        spans = d.empty_frame(d.SPAN_COLUMNS)
+    new_instances, span_rows = _new_instances(reader, data_start, window, th)
     long_traces = (pd.DataFrame(long_rows)[list(d.LONG_TRACE_COLUMNS)] if long_rows
                    else d.empty_frame(d.LONG_TRACE_COLUMNS))
     return d.Frames(window.start_ns, window.end_ns, data_start, pairs=pairs, traces=traces, tstage=tstage,
-                    spans=spans, long_traces=long_traces, sampled=sampled, spans_start_ns=span_start)
+                    spans=_spans_frame(span_rows), long_traces=long_traces, new_instances=new_instances,
+                    **_convention_frames(reader, data_start, window.end_ns))
 
 
 def _window_of(f: dict) -> Window:
@@ -127,6 +151,11 @@ def _exemplar_rows(reader: StoreReader, f: dict, w: Window) -> list[dict]:
         thr = ev.get("threshold_ms")
         return reader.slow_traces(w.start_ns, w.end_ns, input_type=s.get("input_type"),
                                   min_ns=int(thr * 1e6) if thr else None, limit=d.MAX_EXEMPLARS)
+    if f["kind"] in d.ATTRIBUTE_KINDS:
+        rows = reader.attribute_spans(w.start_ns, w.end_ns, SPAN_KEYS, kinds=d.KIND_SERVER_CODES
+                                      if f["kind"] == "fusion_sync_wait" else ())
+        d.describe_from_spans(f, _spans_frame(rows))
+        return [{"trace_id": t} for t in f["exemplar_trace_ids"]]
     if f["kind"] == "preprocessing_bound":
         return queries.exemplar_traces(reader, w, Filters(stage="preprocessing", input_type=s.get("input_type")),
                                        limit=d.MAX_EXEMPLARS)
@@ -204,5 +233,5 @@ def find(reader: StoreReader, window: Window, filters: Filters = Filters(), th: 
     t3 = time.perf_counter()
     if timings is not None:
         timings.update({"read_s": t1 - t0, "detect_s": t2 - t1, "exemplars_s": t3 - t2, "total_s": t3 - t0,
-                        "per_detector_s": per, "raw_spans": len(frames.spans), "sampled": frames.sampled})
+                        "per_detector_s": per, "raw_spans": len(frames.spans)})
     return d.sort_findings(out)

@@ -90,3 +90,18 @@ CMP_ATTRS = "compare-attributes"
 # time charts: "Compare this window"
 OV_COMPARE = "overview-compare-link"
 DD_COMPARE = "drilldown-compare-link"
+
+# share control (issue 7): one per panel, pattern-matching ids {"type": <below>, "panel": <panel name>}
+SHARE = "share"  # the <details> holding the popover
+SHARE_QUERY = "share-query"  # dcc.Store {"panel", "params"}: what the control shares
+SHARE_TTL = "share-ttl"  # radio: 0 (unsigned) or the signed link's lifetime in seconds
+SHARE_LINK = "share-link"  # read-only inputs (each with a dcc.Clipboard) ...
+SHARE_EMBED = "share-embed"
+SHARE_IFRAME = "share-iframe"
+SHARE_IMAGE = "share-image"
+SHARE_NOTE = "share-note"
+
+
+def share_id(kind: str, panel) -> dict:
+    """The pattern-matching id of one piece of a panel's Share control (``panel`` may be MATCH)."""
+    return {"type": kind, "panel": panel}

@@ -40,24 +40,38 @@ def parse_duration(value: str, parameter: str = "range") -> float:
     return seconds
 
 
+#: The store keeps signed 64-bit nanoseconds: times from 1970 up to April 2262.
+MAX_TIME_NS = (1 << 63) - 1
+
+
 def parse_time(value: str, parameter: str) -> int:
-    """RFC 3339 or unix seconds -> unix nanoseconds."""
+    """RFC 3339 or unix seconds -> unix nanoseconds (1970 to 2262, what the store can hold)."""
     v = value.strip()
+    out_of_range = ParamError(parameter, f"{parameter} is out of range (1970 to 2262): {value!r}")
     try:
         seconds = float(v)
     except ValueError:
         pass
     else:
         if not (0 <= seconds < 1e11):
-            raise ParamError(parameter, f"{parameter} is out of range: {value!r}")
-        return int(round(seconds * 1e9))
+            raise out_of_range
+        ns = int(round(seconds * 1e9))
+        if ns > MAX_TIME_NS:
+            raise out_of_range
+        return ns
     try:
         dt = datetime.fromisoformat(v.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
         raise ParamError(parameter, f"{parameter} must be RFC 3339 (2026-11-30T14:05:00Z) or unix seconds, not {value!r}") from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
-    return int(dt.timestamp() * 1e9)
+    try:
+        ns = int(dt.timestamp() * 1e9)
+    except (OverflowError, ValueError, OSError):  # e.g. year 1 with a +14:00 offset
+        raise out_of_range from None
+    if not 0 <= ns <= MAX_TIME_NS:
+        raise out_of_range
+    return ns
 
 
 @dataclass(frozen=True)
@@ -96,6 +110,8 @@ def parse_baseline_window(args: Mapping[str, str], window: Window) -> Window | N
         raise ParamError("baseline_start", "baseline_start is needed with baseline_end")
     s = parse_time(b_start, "baseline_start")
     e = parse_time(b_end, "baseline_end") if b_end else s + (window.end_ns - window.start_ns)
+    if e > MAX_TIME_NS:
+        raise ParamError("baseline_start", "baseline_start plus the selection's length is past 2262")
     if e <= s:
         raise ParamError("baseline_end", "baseline_end must be after baseline_start")
     return Window(s, e)

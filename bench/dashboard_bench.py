@@ -1,30 +1,98 @@
-"""Dashboard and API query times over a large store (default 10 million spans, SQLite).
+"""Dashboard and API latency over a large store, against exact answers computed from raw spans.
 
-    .venv/bin/python bench/dashboard_bench.py --db /tmp/modalscope-10m.db [--spans 10000000]
+Run from the repository root:
 
-Fills the store once with `modalscope demo`'s generator (24 h of traffic at the rate that
-makes ``--spans``), settles it, then — in a fresh process, as a dashboard worker would be —
-times every page's query functions and every /api/v1 call (server time, median of 5 after
-one warm-up), and compares with reading the raw rows and computing exact percentiles with
-pandas. Peak RSS of that measuring process is reported (ru_maxrss).
+    .venv/bin/python bench/dashboard_bench.py --spans 200000 --runs 3 --baseline-runs 1   # a quick look
+    .venv/bin/python bench/dashboard_bench.py --spans 1000000 --json 1m.json
+    .venv/bin/python bench/dashboard_bench.py --spans 10000000 --json 10m.json    # fills the store once
+    .venv/bin/python bench/dashboard_bench.py --spans 10000000 \\
+        --database-url postgresql://postgres@127.0.0.1:5432 --json 10m-pg.json   # PostgreSQL, copied from SQLite
+
+The store is ``modalscope demo``'s generator: ``--hours`` (default 24) of traffic at the rate
+that makes ``--spans``, every anomaly pattern injected, settled. SQLite stores are kept at
+``/tmp/modalscope-bench/store-<spans>.db`` (``--db`` to choose) and reused by later runs; the
+fill time is printed and kept beside the store (``<db>.fill.json``).
+
+PostgreSQL (``--database-url``): the SQLite store of the same size is filled first if needed,
+then copied with ``COPY`` (secondary indexes dropped during the copy and rebuilt, then
+``VACUUM ANALYZE``; each step timed). A URL naming no database (or ``postgres``) gets a
+uniquely named database that is dropped afterwards; a URL naming a database keeps it, and a
+later run with the same ``--spans`` reuses it.
+
+Then, in a fresh process acting as one dashboard worker (``create_app``; the API through
+Flask's test client, so times are server-side), for windows of 1 h and 24 h ending at the
+newest span's minute (and 7 d when the store holds that much) it times, median of ``--runs``
+after one warm-up:
+
+* every ``/api/v1`` endpoint: health, pairs, input-types, stages, traces (no filter, a pair,
+  a pair and a latency band, a stage), traces/<id>, cache, anomalies, compare;
+* every page's data callback, called as the browser calls it (``POST /_dash-update-component``
+  with the page's state store; figures and tables built and serialised);
+* the query functions those callbacks call (``app/queries.py``, ``app/findings.find``).
+
+The worker's peak RSS (``ru_maxrss``) is taken after all of that. Then the exact answers of
+``/pairs``, ``/input-types`` and ``/stages`` for the same windows are computed from the raw
+rows with pandas (``groupby().quantile()``: numpy's default linear definition), timed the
+same way (``--baseline-runs``), and compared with ours: speed-up, and the largest relative
+error of any P50/P90/P95/P99 of any group (counts must match exactly):
+
+* ``/input-types``: the ``traces`` table (a trace per row, its start in the window, its
+  duration = its root span's), grouped by input type;
+* ``/pairs``: CLIENT spans starting in the window joined to their SERVER/CONSUMER children;
+  the callee is the earliest child in another service, else the span's ``peer.service`` /
+  ``server.address`` / ``net.peer.name``, else the caller when a child is in its own service
+  (``ingest/traces.service_pairs``); the call's duration is the CLIENT span's;
+* ``/stages``: spans starting in the window joined to their trace's input type, span
+  durations grouped by (input type, stage).
+
+Output: a Markdown table (call | ms per window | exact ms | speed-up | max rel err) and,
+with ``--json FILE``, everything measured. ``--no-baseline`` skips the pandas part.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import resource
-import statistics
+import sqlite3
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib as bl  # noqa: E402
 
 HOUR_NS = 3_600_000_000_000
-SPANS_PER_TRACE = 27  # the demo's average, measured: 632,011 spans / 23,379 traces
+MINUTE_NS = 60_000_000_000
+SPANS_PER_TRACE = 27.3  # the demo's average (217,724 spans in 7,983 traces)
+WINDOWS = (("1h", 1), ("24h", 24), ("7d", 168))
+COPY_TABLES = ("series", "spans", "traces", "rollups", "rollups_hourly", "cursors")
+PCT = {"pairs": (("p50_ms", 0.5), ("p90_ms", 0.9), ("p99_ms", 0.99)),
+       "input_types": (("p50_ms", 0.5), ("p95_ms", 0.95), ("p99_ms", 0.99)),
+       "stages": (("p50_ms", 0.5), ("p95_ms", 0.95), ("p99_ms", 0.99))}
+KEYS = {"pairs": ("caller", "callee"), "input_types": ("input_type",), "stages": ("input_type", "stage")}
 
 
-def fill(url: str, spans: int, hours: float) -> None:
+def default_db(spans: int) -> str:
+    return os.path.join(bl.BENCH_DIR, f"store-{spans}.db")
+
+
+# -- filling -----------------------------------------------------------------------------------
+def _sqlite_files(path: str) -> list[str]:
+    return [path + suffix for suffix in ("", "-wal", "-shm")]
+
+
+def fill_sqlite(path: str, spans: int, hours: float) -> dict:
+    """Fill ``path`` with demo traffic (unless it already holds ~``spans``) and settle it.
+    Returns what the fill took (from ``<path>.fill.json`` when the store was reused).
+
+    The fill goes to ``<path>.filling`` and is renamed when complete, so an interrupted fill
+    leaves nothing behind that a later run would mistake for a store."""
     from sqlalchemy import func, select
     from tqdm import tqdm
 
@@ -34,148 +102,693 @@ def fill(url: str, spans: int, hours: float) -> None:
     from modalscope.models.engine import make_engine
     from modalscope.models.schema import ensure_schema
 
-    ensure_schema(url)
-    engine = make_engine(url, write=True)
-    with engine.connect() as conn:
-        have = conn.execute(select(func.count()).select_from(Span)).scalar_one()
-    if have >= spans * 0.95:
-        print(f"store already holds {have:,} spans", file=sys.stderr)
-        return
-    rate = spans / SPANS_PER_TRACE / (hours * 3600)
-    config = demo.DemoConfig(now_ns=time.time_ns(), seed=7, hours=hours, rate=rate)
-    traces = int(rate * hours * 3600)
-    t0 = time.perf_counter()
-    with tqdm(total=traces, desc="generating", unit=" traces", file=sys.stderr) as bar:
-        result = demo.fill(engine, config, progress=bar.update)
-    t1 = time.perf_counter()
-    with engine.connect() as conn:
-        pending = conn.execute(select(func.count()).select_from(Trace).where(Trace.pending.is_(True))).scalar_one()
-    with tqdm(total=pending, desc="settling", unit=" traces", file=sys.stderr) as bar:
-        settle(engine, force=True, progress=bar.update)
-    t2 = time.perf_counter()
-    print(f"filled {result.spans:,} spans in {result.traces:,} traces: generate+write {t1 - t0:.0f} s, "
-          f"settle {t2 - t1:.0f} s", file=sys.stderr)
-    engine.dispose()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    sidecar = path + ".fill.json"
+    if os.path.exists(path):
+        ensure_schema(f"sqlite:///{path}", create=False)
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+            have = conn.execute("SELECT count(*) FROM spans").fetchone()[0]
+        if have < spans * 0.95:
+            raise SystemExit(f"{path} holds {have:,} spans, fewer than --spans {spans:,}: remove it or pick another --db")
+        if have > spans * 1.5:
+            bl.log(f"note: {path} holds {have:,} spans, more than --spans {spans:,}; measuring it as it is")
+        bl.log(f"reusing {path}: {have:,} spans")
+        if os.path.exists(sidecar):
+            with open(sidecar) as fh:
+                return {**json.load(fh), "reused": True}
+        return {"spans": have, "reused": True}
+    partial = path + ".filling"
+    for f in _sqlite_files(partial):
+        if os.path.exists(f):
+            os.remove(f)
+    url = f"sqlite:///{partial}"
+    done = False
+    try:
+        ensure_schema(url)
+        engine = make_engine(url, write=True)
+        try:
+            rate = spans / SPANS_PER_TRACE / (hours * 3600)
+            config = demo.DemoConfig(now_ns=time.time_ns(), seed=7, hours=hours, rate=rate)
+            bl.log(f"filling {path}: {hours:g} h of demo traffic at {rate:.2f} requests/s (~{spans:,} spans)")
+            t0 = time.perf_counter()
+            with tqdm(total=int(rate * hours * 3600), desc="generating", unit=" traces", file=sys.stderr,
+                      mininterval=1) as bar:
+                result = demo.fill(engine, config, progress=bar.update)
+            t1 = time.perf_counter()
+            with engine.connect() as conn:
+                pending = conn.execute(select(func.count()).select_from(Trace).where(Trace.pending.is_(True))).scalar_one()
+            with tqdm(total=pending, desc="settling", unit=" traces", file=sys.stderr, mininterval=1) as bar:
+                settle(engine, force=True, progress=bar.update)
+            t2 = time.perf_counter()
+            with engine.connect() as conn:
+                stored = conn.execute(select(func.count()).select_from(Span)).scalar_one()
+        finally:
+            engine.dispose()  # the last connection checkpoints the WAL into the file
+        conn = sqlite3.connect(partial)
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.close()
+        os.replace(partial, path)
+        for f in _sqlite_files(partial)[1:]:
+            if os.path.exists(f):
+                os.remove(f)
+        done = True
+    finally:
+        if not done:
+            for f in _sqlite_files(partial):
+                if os.path.exists(f):
+                    os.remove(f)
+    info = {"spans": stored, "traces": result.traces, "hours": hours, "generate_write_s": round(t1 - t0, 1),
+            "settle_s": round(t2 - t1, 1), "filled_utc": bl.machine_info()["date_utc"]}
+    with open(sidecar, "w") as fh:
+        json.dump(info, fh)
+    bl.log(f"filled {stored:,} spans in {result.traces:,} traces: generate+write {t1 - t0:.0f} s, "
+           f"settle {t2 - t1:.0f} s")
+    return {**info, "reused": False}
 
 
-def _time(fn, runs: int = 5) -> float:
-    fn()  # warm-up: page cache, series registry, imports
-    samples = []
-    for _ in range(runs):
+def _pg_index_plan(pg, table: str) -> list[tuple[str, str]]:
+    """(drop statement, create statement) for ``table``'s secondary indexes and non-primary
+    unique constraints: dropped for the bulk copy, rebuilt afterwards."""
+    rows = pg.execute(
+        """SELECT i.indexname, i.indexdef, c.contype, pg_get_constraintdef(c.oid)
+           FROM pg_indexes i
+           LEFT JOIN pg_constraint c ON c.conindid = (quote_ident(i.schemaname) || '.' || quote_ident(i.indexname))::regclass
+           WHERE i.schemaname = current_schema() AND i.tablename = %s""", (table,)).fetchall()
+    plan = []
+    for name, indexdef, contype, condef in rows:
+        if contype == "p":
+            continue
+        if contype == "u":
+            plan.append((f'ALTER TABLE "{table}" DROP CONSTRAINT "{name}"',
+                         f'ALTER TABLE "{table}" ADD CONSTRAINT "{name}" {condef}'))
+        elif contype is None:
+            plan.append((f'DROP INDEX "{name}"', indexdef))
+    return plan
+
+
+def copy_to_postgres(sqlite_path: str, pg_url: str) -> dict:
+    """Copy every table of the SQLite store into an empty PostgreSQL database (schema by migrations)."""
+    import psycopg
+    from tqdm import tqdm
+
+    from modalscope.models.schema import ensure_schema
+
+    ensure_schema(pg_url)
+    lite = sqlite3.connect(f"file:{sqlite_path}?mode=ro", uri=True)
+    timings = {"copy_s": 0.0, "index_s": 0.0, "analyze_s": 0.0}
+    counts = {t: lite.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in COPY_TABLES}
+    try:
+        with psycopg.connect(bl.libpq_url(pg_url)) as pg, \
+                tqdm(total=sum(counts.values()), desc="copying to PostgreSQL", unit=" rows", unit_scale=True,
+                     file=sys.stderr, mininterval=1) as bar:
+            for table in COPY_TABLES:
+                pg_cols = [r[0] for r in pg.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() "
+                    "AND table_name = %s ORDER BY ordinal_position", (table,))]
+                lite_cols = {r[1] for r in lite.execute(f"PRAGMA table_info({table})")}
+                cols = [c for c in pg_cols if c in lite_cols]
+                plan = _pg_index_plan(pg, table)
+                for drop, _ in plan:
+                    pg.execute(drop)
+                t0 = time.perf_counter()
+                col_list = ", ".join(f'"{c}"' for c in cols)
+                with pg.cursor().copy(f'COPY "{table}" ({col_list}) FROM STDIN') as cp:
+                    cur = lite.execute(f"SELECT {col_list} FROM {table}")
+                    while True:
+                        chunk = cur.fetchmany(20_000)
+                        if not chunk:
+                            break
+                        for row in chunk:
+                            cp.write_row(row)
+                        bar.update(len(chunk))
+                t1 = time.perf_counter()
+                for _, create in plan:
+                    pg.execute(create)
+                if "id" in cols:
+                    pg.execute(f"SELECT setval(pg_get_serial_sequence('\"{table}\"', 'id'), "
+                               f"(SELECT max(id) FROM \"{table}\")) WHERE EXISTS (SELECT 1 FROM \"{table}\")")
+                pg.commit()
+                timings["copy_s"] += t1 - t0
+                timings["index_s"] += time.perf_counter() - t1
         t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(samples)
+        with psycopg.connect(bl.libpq_url(pg_url), autocommit=True) as pg:
+            for table in COPY_TABLES:
+                pg.execute(f'VACUUM ANALYZE "{table}"')
+        timings["analyze_s"] = time.perf_counter() - t0
+    finally:
+        lite.close()
+    out = {k: round(v, 1) for k, v in timings.items()}
+    out["rows"] = counts
+    bl.log(f"copied to PostgreSQL: COPY {out['copy_s']:.0f} s, indexes {out['index_s']:.0f} s, "
+           f"VACUUM ANALYZE {out['analyze_s']:.0f} s")
+    return out
 
 
-def measure(url: str) -> dict:
-    import pandas as pd
-    from sqlalchemy import func, select, text
+# -- what is timed ---------------------------------------------------------------------------
+@dataclass
+class Call:
+    group: str  # api | page | query
+    name: str
+    fn: Callable[[], Any]
+    exact: str | None = None  # pairs | input_types | stages: compared with the exact answer
+    rows: Callable[[Any], list[dict]] | None = None  # the result's rows, for that comparison
 
-    from modalscope.app import create_app, queries
-    from modalscope.app.params import Window
-    from modalscope.models import Span
+
+@dataclass
+class Subject:
+    """What the pair/trace-specific calls look at in one window (picked before timing)."""
+
+    caller: str | None
+    callee: str | None
+    band: tuple[float, float] | None
+    trace_id: str
+    stage: str = "preprocessing"
+    group_by: str = "user_tier"
+    extra: dict = field(default_factory=dict)
+
+
+GROUPS = ("api", "page", "query")
+
+
+def parse_groups(ap, value: str) -> tuple[str, ...]:
+    groups = tuple(g.strip() for g in value.split(",") if g.strip())
+    if not groups or any(g not in GROUPS for g in groups):
+        ap.error(f"--groups: a comma-separated list of {', '.join(GROUPS)}")
+    return groups
+
+
+def pick_subject(reader, window) -> Subject:
+    from modalscope.app import queries
     from modalscope.models.reader import Filters
+
+    pairs = queries.pairs(reader, window)
+    caller = callee = None
+    band = None
+    if pairs:
+        caller, callee = pairs[0]["caller"], pairs[0]["callee"]  # the busiest pair
+        dist = queries.latency_distribution(reader, window, Filters(caller=caller, callee=callee))
+        p99 = dist["p99_ms"]
+        for b in dist["bins"]:  # the display bin holding the P99: a click on the histogram's tail
+            if p99 is not None and b["min_ms"] <= p99 <= b["max_ms"]:
+                band = (b["min_ms"], b["max_ms"])
+    slowest = queries.exemplar_traces(reader, window, Filters(), limit=1)
+    return Subject(caller, callee, band, slowest[0]["trace_id"] if slowest else "0" * 31 + "1")
+
+
+def _dash_body(key: str, store: str, data: dict) -> dict:
+    def spec(s: str) -> dict:
+        cid, prop = s.rsplit(".", 1)
+        return {"id": cid, "property": prop}
+
+    outputs = [spec(s) for s in key[2:-2].split("...")] if key.startswith("..") else spec(key)
+    return {"output": key, "outputs": outputs, "inputs": [{"id": store, "property": "data", "value": data}],
+            "changedPropIds": [f"{store}.data"], "state": []}
+
+
+def page_callbacks(dash_app) -> list[tuple[str, str, str]]:
+    """(label, output key, state store id) of every callback whose one input is a page's
+    ``*-state`` store: the callbacks that fetch a page's data."""
+    out = []
+    for key, spec in dash_app.callback_map.items():
+        ins = spec.get("inputs") or []
+        if len(ins) != 1 or ins[0].get("property") != "data" or not str(ins[0].get("id", "")).endswith("-state"):
+            continue
+        fn = getattr(spec.get("callback"), "__wrapped__", spec.get("callback"))
+        module = getattr(fn, "__module__", "").rsplit(".", 1)[-1]
+        page = "toolbar" if module == "components" else module
+        what = getattr(fn, "__name__", "?").strip("_").replace("_", " ")
+        out.append((f"{page}" + ("" if what == "fill" else f" ({what})"), key, ins[0]["id"]))
+    return sorted(out)
+
+
+def build_calls(app, client, reader, window, subject: Subject) -> list[Call]:
+    """Every API call, page callback and query function timed for ``window``."""
+    from modalscope.app import findings, queries
+    from modalscope.app import state as st
+    from modalscope.app.detectors import Thresholds
+    from modalscope.models.reader import Filters
+
+    start_s, end_s = window.start_ns // 1_000_000_000, window.end_ns // 1_000_000_000
+    q = f"start={start_s}&end={end_s}"
+    base = {"start": str(start_s), "end": str(end_s)}
+    pair_q = pair_f = None
+    pair_state: dict = {}
+    if subject.caller:
+        pair_q = f"caller={subject.caller}&callee={subject.callee}"
+        pair_f = Filters(caller=subject.caller, callee=subject.callee)
+        pair_state = {"caller": subject.caller, "callee": subject.callee}
+    band_q = band_state = None
+    if subject.band:
+        band_q = f"min_ms={subject.band[0]}&max_ms={subject.band[1]}"
+        band_state = {**pair_state, "min_ms": str(subject.band[0]), "max_ms": str(subject.band[1])}
+
+    def ok(resp):
+        if resp.status_code not in (200, 204):
+            raise RuntimeError(f"{resp.status_code}: {resp.get_data(as_text=True)[:300]}")
+        return resp
+
+    def api(path):
+        return lambda: ok(client.get(path))
+
+    def json_rows(rows):  # the response's JSON (measure() decodes it)
+        return rows
+
+    calls = [
+        Call("api", "/api/v1/health", api("/api/v1/health")),
+        Call("api", "/api/v1/pairs", api(f"/api/v1/pairs?{q}"), "pairs", json_rows),
+        Call("api", "/api/v1/input-types", api(f"/api/v1/input-types?{q}"), "input_types", json_rows),
+        Call("api", "/api/v1/stages", api(f"/api/v1/stages?{q}"), "stages", json_rows),
+        Call("api", "/api/v1/traces", api(f"/api/v1/traces?{q}&limit=20")),
+    ]
+    if pair_q:
+        calls.append(Call("api", "/api/v1/traces?caller&callee", api(f"/api/v1/traces?{q}&{pair_q}&limit=20")))
+    if band_q:
+        calls.append(Call("api", "/api/v1/traces?caller&callee&min_ms&max_ms",
+                          api(f"/api/v1/traces?{q}&{pair_q}&{band_q}&limit=20")))
+    calls += [
+        Call("api", "/api/v1/traces?stage", api(f"/api/v1/traces?{q}&stage={subject.stage}&limit=20")),
+        Call("api", "/api/v1/traces/<id>", api(f"/api/v1/traces/{subject.trace_id}")),
+        Call("api", f"/api/v1/cache?group_by={subject.group_by}", api(f"/api/v1/cache?{q}&group_by={subject.group_by}")),
+        Call("api", "/api/v1/anomalies", api(f"/api/v1/anomalies?{q}")),
+        Call("api", "/api/v1/compare" + ("?caller&callee" if pair_q else ""),
+             api(f"/api/v1/compare?{q}" + (f"&{pair_q}" if pair_q else ""))),
+        Call("api", "/api/v1/share?panel=pair-heatmap", api(f"/api/v1/share?panel=pair-heatmap&{q}")),
+    ]
+
+    # Page data callbacks, as the browser calls them.
+    dash_app = app.extensions["modalscope"]["dash"]
+    states = {
+        "toolbar": [("", {"path": "/", "state": base})],
+        "drilldown": [(" pair", {**base, **pair_state})] + ([(" pair+band", {**base, **band_state})] if band_state else []),
+        "trace": [("", {"trace_id": subject.trace_id, "state": base})],
+        "cache": [("", {**base, "group_by": subject.group_by})],
+        "compare": [(" pair" if pair_state else "", {**base, **pair_state})],
+    }
+    for label, key, store in page_callbacks(dash_app):
+        page = label.split(" ", 1)[0]
+        for suffix, data in states.get(page, [("", base)]):
+            body = _dash_body(key, store, data)
+            calls.append(Call("page", f"page {label}{suffix}",
+                              lambda body=body: ok(client.post("/_dash-update-component", json=body))))
+
+    # The query functions behind them.
+    th = Thresholds.from_env()
+    step = st.step_minutes(window)
+    calls += [
+        Call("query", "overview: overview_rows", lambda: queries.overview_rows(reader, window), "input_types",
+             lambda rows: [r for r in rows if r["count"]]),
+        Call("query", "overview: traffic_series", lambda: queries.traffic_series(reader, window, step_minutes=step)),
+        Call("query", "overview/anomalies: findings.find", lambda: findings.find(reader, window, th=th)),
+        Call("query", "pairs: pair_heatmap", lambda: queries.pair_heatmap(reader, window), "pairs",
+             lambda heat: heat["pairs"]),
+        Call("query", "pairs: pair_table", lambda: queries.pair_table(reader, window), "pairs", lambda rows: rows),
+    ]
+    if pair_f:
+        calls += [
+            Call("query", "drilldown: latency_distribution (pair)", lambda: queries.latency_distribution(reader, window, pair_f)),
+            Call("query", "drilldown: percentile_series (pair)",
+                 lambda: queries.percentile_series(reader, window, pair_f, step_minutes=step)),
+            Call("query", "drilldown: exemplar_traces (pair, slowest 20)",
+                 lambda: queries.exemplar_traces(reader, window, pair_f, limit=20)),
+        ]
+    if subject.band:
+        calls.append(Call("query", "drilldown: exemplar_traces (pair, band)",
+                          lambda: queries.exemplar_traces(reader, window, pair_f, subject.band[0], subject.band[1], limit=20)))
+    calls += [
+        Call("query", "trace: exemplar_traces (slowest 20)", lambda: queries.exemplar_traces(reader, window, Filters(), limit=20)),
+        Call("query", "trace: trace_view", lambda: queries.trace_view(reader, subject.trace_id, window)),
+        Call("query", "stages: stage_breakdown", lambda: queries.stage_breakdown(reader, window)),
+        Call("query", "stages: stage_series", lambda: queries.stage_series(reader, window, step_minutes=step)),
+        Call("query", "stages: vit_layers", lambda: queries.vit_layers(reader, window)),
+        Call("query", "stages: stages", lambda: queries.stages(reader, window, group_by="input_type"), "stages",
+             lambda rows: rows),
+        Call("query", "cache: cache_rates", lambda: queries.cache_rates(reader, window, subject.group_by)),
+        Call("query", "cache: cache_series",
+             lambda: queries.cache_series(reader, window, subject.group_by, step_minutes=st.step_minutes(window, 60))),
+        Call("query", "compare: compare" + (" (pair)" if pair_f else ""),
+             lambda: queries.compare(reader, window, None, pair_f or Filters())),
+        Call("query", "toolbar: filter_options", lambda: queries.filter_options(reader)),
+    ]
+    return calls
+
+
+# -- exact answers from raw rows -----------------------------------------------------------------
+def _quantile_rows(df, keys: tuple[str, ...], kind: str, extra: Callable | None = None) -> dict[tuple, dict]:
+    g = df.groupby(list(keys), sort=False)["duration_ns"]
+    qs = [q for _, q in PCT[kind]]
+    quant = g.quantile(qs)
+    counts = g.size()
+    out: dict[tuple, dict] = {}
+    for key, n in counts.items():
+        key = key if isinstance(key, tuple) else (key,)
+        row = {"count": int(n)}
+        for name, qv in PCT[kind]:
+            row[name] = float(quant.loc[(*key, qv)]) / 1e6
+        out[key] = row
+    if extra is not None:
+        extra(out)
+    return out
+
+
+def exact_input_types(engine, window) -> dict[tuple, dict]:
+    import pandas as pd
+    from sqlalchemy import text
+
+    sql = text("SELECT input_type, duration_ns FROM traces WHERE start_ns >= :a AND start_ns < :b")
+    with engine.connect() as conn:
+        df = pd.read_sql(sql, conn, params={"a": window.start_ns, "b": window.end_ns})
+    return _quantile_rows(df, KEYS["input_types"], "input_types")
+
+
+def exact_stages(engine, window) -> dict[tuple, dict]:
+    import pandas as pd
+    from sqlalchemy import text
+
+    sql = text("SELECT t.input_type AS input_type, s.stage AS stage, s.duration_ns AS duration_ns "
+               "FROM spans s LEFT JOIN traces t ON t.trace_id = s.trace_id "
+               "WHERE s.start_ns >= :a AND s.start_ns < :b")
+    with engine.connect() as conn:
+        df = pd.read_sql(sql, conn, params={"a": window.start_ns, "b": window.end_ns})
+    df["input_type"] = df["input_type"].fillna("unknown")
+    df["stage"] = df["stage"].fillna("other").replace("", "other")
+    return _quantile_rows(df, KEYS["stages"], "stages")
+
+
+PEER_KEYS = ("peer.service", "server.address", "net.peer.name")
+
+
+def _peer_of(attributes: str | None) -> str | None:
+    if not attributes:
+        return None
+    try:
+        attrs = json.loads(attributes)
+    except ValueError:
+        return None
+    if not isinstance(attrs, dict):
+        return None
+    for key in PEER_KEYS:
+        v = attrs.get(key)
+        if v is not None and not isinstance(v, (dict, list)):
+            text = str(v).strip()
+            if text:
+                return text
+    return None
+
+
+def exact_pairs(engine, window) -> dict[tuple, dict]:
+    import pandas as pd
+    from sqlalchemy import text
+
+    # A CLIENT span with its SERVER/CONSUMER children; its attributes only where no child in
+    # another service names the callee (they are needed only then).
+    sql = text(
+        "SELECT c.trace_id AS trace_id, c.span_id AS span_id, c.service AS caller, c.duration_ns AS duration_ns, "
+        "c.status AS status, k.service AS child_service, k.start_ns AS child_start, "
+        "CASE WHEN k.service IS NULL OR k.service = c.service THEN c.attributes END AS attributes "
+        "FROM spans c LEFT JOIN spans k ON k.trace_id = c.trace_id AND k.parent_span_id = c.span_id "
+        "AND k.kind IN (2, 5) AND k.span_id <> c.span_id "
+        "WHERE c.kind = 3 AND c.start_ns >= :a AND c.start_ns < :b")
+    with engine.connect() as conn:
+        df = pd.read_sql(sql, conn, params={"a": window.start_ns, "b": window.end_ns})
+    ids = ["trace_id", "span_id"]
+    clients = df.drop_duplicates(ids)[ids + ["caller", "duration_ns", "status"]]
+    other = df[df["child_service"].notna() & (df["child_service"] != df["caller"])]
+    other = other.sort_values("child_start", kind="stable").drop_duplicates(ids)[ids + ["child_service"]]
+    same = df[df["child_service"].notna() & (df["child_service"] == df["caller"])].drop_duplicates(ids)[ids]
+    same = same.assign(has_own_child=True)
+    attrs = df[df["attributes"].notna()].drop_duplicates(ids)[ids + ["attributes"]]
+    m = clients.merge(other, on=ids, how="left").merge(attrs, on=ids, how="left").merge(same, on=ids, how="left")
+    need = m["child_service"].isna()
+    peer = m.loc[need, "attributes"].map(_peer_of)
+    m["callee"] = m["child_service"]
+    m.loc[need, "callee"] = peer
+    own = m["callee"].isna() & m["has_own_child"].eq(True)
+    m.loc[own, "callee"] = m.loc[own, "caller"]
+    m = m[m["callee"].notna()]
+
+    def errors(out):
+        err = (m["status"] == 2).groupby([m["caller"], m["callee"]]).mean()
+        for key, v in err.items():
+            out[key]["error_rate"] = float(v)
+
+    return _quantile_rows(m, KEYS["pairs"], "pairs", errors)
+
+
+EXACT = {"pairs": exact_pairs, "input_types": exact_input_types, "stages": exact_stages}
+
+
+def compare_rows(kind: str, ours: list[dict], exact: dict[tuple, dict]) -> dict:
+    """Largest relative error of our percentiles against the exact ones, and count agreement."""
+    worst = None
+    max_err = 0.0
+    count_mismatch = []
+    seen = set()
+    for r in ours:
+        key = tuple(r[k] for k in KEYS[kind])
+        seen.add(key)
+        ex = exact.get(key)
+        if ex is None:
+            count_mismatch.append({"group": key, "ours": r["count"], "exact": 0})
+            continue
+        if r["count"] != ex["count"]:
+            count_mismatch.append({"group": key, "ours": r["count"], "exact": ex["count"]})
+        for name, _ in PCT[kind]:
+            mine, true = r.get(name), ex[name]
+            if mine is None or true <= 0:
+                continue
+            err = abs(mine - true) / true
+            if worst is None or err > max_err:
+                max_err = err
+                worst = {"group": list(key), "percentile": name, "ours_ms": mine, "exact_ms": round(true, 4),
+                         "count": ex["count"]}
+    for key, ex in exact.items():
+        if key not in seen:
+            count_mismatch.append({"group": key, "ours": 0, "exact": ex["count"]})
+    return {"groups": len(exact), "max_rel_err": max_err, "worst": worst,
+            "count_mismatches": [{**c, "group": list(c["group"])} for c in count_mismatch]}
+
+
+# -- the measuring process -----------------------------------------------------------------------
+def measure(url: str, runs: int, baseline_runs: int, no_baseline: bool, groups: tuple[str, ...] = GROUPS) -> dict:
+    from sqlalchemy import func, select
+
+    from modalscope.app import create_app
+    from modalscope.app.params import Window
+    from modalscope.models import Span, Trace
     from modalscope.settings import Settings
 
     app = create_app(Settings(database_url=url))
     client = app.test_client()
+    client.get("/")
     reader = app.extensions["modalscope"]["reader"]
     engine = reader.engine
     with engine.connect() as conn:
         n_spans = conn.execute(select(func.count()).select_from(Span)).scalar_one()
-        last = conn.execute(select(func.max(Span.start_ns))).scalar_one()
-    now = last + 1
-    out = {"spans": n_spans, "rows": []}
-    pair = Filters(caller="gateway", callee="vision-encoder")
-    for label, hours in (("1h", 1), ("24h", 24)):
-        w = Window(now - hours * HOUR_NS, now)
-        step = max(1, int(hours * 60 // 120))
-        some = queries.exemplar_traces(reader, w, Filters(), limit=1)
-        trace_id = some[0]["trace_id"] if some else "0" * 32
-        calls = {
-            "overview: overview_rows": lambda: queries.overview_rows(reader, w),
-            "overview: traffic_series": lambda: queries.traffic_series(reader, w, step_minutes=step),
-            "pairs: pair_heatmap": lambda: queries.pair_heatmap(reader, w),
-            "pairs: pair_table": lambda: queries.pair_table(reader, w),
-            "drilldown: latency_distribution (pair)": lambda: queries.latency_distribution(reader, w, pair),
-            "drilldown: percentile_series (pair)": lambda: queries.percentile_series(reader, w, pair, step_minutes=step),
-            "drilldown: exemplar_traces (pair, slowest 20)": lambda: queries.exemplar_traces(reader, w, pair, limit=20),
-            "drilldown: exemplar_traces (pair, band 1-2 s)": lambda: queries.exemplar_traces(reader, w, pair, min_ms=1000, max_ms=2000, limit=20),
-            "trace: trace_view": lambda: queries.trace_view(reader, trace_id, w),
-            "stages: stage_breakdown": lambda: queries.stage_breakdown(reader, w),
-            "stages: stage_series": lambda: queries.stage_series(reader, w, step_minutes=step),
-            "stages: vit_layers": lambda: queries.vit_layers(reader, w),
-            "stages: stages": lambda: queries.stages(reader, w),
-            "filters: filter_options": lambda: queries.filter_options(reader),
-        }
-        start_s, end_s = (now - hours * HOUR_NS) / 1e9, now / 1e9
-        q = f"start={start_s:.3f}&end={end_s:.3f}"
-        for path in (f"/api/v1/pairs?{q}", f"/api/v1/input-types?{q}", f"/api/v1/stages?{q}",
-                     f"/api/v1/traces?{q}&caller=gateway&callee=vision-encoder&limit=20",
-                     f"/api/v1/traces/{trace_id}"):
-            calls[f"api: {path.split('?')[0]}"] = (lambda p=path: _ok(client.get(p)))
-        for name, fn in calls.items():
-            out["rows"].append({"window": label, "call": name, "ms": round(_time(fn), 1)})
-        # A dashboard worker's memory: after every page and API call, before the pandas
-        # baseline below (which reads millions of raw rows into one frame).
-        out["worker_rss_mb"] = max(out.get("worker_rss_mb", 0),
-                                   round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
-        if os.environ.get("BENCH_NO_BASELINE"):
-            continue
-        # Exact percentiles with pandas from raw rows, for the same answers.
-        sql_types = text("SELECT input_type, duration_ns FROM traces WHERE start_ns >= :a AND start_ns < :b")
-        sql_stages = text("SELECT stage, duration_ns FROM spans WHERE start_ns >= :a AND start_ns < :b")
-        params = {"a": now - hours * HOUR_NS, "b": now}
-
-        def exact_types():
-            with engine.connect() as conn:
-                df = pd.read_sql(sql_types, conn, params=params)
-            return df.groupby("input_type")["duration_ns"].quantile([0.5, 0.95, 0.99])
-
-        def exact_stages():
-            with engine.connect() as conn:
-                df = pd.read_sql(sql_stages, conn, params=params)
-            return df.groupby("stage")["duration_ns"].quantile([0.5, 0.95, 0.99])
-
-        out["rows"].append({"window": label, "call": "exact pandas: input types (traces table)",
-                            "ms": round(_time(exact_types, runs=2), 1)})
-        out["rows"].append({"window": label, "call": "exact pandas: stage percentiles (raw spans)",
-                            "ms": round(_time(exact_stages, runs=2), 1)})
-    out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        n_traces = conn.execute(select(func.count()).select_from(Trace)).scalar_one()
+        pending = conn.execute(select(func.count()).select_from(Trace).where(Trace.pending.is_(True))).scalar_one()
+        first, last = conn.execute(select(func.min(Span.start_ns), func.max(Span.start_ns))).one()
+    if not n_spans:
+        raise SystemExit("the store holds no spans")
+    # Whole minutes: rollups count a span in the minute it starts, so a minute-aligned window
+    # holds exactly the spans the raw-row answer reads.
+    end = (last // MINUTE_NS + 1) * MINUTE_NS
+    out: dict = {"database": engine.dialect.name, "spans": n_spans, "traces": n_traces, "pending_traces": pending,
+                 "first_start_ns": first, "last_start_ns": last, "windows": {}, "rows": []}
+    windows = [(label, Window(end - hours * HOUR_NS, end)) for label, hours in WINDOWS
+               if label != "7d" or first <= end - hours * HOUR_NS + HOUR_NS]
+    results: dict[tuple[str, str], Any] = {}
+    for label, w in windows:
+        subject = pick_subject(reader, w)
+        out["windows"][label] = {"start_ns": w.start_ns, "end_ns": w.end_ns, "caller": subject.caller,
+                                 "callee": subject.callee, "band_ms": subject.band, "trace_id": subject.trace_id}
+        calls = [c for c in build_calls(app, client, reader, w, subject) if c.group in groups]
+        for i, call in enumerate(calls, 1):
+            bl.log(f"[{label}] {i}/{len(calls)} {call.group}: {call.name}")
+            try:
+                ms, samples, result = bl.timed(call.fn, runs)
+            except Exception as exc:  # noqa: BLE001 - one failing call must not lose the whole run
+                bl.log(f"  FAILED: {exc.__class__.__name__}: {exc}")
+                out["rows"].append({"window": label, "group": call.group, "call": call.name, "ms": None,
+                                    "error": f"{exc.__class__.__name__}: {str(exc)[:300]}", "exact": None})
+                continue
+            out["rows"].append({"window": label, "group": call.group, "call": call.name, "ms": round(ms, 2),
+                                "samples_ms": [round(s, 2) for s in samples], "exact": call.exact})
+            if call.exact:
+                results[(label, call.name)] = (call, result)
+    out["worker_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    if no_baseline:
+        return out
+    out["exact"] = {}
+    for label, w in windows:
+        for kind, fn in EXACT.items():
+            bl.log(f"[{label}] exact {kind} from raw rows (pandas) ...")
+            ms, samples, exact = bl.timed(lambda fn=fn, w=w: fn(engine, w), baseline_runs)
+            out["exact"][f"{label} {kind}"] = {"window": label, "kind": kind, "ms": round(ms, 1),
+                                               "samples_ms": [round(s, 1) for s in samples], "groups": len(exact)}
+            for row in out["rows"]:
+                if row["window"] == label and row["exact"] == kind:
+                    call, result = results[(label, row["call"])]
+                    ours = call.rows(result.get_json() if hasattr(result, "get_json") else result)
+                    acc = compare_rows(kind, ours, exact)
+                    row.update({"exact_ms": round(ms, 1), "speedup": round(ms / row["ms"], 2) if row["ms"] else None,
+                                "max_rel_err": acc["max_rel_err"], "worst": acc["worst"], "groups": acc["groups"],
+                                "count_mismatches": acc["count_mismatches"]})
+    out["peak_rss_mb_with_baseline"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     return out
 
 
-def _ok(resp):
-    assert resp.status_code == 200, (resp.status_code, resp.get_data(as_text=True)[:200])
-    return resp
+# -- report ---------------------------------------------------------------------------------------
+def _times(x: float | None) -> str:
+    if x is None:
+        return "—"
+    return f"{x:.1f}×" if x < 10 else f"{x:,.0f}×"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--db", default="/tmp/modalscope-10m.db")
-    ap.add_argument("--spans", type=int, default=10_000_000)
-    ap.add_argument("--hours", type=float, default=24)
-    ap.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    url = f"sqlite:///{args.db}"
-    if args.measure_only:
-        print(json.dumps(measure(url)))
-        return
-    fill(url, args.spans, args.hours)
-    # Measure in a fresh process: a dashboard worker's memory, not the generator's.
-    res = subprocess.run([sys.executable, __file__, "--db", args.db, "--measure-only"],
-                         capture_output=True, text=True, check=True)
-    data = json.loads(res.stdout.strip().splitlines()[-1])
-    print(f"store: {data['spans']:,} spans ({args.db}); {os.cpu_count()} cores; "
-          f"load average {os.getloadavg()[0]:.2f}")
-    print("| window | call | server ms (median of 5) |")
-    print("|---|---|---|")
+def report(data: dict) -> str:
+    labels = list(data["windows"])
+    by_call: dict[tuple[str, str], dict[str, dict]] = {}
     for r in data["rows"]:
-        print(f"| {r['window']} | {r['call']} | {r['ms']:,} |")
-    print(f"dashboard worker peak RSS (app + every page query and API call): {data['worker_rss_mb']} MB; "
-          f"with the pandas baseline too: {data['peak_rss_mb']} MB")
+        by_call.setdefault((r["group"], r["call"]), {})[r["window"]] = r
+    headers = ["call", *(f"{w} ms" for w in labels), "exact ms", "speed-up", "max rel err"]
+    lines = []
+    order = {"api": 0, "page": 1, "query": 2}
+    for (group, call), per in sorted(by_call.items(), key=lambda kv: order[kv[0][0]]):
+        cells = [call if group != "query" else f"query {call}"]
+        cells += [("FAILED" if per[w]["ms"] is None else bl.fmt_ms(per[w]["ms"])) if w in per else "—"
+                  for w in labels]
+        if any("exact_ms" in per.get(w, {}) for w in labels):
+            cells.append(" / ".join(bl.fmt_ms(per[w].get("exact_ms")) for w in labels if w in per))
+            cells.append(" / ".join(_times(per[w].get("speedup")) for w in labels if w in per))
+            cells.append(" / ".join(f"{per[w]['max_rel_err'] * 100:.2f}%" if "max_rel_err" in per[w] else "—"
+                                    for w in labels if w in per))
+        else:
+            cells += ["", "", ""]
+        lines.append(cells)
+    return bl.md_table(headers, lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 2)[2])
+    ap.add_argument("--spans", type=int, default=1_000_000, help="size of the store (default 1,000,000)")
+    ap.add_argument("--hours", type=float, default=24, help="hours of traffic the store spans (default 24; 168 adds a 7d window)")
+    ap.add_argument("--db", default=None, help="SQLite store (default /tmp/modalscope-bench/store-<spans>.db)")
+    ap.add_argument("--database-url", default=None,
+                    help="sqlite:///PATH (as --db), or PostgreSQL: postgresql://postgres@127.0.0.1:5432[/name], "
+                         "filled by copying the SQLite store of the same size")
+    ap.add_argument("--runs", type=int, default=5, help="timed calls after one warm-up; the median is reported (default 5)")
+    ap.add_argument("--groups", default="api,page,query",
+                    help="which calls: api (/api/v1), page (page callbacks), query (query functions); default all")
+    ap.add_argument("--baseline-runs", type=int, default=3, help="timed pandas computations after one warm-up (default 3)")
+    ap.add_argument("--no-baseline", action="store_true", default=bool(os.environ.get("BENCH_NO_BASELINE")),
+                    help="skip the exact pandas answers (env BENCH_NO_BASELINE=1)")
+    ap.add_argument("--json", default=None, metavar="FILE", help="write everything measured here")
+    ap.add_argument("--measure-only", default=None, metavar="URL", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    bl.sigterm_as_interrupt()
+    groups = parse_groups(ap, args.groups)
+    if args.measure_only:
+        try:
+            print(json.dumps(measure(args.measure_only, args.runs, args.baseline_runs, args.no_baseline, groups)))
+        except KeyboardInterrupt:
+            return 130
+        return 0
+    if args.database_url and args.database_url.startswith("sqlite:///"):
+        args.db, args.database_url = args.database_url[len("sqlite:///"):], None  # the same as --db
+    if args.database_url and not bl.is_postgres(args.database_url):
+        ap.error("--database-url must be sqlite:///PATH or a PostgreSQL URL")
+    machine = bl.machine_info(args.database_url)
+    db = args.db or default_db(args.spans)
+    fill = fill_sqlite(db, args.spans, args.hours)
+    url = f"sqlite:///{db}"
+    temp_db = None
+    pg_fill = None
+    try:
+        if args.database_url:
+            name = bl.database_name(args.database_url)
+            if name in (None, "postgres"):
+                temp_db = name = bl.unique_db_name("msbench_dash")
+                bl.create_database(args.database_url, name)
+            elif not bl.database_exists(args.database_url, name):
+                bl.create_database(args.database_url, name)
+            url = bl.libpq_url(args.database_url, name).replace("postgresql://", "postgresql+psycopg://", 1)
+            pg_fill = _prepare_postgres(url, db)
+        cmd = [sys.executable, os.path.abspath(__file__), "--measure-only", url, "--runs", str(args.runs),
+               "--baseline-runs", str(args.baseline_runs), "--groups", ",".join(groups)] + \
+            (["--no-baseline"] if args.no_baseline else [])
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        try:
+            stdout, _ = proc.communicate()
+        except BaseException:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+        if proc.returncode != 0:
+            bl.log(f"the measuring process failed (exit {proc.returncode})")
+            return 1
+        data = json.loads(stdout.strip().splitlines()[-1])
+    except KeyboardInterrupt:
+        bl.log("interrupted")
+        return 130
+    finally:
+        if temp_db:
+            bl.drop_database(args.database_url, temp_db)
+    data.update({"machine": machine, "store": db if not args.database_url else f"PostgreSQL (copied from {db})",
+                 "fill": fill, "postgres_copy": pg_fill, "runs": args.runs, "baseline_runs": args.baseline_runs})
+    print(f"store: {data['spans']:,} spans in {data['traces']:,} traces ({data['pending_traces']} pending), "
+          f"{data['database']}: {data['store']}")
+    if not fill.get("reused"):
+        print(f"fill: generate+write {fill['generate_write_s']} s, settle {fill['settle_s']} s")
+    if pg_fill and not pg_fill.get("reused"):
+        print(f"PostgreSQL copy: COPY {pg_fill['copy_s']} s, indexes {pg_fill['index_s']} s, "
+              f"VACUUM ANALYZE {pg_fill['analyze_s']} s")
+    print(bl.machine_line(machine))
+    print(f"median of {args.runs} after a warm-up; exact: pandas from raw rows, median of {args.baseline_runs}; "
+          f"windows end at the newest span's minute")
+    print(report(data))
+    print(f"dashboard worker peak RSS (every call above, before the pandas baseline): {data['worker_rss_mb']} MB"
+          + (f"; with the baseline: {data['peak_rss_mb_with_baseline']} MB" if "peak_rss_mb_with_baseline" in data else ""))
+    for key, e in (data.get("exact") or {}).items():
+        rows = [r for r in data["rows"] if r["window"] == e["window"] and r.get("exact") == e["kind"]]
+        mism = sum(len(r.get("count_mismatches", [])) for r in rows)
+        worst = max(rows, key=lambda r: r.get("max_rel_err", 0))["worst"] if rows else None
+        print(f"exact {key}: {e['groups']} groups, {e['ms']:,.0f} ms; count mismatches {mism}; worst: {worst}")
+    bl.write_json(args.json, data)
+    return 0
+
+
+def _prepare_postgres(url: str, sqlite_path: str) -> dict:
+    """Copy the SQLite store into the (empty) PostgreSQL database, or reuse it if it holds the same store."""
+    from sqlalchemy import create_engine, inspect, text
+
+    from modalscope.models.engine import normalize_url
+
+    with contextlib.closing(sqlite3.connect(f"file:{sqlite_path}?mode=ro", uri=True)) as lite:
+        spans = lite.execute("SELECT count(*) FROM spans").fetchone()[0]
+    engine = create_engine(normalize_url(url))
+    try:
+        tables = inspect(engine).get_table_names()
+        have = 0
+        if "spans" in tables:
+            with engine.connect() as conn:
+                have = conn.execute(text("SELECT count(*) FROM spans")).scalar_one()
+    finally:
+        engine.dispose()
+    if tables and have == spans:
+        bl.log(f"reusing the PostgreSQL database: {have:,} spans")
+        return {"reused": True}
+    if tables:
+        raise SystemExit(f"the PostgreSQL database holds {have:,} spans, the SQLite store {spans:,}: "
+                         "name an empty or new database")
+    return copy_to_postgres(sqlite_path, url)
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        raise SystemExit(main())
+    except KeyboardInterrupt:
+        bl.log("interrupted")
+        raise SystemExit(130) from None

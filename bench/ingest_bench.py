@@ -1,25 +1,43 @@
-"""Ingest throughput: OTLP protobuf over HTTP into SQLite, whole pipeline vs a bare loop.
+"""Ingest throughput and memory: OTLP/HTTP, OTLP/gRPC and ``modalscope import`` against a bare loop.
 
-    .venv/bin/python bench/ingest_bench.py [--requests 120] [--spans-per-request 5000]
+Run from the repository root (every run makes fresh stores under /tmp and removes them):
 
-Both sides get the same pre-serialised ExportTraceServiceRequest payloads in the same run:
+    .venv/bin/python bench/ingest_bench.py                                   # all transports, SQLite, 3 runs
+    .venv/bin/python bench/ingest_bench.py --transport http --repeat 1 --requests 10   # a quick look
+    .venv/bin/python bench/ingest_bench.py --database-url postgresql://postgres@127.0.0.1:5432 --json pg.json
 
-* **bare**: one thread — protobuf parse, flatten to rows, one ``executemany`` a request into
-  an indexed SQLite table (unique (trace_id, span_id), index on start), commit a request.
-* **pipeline**: ``modalscope ingest otlp`` in its own process on a fresh SQLite file; client
-  threads POST the payloads to ``/v1/traces``. Throughput counts spans acknowledged (200 =
-  committed) per second of wall time; "settled" is when every trace has also been folded
-  into the rollups. Peak RSS of the ingest process is read from /proc (VmHWM).
+Every run sends the same pre-serialised ``ExportTraceServiceRequest`` payloads (``--requests``
+of ``--spans-per-request`` spans: 16-span traces, 5 attributes a span, 3 services) to:
+
+* **bare** — one thread: protobuf parse, flatten, ``orjson`` the attributes, one ``executemany``
+  a request into an indexed table (unique ``(trace_id, span_id)``, index on start), commit.
+  SQLite: a fresh file; PostgreSQL (``--database-url``): psycopg's ``executemany`` into the same
+  table in a fresh database. Measured in the same run as the transports it is compared with.
+* **http** — ``modalscope ingest otlp`` in its own process on a fresh store, ``--clients``
+  threads POSTing ``application/x-protobuf`` to ``/v1/traces`` (200 = committed).
+* **grpc** — the same receiver, ``--clients`` threads calling ``TraceService/Export``
+  through opentelemetry-proto's ``TraceServiceStub``, one channel a thread.
+* **import-pb** / **import-json** — the same requests written to protobuf files (one request a
+  file) or one OTLP/JSON-lines file, then ``modalscope import`` run on them (timed from
+  process start to exit: decode, write and settle; the schema is created beforehand).
+
+``--transport import`` means both import formats, ``all`` everything. For each: spans/s
+acknowledged (last answer received) and settled (no trace pending: rollups complete), both
+against the bare loop, and peak RSS (``VmHWM`` from /proc of the receiver and of its settler
+child, read just before stopping; for an import, ``ru_maxrss`` of the process). ``--repeat N``
+prints every run and then the median of each column. ``--json FILE`` writes it all.
+
+PostgreSQL: ``--database-url`` names the server (any database in it is ignored); each run
+creates uniquely named databases ``msbench_<pid>_<hex>`` there and drops them afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import base64
 import os
 import random
-import signal
-import socket
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -29,20 +47,30 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import orjson
-import requests
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib as bl  # noqa: E402
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue  # noqa: E402
+
+TRANSPORTS = ("http", "grpc", "import-pb", "import-json")
 SERVICES = {
     "gateway": ["POST /v1/chat", "auth.Check", "vision.Encode", "fusion.align", "llm.generate"],
     "vision-encoder": ["VisionEncoder/Encode", "image.decode", "image.resize", "vit.forward", "vit.mlp"],
     "llm": ["llm.prefill", "llm.decode_step", "kv_cache.read"],
 }
+HOUR_NS = 3_600_000_000_000
 
 
-def make_payloads(n_requests: int, spans_per_request: int, seed: int = 1) -> list[bytes]:
+# -- payloads ------------------------------------------------------------------------------
+def make_payloads(n_requests: int, spans_per_request: int, seed: int = 1, base_ns: int | None = None,
+                  trace_prefix: bytes | None = None) -> list[bytes]:
+    """Serialised requests; request ``r``'s traces start within second ``r`` after ``base_ns``
+    (default: an hour ago). ``trace_prefix`` (8 bytes) starts every trace id, so a copy with
+    fresh ids is one ``bytes.replace`` away (``restamp``)."""
     rng = random.Random(seed)
-    now = time.time_ns() - 3_600_000_000_000
+    base = time.time_ns() - HOUR_NS if base_ns is None else base_ns
     payloads = []
     for r in range(n_requests):
         req = ExportTraceServiceRequest()
@@ -54,8 +82,11 @@ def make_payloads(n_requests: int, spans_per_request: int, seed: int = 1) -> lis
             by_service[svc] = rs.scope_spans.add()
         made = 0
         while made < spans_per_request:
-            tid = rng.getrandbits(128).to_bytes(16, "big")
-            start = now + r * 1_000_000_000 + rng.randrange(1_000_000_000)
+            if trace_prefix is None:
+                tid = rng.getrandbits(128).to_bytes(16, "big")
+            else:
+                tid = trace_prefix + rng.getrandbits(64).to_bytes(8, "big")
+            start = base + r * 1_000_000_000 + rng.randrange(1_000_000_000)
             root = rng.getrandbits(64).to_bytes(8, "big")
             n = min(16, spans_per_request - made)
             for i in range(n):
@@ -77,12 +108,80 @@ def make_payloads(n_requests: int, spans_per_request: int, seed: int = 1) -> lis
     return payloads
 
 
+def restamp(payload: bytes, old_prefix: bytes, new_prefix: bytes) -> bytes:
+    """The same request with every trace id's 8-byte prefix replaced (same length: still valid protobuf)."""
+    return payload.replace(old_prefix, new_prefix)
+
+
+def count_spans(payload: bytes) -> int:
+    req = ExportTraceServiceRequest.FromString(payload)
+    return sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+
+
+def _any_json(v: AnyValue) -> dict:
+    which = v.WhichOneof("value")
+    if which == "string_value":
+        return {"stringValue": v.string_value}
+    if which == "int_value":
+        return {"intValue": str(v.int_value)}
+    if which == "bool_value":
+        return {"boolValue": v.bool_value}
+    if which == "double_value":
+        return {"doubleValue": v.double_value}
+    if which == "bytes_value":
+        return {"bytesValue": base64.b64encode(v.bytes_value).decode()}
+    if which == "array_value":
+        return {"arrayValue": {"values": [_any_json(x) for x in v.array_value.values]}}
+    if which == "kvlist_value":
+        return {"kvlistValue": {"values": [{"key": kv.key, "value": _any_json(kv.value)} for kv in v.kvlist_value.values]}}
+    return {}
+
+
+def otlp_json(payload: bytes) -> bytes:
+    """The OTLP/JSON form of a serialised request, one line (hex ids, as exporters write it)."""
+    req = ExportTraceServiceRequest.FromString(payload)
+    out = []
+    for rs in req.resource_spans:
+        scopes = []
+        for ss in rs.scope_spans:
+            spans = []
+            for s in ss.spans:
+                d = {"traceId": s.trace_id.hex(), "spanId": s.span_id.hex(), "name": s.name, "kind": s.kind,
+                     "startTimeUnixNano": str(s.start_time_unix_nano), "endTimeUnixNano": str(s.end_time_unix_nano),
+                     "attributes": [{"key": a.key, "value": _any_json(a.value)} for a in s.attributes],
+                     "status": {"code": s.status.code}}
+                if s.parent_span_id:
+                    d["parentSpanId"] = s.parent_span_id.hex()
+                spans.append(d)
+            scopes.append({"scope": {"name": ss.scope.name}, "spans": spans})
+        out.append({"resource": {"attributes": [{"key": a.key, "value": _any_json(a.value)} for a in rs.resource.attributes]},
+                    "scopeSpans": scopes})
+    return orjson.dumps({"resourceSpans": out})
+
+
+# -- the bare loop -------------------------------------------------------------------------
 def _any(v):
     w = v.WhichOneof("value")
     return getattr(v, w) if w else None
 
 
-def bare_loop(payloads: list[bytes], path: str) -> tuple[int, float]:
+def flatten(data: bytes) -> list[tuple]:
+    req = ExportTraceServiceRequest.FromString(data)
+    rows = []
+    for rs in req.resource_spans:
+        service = next((_any(a.value) for a in rs.resource.attributes if a.key == "service.name"), "unknown")
+        for ss in rs.scope_spans:
+            for s in ss.spans:
+                rows.append((s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex() or None, service, s.name,
+                             s.kind, s.start_time_unix_nano, s.end_time_unix_nano - s.start_time_unix_nano,
+                             s.status.code, orjson.dumps({a.key: _any(a.value) for a in s.attributes}).decode()))
+    return rows
+
+
+BARE_COLUMNS = "trace_id, span_id, parent_span_id, service, name, kind, start_ns, duration_ns, status, attributes"
+
+
+def bare_loop_sqlite(payloads: list[bytes], path: str) -> tuple[int, float]:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
@@ -93,18 +192,9 @@ def bare_loop(payloads: list[bytes], path: str) -> tuple[int, float]:
     n = 0
     t0 = time.perf_counter()
     for data in payloads:
-        req = ExportTraceServiceRequest.FromString(data)
-        rows = []
-        for rs in req.resource_spans:
-            service = next((_any(a.value) for a in rs.resource.attributes if a.key == "service.name"), "unknown")
-            for ss in rs.scope_spans:
-                for s in ss.spans:
-                    rows.append((s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex() or None, service, s.name,
-                                 s.kind, s.start_time_unix_nano, s.end_time_unix_nano - s.start_time_unix_nano,
-                                 s.status.code, orjson.dumps({a.key: _any(a.value) for a in s.attributes}).decode()))
+        rows = flatten(data)
         conn.execute("BEGIN")
-        conn.executemany("INSERT INTO spans (trace_id, span_id, parent_span_id, service, name, kind, start_ns, "
-                         "duration_ns, status, attributes) VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
+        conn.executemany(f"INSERT INTO spans ({BARE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
         conn.execute("COMMIT")
         n += len(rows)
     elapsed = time.perf_counter() - t0
@@ -112,104 +202,333 @@ def bare_loop(payloads: list[bytes], path: str) -> tuple[int, float]:
     return n, elapsed
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def bare_loop_postgres(payloads: list[bytes], url: str) -> tuple[int, float]:
+    import psycopg
 
-
-def _peak_rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def pipeline(payloads: list[bytes], workdir: str, clients: int) -> dict:
-    db = os.path.join(workdir, "pipeline.db")
-    http_port, grpc_port = _free_port(), _free_port()
-    env = {**os.environ, "MODALSCOPE_DATABASE_URL": f"sqlite:///{db}", "MODALSCOPE_OTLP_HTTP_PORT": str(http_port),
-           "MODALSCOPE_OTLP_GRPC_PORT": str(grpc_port),
-           "MODALSCOPE_SETTLE_SECONDS": os.environ.get("BENCH_SETTLE_SECONDS", "1")}
-    cmd = [sys.executable, "-m", "modalscope", "ingest", "otlp"]
-    if os.environ.get("BENCH_PYSPY"):  # profile the receiver: BENCH_PYSPY=out.txt
-        cmd = ["py-spy", "record", "--format", "raw", "-o", os.environ["BENCH_PYSPY"], "--", *cmd]
-    proc = subprocess.Popen(cmd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{http_port}/v1/traces"
-    try:
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            try:
-                requests.post(url, data=b"", headers={"Content-Type": "application/x-protobuf"}, timeout=1)
-                break
-            except requests.ConnectionError:
-                time.sleep(0.2)
-        local = threading.local()
-        retries = [0]
-
-        def send(data: bytes) -> None:
-            session = getattr(local, "s", None) or requests.Session()
-            local.s = session
-            while True:
-                r = session.post(url, data=data, headers={"Content-Type": "application/x-protobuf"}, timeout=120)
-                if r.status_code == 200:
-                    return
-                if r.status_code in (429, 503):
-                    retries[0] += 1
-                    time.sleep(float(r.headers.get("Retry-After", "1")))
-                    continue
-                raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
-
-        n = sum(len(ExportTraceServiceRequest.FromString(p).resource_spans[0].scope_spans[0].spans) for p in payloads[:0])
+    with psycopg.connect(bl.libpq_url(url)) as conn:
+        conn.execute("""CREATE TABLE spans (id BIGSERIAL PRIMARY KEY, trace_id TEXT, span_id TEXT,
+            parent_span_id TEXT, service TEXT, name TEXT, kind SMALLINT, start_ns BIGINT, duration_ns BIGINT,
+            status SMALLINT, attributes TEXT, UNIQUE (trace_id, span_id))""")
+        conn.execute("CREATE INDEX ix_start ON spans (start_ns)")
+        conn.commit()
+        n = 0
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(clients) as pool:
-            list(pool.map(send, payloads))
-        acked = time.perf_counter() - t0
-        # Wait until every trace is settled (rollups complete).
-        conn = sqlite3.connect(db)
-        while not os.environ.get("BENCH_ACK_ONLY"):
-            pending = conn.execute("SELECT count(*) FROM traces WHERE pending").fetchone()[0]
-            if pending == 0:
-                break
-            time.sleep(0.2)
-        settled = time.perf_counter() - t0
-        spans = conn.execute("SELECT count(*) FROM spans").fetchone()[0]
-        conn.close()
-        rss = _peak_rss_mb(proc.pid)
-        del n
-        return {"spans": spans, "acked_s": acked, "settled_s": settled, "peak_rss_mb": rss, "retries": retries[0]}
-    finally:
-        proc.send_signal(signal.SIGINT)
+        for data in payloads:
+            rows = flatten(data)
+            with conn.cursor() as cur:
+                cur.executemany(f"INSERT INTO spans ({BARE_COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)", rows)
+            conn.commit()
+            n += len(rows)
+        elapsed = time.perf_counter() - t0
+    return n, elapsed
+
+
+# -- clients ---------------------------------------------------------------------------------
+class HttpSender:
+    """POSTs payloads to ``/v1/traces``, one ``requests.Session`` a thread; retries 429/503."""
+
+    def __init__(self, url: str) -> None:
+        import requests
+
+        self.url = url
+        self._requests = requests
+        self._local = threading.local()
+        self.retries = 0
+        self._lock = threading.Lock()
+
+    def send(self, data: bytes) -> None:
+        session = getattr(self._local, "s", None)
+        if session is None:
+            session = self._local.s = self._requests.Session()
+        while True:
+            r = session.post(self.url, data=data, headers={"Content-Type": "application/x-protobuf"}, timeout=300)
+            if r.status_code == 200:
+                return
+            if r.status_code in (429, 503):
+                with self._lock:
+                    self.retries += 1
+                time.sleep(float(r.headers.get("Retry-After", "1")))
+                continue
+            raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
+
+    def close(self) -> None:
+        pass
+
+
+class GrpcSender:
+    """``TraceService/Export`` through opentelemetry-proto's ``TraceServiceStub``, one channel
+    a thread; retries UNAVAILABLE after the RetryInfo delay."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self._local = threading.local()
+        self._channels: list = []
+        self._lock = threading.Lock()
+        self.retries = 0
+
+    def _stub(self):
+        stub = getattr(self._local, "stub", None)
+        if stub is None:
+            import grpc
+            from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
+
+            channel = grpc.insecure_channel(self.target, options=[("grpc.max_send_message_length", -1),
+                                                                  ("grpc.max_receive_message_length", -1)])
+            with self._lock:
+                self._channels.append(channel)
+            stub = self._local.stub = TraceServiceStub(channel)
+        return stub
+
+    def send(self, data: bytes) -> None:
+        import grpc
+        from google.rpc import error_details_pb2
+
+        stub = self._stub()
+        request = ExportTraceServiceRequest.FromString(data)  # what an exporter holds: a message
+        while True:
+            try:
+                stub.Export(request, timeout=300)
+                return
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise RuntimeError(f"gRPC {exc.code().name}: {exc.details()}") from None
+                delay = 1.0
+                for key, value in exc.trailing_metadata() or ():
+                    if key == "google.rpc.retryinfo-bin":
+                        info = error_details_pb2.RetryInfo.FromString(value)
+                        delay = info.retry_delay.seconds + info.retry_delay.nanos / 1e9
+                with self._lock:
+                    self.retries += 1
+                time.sleep(max(delay, 0.05))
+
+    def close(self) -> None:
+        for c in self._channels:
+            c.close()
+
+
+def send_all(send, payloads: list[bytes], clients: int) -> None:
+    """``send`` every payload from ``clients`` threads; on an error or Ctrl-C the requests not
+    yet started are cancelled (the ones in flight finish or fail with the receiver)."""
+    pool = ThreadPoolExecutor(clients)
+    try:
+        for f in [pool.submit(send, p) for p in payloads]:
+            f.result()
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+
+
+# -- one transport run -----------------------------------------------------------------------
+def _receiver_run(transport: str, payloads: list[bytes], url: str, args) -> dict:
+    from modalscope.models.schema import ensure_schema
+
+    ensure_schema(url)  # created before the receiver starts: not part of the timing
+    with bl.Receiver(url, settle_seconds=args.settle_seconds, pyspy=args.pyspy) as rx:
+        sender = HttpSender(rx.http_url) if transport == "http" else GrpcSender(rx.grpc_target)
         try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
+            t0 = time.perf_counter()
+            send_all(sender.send, payloads, args.clients)
+            acked = time.perf_counter() - t0
+        finally:
+            sender.close()
+        settled = None if args.ack_only else bl.wait_settled(url) - t0
+        rss = rx.peak_rss()
+    stored = bl.count_rows(url, "SELECT count(*) FROM spans")
+    return {"acked_s": acked, "settled_s": settled, "stored_spans": stored, "retries": sender.retries,
+            "receiver_peak_mb": rss["receiver_mb"], "settler_peak_mb": rss["settler_mb"], "rss_detail": rss}
+
+
+def _import_run(transport: str, payloads: list[bytes], url: str, workdir: str) -> dict:
+    from modalscope.models.schema import ensure_schema
+
+    ensure_schema(url)
+    if transport == "import-pb":
+        files = []
+        for i, p in enumerate(payloads):
+            path = os.path.join(workdir, f"request-{i:05d}.pb")
+            with open(path, "wb") as fh:
+                fh.write(p)
+            files.append(path)
+    else:
+        path = os.path.join(workdir, "requests.jsonl")
+        with open(path, "wb") as fh:
+            for p in payloads:
+                fh.write(otlp_json(p) + b"\n")
+        files = [path]
+    log_path = os.path.join(workdir, f"{transport}.log")
+    env = {**os.environ, "MODALSCOPE_DATABASE_URL": url}
+    with open(log_path, "wb") as out:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "modalscope", "import", *files], env=env,
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=bl.TMP_ROOT)
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        except BaseException:
             proc.kill()
+            proc.wait()
+            raise
+        elapsed = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    with open(log_path, "rb") as fh:
+        tail = fh.read().decode(errors="replace").strip().splitlines()[-3:]
+    if proc.returncode != 0:
+        raise RuntimeError(f"modalscope import exited {proc.returncode}: {' | '.join(tail)}")
+    for f in files:
+        os.remove(f)
+    stored = bl.count_rows(url, "SELECT count(*) FROM spans")
+    return {"acked_s": elapsed, "settled_s": elapsed, "stored_spans": stored, "retries": 0,
+            "receiver_peak_mb": round(usage.ru_maxrss / 1024, 1), "settler_peak_mb": None,
+            "import_summary": tail[-1] if tail else ""}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--requests", type=int, default=120)
-    ap.add_argument("--spans-per-request", type=int, default=5000)
-    ap.add_argument("--clients", type=int, default=4)
+class Stores:
+    """Fresh stores for one run: SQLite files in a temporary directory, or throw-away
+    PostgreSQL databases (dropped by ``close``)."""
+
+    def __init__(self, workdir: str, server_url: str | None) -> None:
+        self.workdir = workdir
+        self.server_url = server_url
+        self._dbs: list[str] = []
+
+    def new(self, label: str) -> str:
+        if self.server_url is None:
+            path = os.path.join(self.workdir, f"{label}-{len(self._dbs)}.db")
+            self._dbs.append(path)
+            return f"sqlite:///{path}"
+        name = bl.unique_db_name("msbench")
+        bl.create_database(self.server_url, name)
+        self._dbs.append(name)
+        return bl.libpq_url(self.server_url, name).replace("postgresql://", "postgresql+psycopg://", 1)
+
+    def close(self) -> None:
+        for db in self._dbs:
+            if self.server_url is None:
+                for suffix in ("", "-wal", "-shm"):
+                    if os.path.exists(db + suffix):
+                        os.remove(db + suffix)
+            else:
+                try:
+                    bl.drop_database(self.server_url, db)
+                except Exception as exc:  # noqa: BLE001
+                    bl.log(f"could not drop database {db}: {exc}")
+        self._dbs.clear()
+
+
+def one_run(run: int, transports: list[str], payloads: list[bytes], total: int, args, workdir: str) -> list[dict]:
+    stores = Stores(workdir, args.database_url)
+    rows = []
+    try:
+        bare_url = stores.new("bare")
+        if args.database_url:
+            n, bare_s = bare_loop_postgres(payloads, bare_url)
+        else:
+            n, bare_s = bare_loop_sqlite(payloads, bare_url[len("sqlite:///"):])
+        bare_rate = n / bare_s
+        stores.close()
+        for transport in transports:
+            url = stores.new(transport)
+            if transport.startswith("import"):
+                res = _import_run(transport, payloads, url, workdir)
+            else:
+                res = _receiver_run(transport, payloads, url, args)
+            stores.close()
+            if res["stored_spans"] != total:
+                raise RuntimeError(f"{transport}: {res['stored_spans']} spans stored, {total} sent")
+            acked = total / res["acked_s"]
+            settled = total / res["settled_s"] if res["settled_s"] else None
+            row = {"run": run, "transport": transport, "spans": total, "bare_spans_per_s": round(bare_rate),
+                   "acked_spans_per_s": round(acked), "acked_vs_bare": round(acked / bare_rate, 3),
+                   "settled_spans_per_s": None if settled is None else round(settled),
+                   "settled_vs_bare": None if settled is None else round(settled / bare_rate, 3),
+                   **{k: v for k, v in res.items() if k not in ("acked_s", "settled_s")}}
+            rows.append(row)
+            print(_table_line(row), flush=True)
+    finally:
+        stores.close()
+    return rows
+
+
+HEADERS = ("run", "transport", "bare spans/s", "acknowledged spans/s", "× bare", "settled spans/s", "× bare",
+           "ingest process peak MB", "settler peak MB", "retries")
+
+
+def _cells(row: dict) -> list:
+    return [row["run"], row["transport"], bl.fmt_int(row["bare_spans_per_s"]), bl.fmt_int(row["acked_spans_per_s"]),
+            f"{row['acked_vs_bare']:.2f}×" if row["acked_vs_bare"] is not None else "—",
+            bl.fmt_int(row["settled_spans_per_s"]),
+            f"{row['settled_vs_bare']:.2f}×" if row["settled_vs_bare"] is not None else "—",
+            bl.fmt_int(row["receiver_peak_mb"]), bl.fmt_int(row["settler_peak_mb"]), bl.fmt_int(row["retries"])]
+
+
+def _table_line(row: dict) -> str:
+    return "| " + " | ".join(str(c) for c in _cells(row)) + " |"
+
+
+def medians(rows: list[dict], transports: list[str]) -> list[dict]:
+    out = []
+    keys = ("bare_spans_per_s", "acked_spans_per_s", "acked_vs_bare", "settled_spans_per_s", "settled_vs_bare",
+            "receiver_peak_mb", "settler_peak_mb", "retries")
+    for t in transports:
+        mine = [r for r in rows if r["transport"] == t]
+        if mine:
+            out.append({"run": "median", "transport": t, **{k: bl.median(r[k] for r in mine) for k in keys}})
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 2)[2])
+    ap.add_argument("--transport", default="all", choices=("http", "grpc", "import", "import-pb", "import-json", "all"),
+                    help="what to measure against the bare loop (default: all)")
+    ap.add_argument("--requests", type=int, default=120, help="requests a run (default 120)")
+    ap.add_argument("--spans-per-request", type=int, default=5000, help="spans a request (default 5000)")
+    ap.add_argument("--clients", type=int, default=4, help="client threads for http/grpc (default 4)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs; the median of each column is printed (default 3)")
+    ap.add_argument("--database-url", default=None,
+                    help="a PostgreSQL server URL (postgresql://postgres@127.0.0.1:5432); default: SQLite files")
+    ap.add_argument("--json", default=None, metavar="FILE", help="also write machine details, runs and medians here")
+    ap.add_argument("--settle-seconds", type=float, default=float(os.environ.get("BENCH_SETTLE_SECONDS", "1")),
+                    help="MODALSCOPE_SETTLE_SECONDS of the receiver (default 1; env BENCH_SETTLE_SECONDS)")
+    ap.add_argument("--ack-only", action="store_true", default=bool(os.environ.get("BENCH_ACK_ONLY")),
+                    help="do not wait for settling (env BENCH_ACK_ONLY=1)")
+    ap.add_argument("--pyspy", default=os.environ.get("BENCH_PYSPY"), metavar="FILE",
+                    help="run the receiver under `py-spy record --format raw -o FILE` (env BENCH_PYSPY)")
     args = ap.parse_args()
+    if args.database_url and not bl.is_postgres(args.database_url):
+        ap.error("--database-url must be a PostgreSQL URL (SQLite is the default: fresh files under /tmp)")
+    transports = {"all": list(TRANSPORTS), "import": ["import-pb", "import-json"]}.get(args.transport, [args.transport])
+    bl.sigterm_as_interrupt()
+    machine = bl.machine_info(args.database_url)
+    bl.log(f"generating {args.requests} requests of {args.spans_per_request} spans ...")
     payloads = make_payloads(args.requests, args.spans_per_request)
-    total = args.requests * args.spans_per_request
-    with tempfile.TemporaryDirectory() as d:
-        n, bare_s = bare_loop(payloads, os.path.join(d, "bare.db"))
-        res = pipeline(payloads, d, args.clients)
-    bare_rate = n / bare_s
-    acked_rate = res["spans"] / res["acked_s"]
-    settled_rate = res["spans"] / res["settled_s"]
-    print(f"spans: {total} in {args.requests} requests of {args.spans_per_request}; {os.cpu_count()} cores")
-    print("| measure | spans/s | vs bare |")
-    print("|---|---|---|")
-    print(f"| bare loop (parse + flatten + executemany, 1 thread) | {bare_rate:,.0f} | 1.00x |")
-    print(f"| pipeline, acknowledged (HTTP 200 = committed) | {acked_rate:,.0f} | {acked_rate / bare_rate:.2f}x |")
-    print(f"| pipeline, settled (traces + rollups complete) | {settled_rate:,.0f} | {settled_rate / bare_rate:.2f}x |")
-    print(f"ingest process peak RSS: {res['peak_rss_mb']:.0f} MB; 429/503 retries: {res['retries']}; stored spans {res['spans']}")
+    total = sum(count_spans(p) for p in payloads)
+    print(f"{total:,} spans in {args.requests} requests of {args.spans_per_request}, {args.clients} client threads, "
+          f"store: {'PostgreSQL' if args.database_url else 'SQLite'}")
+    print(bl.machine_line(machine))
+    print(bl.md_table(HEADERS, []))
+    rows: list[dict] = []
+    workdir = tempfile.mkdtemp(prefix="modalscope-ingest-bench-", dir=bl.TMP_ROOT)
+    try:
+        for run in range(1, args.repeat + 1):
+            rows.extend(one_run(run, transports, payloads, total, args, workdir))
+    except KeyboardInterrupt:
+        bl.log("interrupted: stores removed")
+        return 130
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    med = medians(rows, transports)
+    if args.repeat > 1:
+        print()
+        print(f"Median of {args.repeat} runs:")
+        print(bl.md_table(HEADERS[1:], [_cells(r)[1:] for r in med]))
+    bl.write_json(args.json, {"machine": machine, "args": vars(args), "spans": total, "runs": rows, "median": med})
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        raise SystemExit(main())
+    except KeyboardInterrupt:
+        bl.log("interrupted")
+        raise SystemExit(130) from None

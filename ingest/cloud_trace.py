@@ -70,6 +70,7 @@ _STATUS_KEYS = ("/http/status_code", "http.response.status_code", "http.status_c
 _ERROR_MESSAGE_KEYS = ("/error/message", "otel.status_description", "error.message", "exception.message")
 _KINDS = {1: KIND_SERVER, 2: KIND_CLIENT}  # TraceSpan.SpanKind: RPC_SERVER=1, RPC_CLIENT=2
 _MAX_U64 = (1 << 64) - 1
+_MAX_I64 = (1 << 63) - 1
 
 
 def coerce_label(key: str, value: str) -> Any:
@@ -156,7 +157,8 @@ def normalize_trace_id(trace_id: str) -> str | None:
 
 
 def span_record(trace_id: str, span) -> SpanRecord | None:
-    """One v1 ``TraceSpan`` (proto-plus or protobuf) as a record; None when its id is unusable."""
+    """One v1 ``TraceSpan`` (proto-plus or protobuf) as a record; None when its id or its
+    times are unusable."""
     span = _raw(span)
     if not 0 < span.span_id <= _MAX_U64:
         return None
@@ -169,6 +171,8 @@ def span_record(trace_id: str, span) -> SpanRecord | None:
         resource["service.instance.id"] = instance
     start = _ns(span.start_time)
     end = _ns(span.end_time)
+    if not 0 <= start <= _MAX_I64 or end > _MAX_I64:
+        return None  # before 1970 or past 2262: the store's signed 64-bit nanoseconds cannot hold it
     return SpanRecord(
         trace_id=trace_id,
         span_id=f"{span.span_id:016x}",

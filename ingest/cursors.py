@@ -30,6 +30,35 @@ def new_holder_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+def holder_is_dead(holder: str | None, me: str | None = None) -> bool:
+    """Is ``holder`` (``host:pid:nonce``) a process of this host that no longer runs?
+
+    A killed poller (SIGKILL, OOM) cannot release its lease; its restart on the same host
+    takes the lease over at once instead of idling until it expires. Only a certain death
+    counts: another host, a live pid, or a pid we may not signal keep the lease.
+    """
+    if not holder or holder == me:
+        return False
+    host, _, rest = holder.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return True  # an earlier run of this pid (a restarted container's pid 1): not us
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    try:  # a zombie (killed, not yet reaped by its parent) is dead too
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rpartition(b")")[2].split()[:1] == [b"Z"]
+    except OSError:
+        return False
+
+
 @dataclass
 class CursorState:
     name: str
@@ -82,7 +111,8 @@ class Lease:
                        "updated_ns": 0, "info": None}])
 
     def acquire(self, now_ns: int | None = None) -> bool:
-        """Take (or renew) the lease if it is free, expired or ours. True when held."""
+        """Take (or renew) the lease if it is free, expired, ours, or held by a dead process
+        of this host (:func:`holder_is_dead`). True when held."""
         now_ns = time.time_ns() if now_ns is None else now_ns
         with self.engine.begin() as conn:
             self._ensure_row(conn)
@@ -93,6 +123,15 @@ class Lease:
                 .values(holder=self.holder, lease_expires_ns=now_ns + int(self.ttl * 1e9))
             )
             self.held = res.rowcount == 1
+        if not self.held:
+            current = read_cursor(self.engine, self.name)
+            if current is not None and holder_is_dead(current.holder, self.holder):
+                with self.engine.begin() as conn:  # fenced on the dead holder: one taker wins
+                    res = conn.execute(
+                        update(Cursor).where(Cursor.name == self.name, Cursor.holder == current.holder)
+                        .values(holder=self.holder, lease_expires_ns=now_ns + int(self.ttl * 1e9))
+                    )
+                    self.held = res.rowcount == 1
         return self.held
 
     def renew(self, now_ns: int | None = None) -> None:

@@ -90,6 +90,10 @@ _UINT64_MAX = 2**64 - 1
 _ERR_TRACE_ID = "invalid or missing trace id (must be 16 bytes, 32 hex digits, not all zeros)"
 _ERR_SPAN_ID = "invalid or missing span id (must be 8 bytes, 16 hex digits, not all zeros)"
 _ERR_PARENT_ID = "invalid parent span id (must be 8 bytes, 16 hex digits, or empty)"
+# The store keeps times as signed 64-bit nanoseconds (up to the year 2262): a later time
+# would fail the whole write, so the span is rejected here, alone.
+_INT64_MAX = (1 << 63) - 1
+_ERR_TIME = "span start or end time is past the year 2262 (more than 2^63-1 ns)"
 
 
 class DecodeError(ValueError):
@@ -490,6 +494,10 @@ def _decode_pb(msg: Any, source: str, attrs: Any, scope_spans_of: Any) -> Decode
                 end = sp.end_time_unix_nano
                 if end < start:
                     end = start
+                if end > _INT64_MAX:
+                    rejected += 1
+                    errors[_ERR_TIME] = None
+                    continue
                 if sp.HasField("status"):
                     st = sp.status
                     code = st.code
@@ -759,6 +767,8 @@ def _json_span(sp: Any, service: str, resource: dict, scope: str, source: str) -
     end = _json_uint64(get("endTimeUnixNano"), "endTimeUnixNano")
     if end < start:
         end = start
+    if end > _INT64_MAX:
+        raise _SpanProblem(_ERR_TIME)
 
     code = STATUS_UNSET
     message = ""

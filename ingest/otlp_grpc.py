@@ -17,6 +17,10 @@ receiver parses the request bytes itself: grpcio's default deserializer answers
 * gzip-compressed requests are inflated by grpc;
 * success (after the commit) -> ``ExportTraceServiceResponse``, with ``partial_success``
   when spans were rejected one by one.
+* An Export holds a worker thread until its spans are committed; when all but
+  ``RESERVED_WORKERS`` are held (a slow or locked store), further Exports are answered
+  ``UNAVAILABLE`` with a ``RetryInfo`` at once by the reserved ones, instead of queueing
+  behind the held workers until the client's deadline passes.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import concurrent.futures
 import hmac
 import logging
 import math
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -48,6 +53,8 @@ FULL_METHOD = f"/{SERVICE}/{METHOD}"
 COMMIT_TIMEOUT = 60.0
 #: Retry delay when the writer is shutting down (a restart is expected).
 SHUTDOWN_RETRY_AFTER = 5
+#: Worker threads that never wait for a commit, so a busy receiver can still say so.
+RESERVED_WORKERS = 2
 
 _PROTOBUF = "application/x-protobuf"
 
@@ -86,18 +93,25 @@ def _short(text: object, limit: int = 200) -> str:
 
 
 class _TraceService:
-    def __init__(self, pipeline: IngestPipeline, settings: Settings, commit_timeout: float) -> None:
+    def __init__(self, pipeline: IngestPipeline, settings: Settings, commit_timeout: float,
+                 max_busy: int = 1 << 30) -> None:
         self.pipeline = pipeline
         self.cap = int(settings.max_request_bytes)
         self.token = settings.ingest_token.encode("utf-8") if settings.ingest_token else None
         self.commit_timeout = commit_timeout
+        self._busy = threading.BoundedSemaphore(max(1, max_busy))
 
     def export(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        try:
-            outcome = self._export(request, context)
-        except Exception:  # noqa: BLE001 - a bug must not take the receiver down
-            log.exception("OTLP/gRPC: unexpected error handling an Export from %s", context.peer())
-            outcome = _Failure(grpc.StatusCode.INTERNAL, "internal error while receiving spans (logged by the receiver)")
+        if not self._busy.acquire(blocking=False):
+            writer = getattr(self.pipeline, "writer", None)
+            outcome: bytes | _Failure = _unavailable(
+                "receiver busy: every worker is waiting for the store; retry later",
+                writer.retry_after() if writer is not None else 1)
+        else:
+            try:
+                outcome = self._guarded_export(request, context)
+            finally:
+                self._busy.release()
         if isinstance(outcome, _Failure):
             level = logging.DEBUG if outcome.code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNAVAILABLE) \
                 else logging.INFO
@@ -106,6 +120,13 @@ class _TraceService:
                 context.set_trailing_metadata(outcome.trailing)
             context.abort(outcome.code, outcome.message)  # raises
         return outcome
+
+    def _guarded_export(self, request: bytes, context: grpc.ServicerContext) -> bytes | _Failure:
+        try:
+            return self._export(request, context)
+        except Exception:  # noqa: BLE001 - a bug must not take the receiver down
+            log.exception("OTLP/gRPC: unexpected error handling an Export from %s", context.peer())
+            return _Failure(grpc.StatusCode.INTERNAL, "internal error while receiving spans (logged by the receiver)")
 
     def _authorized(self, context: grpc.ServicerContext) -> bool:
         if self.token is None:
@@ -123,6 +144,11 @@ class _TraceService:
         if not self._authorized(context):
             return _Failure(grpc.StatusCode.UNAUTHENTICATED,
                             "missing or invalid ingest token: send metadata authorization: Bearer <token>")
+        writer = getattr(self.pipeline, "writer", None)
+        if writer is not None and writer.closed:
+            return _unavailable("receiver is shutting down; retry", SHUTDOWN_RETRY_AFTER)
+        if writer is not None and writer.full:  # refuse before spending a decode on it
+            return _unavailable("receiver busy: the writer queue is full; retry later", writer.retry_after())
         if len(request) > self.cap:  # grpc checks the wire size; this is the inflated size
             return _Failure(grpc.StatusCode.RESOURCE_EXHAUSTED,
                             f"request of {len(request)} bytes exceeds the limit of {self.cap} bytes "
@@ -150,7 +176,8 @@ class _TraceService:
                 return _unavailable(f"spans not committed within {timeout:g} s; retry", self.pipeline.retry_after())
             except Exception as exc:
                 if storage_unavailable(exc):
-                    log.warning("OTLP/gRPC: store unavailable: %s", _short(exc))
+                    # The writer logs the outage once; a line a request would flood the log.
+                    log.debug("OTLP/gRPC: store unavailable: %s", _short(exc))
                     return _unavailable("the span store is unavailable; retry", self.pipeline.retry_after())
                 raise
         if result.rejected:
@@ -166,7 +193,7 @@ def _address(host: str, port: int) -> str:
 
 
 def serve_grpc(pipeline: IngestPipeline, settings: Settings, host: str, port: int,
-               max_workers: int = 8, *, commit_timeout: float = COMMIT_TIMEOUT) -> grpc.Server:
+               max_workers: int = 16, *, commit_timeout: float = COMMIT_TIMEOUT) -> grpc.Server:
     """Start the OTLP/gRPC receiver on ``host:port`` and return the started server.
 
     ``port`` 0 binds any free port; the bound port is set as ``server.port``. A taken port
@@ -182,7 +209,7 @@ def serve_grpc(pipeline: IngestPipeline, settings: Settings, host: str, port: in
             ("grpc.so_reuseport", 0),
         ],
     )
-    service = _TraceService(pipeline, settings, commit_timeout)
+    service = _TraceService(pipeline, settings, commit_timeout, max_busy=max_workers - RESERVED_WORKERS)
     handler = grpc.method_handlers_generic_handler(
         SERVICE,
         {METHOD: grpc.unary_unary_rpc_method_handler(service.export, request_deserializer=None,

@@ -13,6 +13,14 @@
 * Bad data -> 400; writer full -> 429, writer shutting down or no commit in time -> 503,
   both with ``Retry-After``; ingest token missing or wrong -> 401; a bug -> 500, logged,
   never a traceback to the client.
+* Memory stays bounded under any load: a full writer is answered 429 before the body is
+  kept (it is read and discarded, so the client sees the answer, not a reset); at most
+  ``MAX_READING`` requests hold a body at once (the others wait their turn, 503 after
+  ``READ_WAIT`` seconds) and ``MAX_DECODING`` decode at once; the writer's queue is capped
+  in spans. A client that stops sending its body for ``IDLE_TIMEOUT`` seconds is cut off,
+  so slow uploads cannot hold the reading slots.
+* Stopping (:class:`IngestGate`): requests arriving after the stop began get 503 with
+  ``Retry-After``; the ones already taken are answered once their spans are committed.
 * 200 means committed: the response is sent after the writer's commit, with an
   ``ExportTraceServiceResponse`` carrying ``partial_success`` when spans were rejected one
   by one. Error bodies are a ``google.rpc.Status`` in the request's content type (JSON for
@@ -46,6 +54,7 @@ __all__ = [
     "ListenError",
     "PortInUse",
     "HTTPReceiver",
+    "IngestGate",
     "create_ingest_app",
     "serve_http",
 ]
@@ -57,6 +66,14 @@ COMMIT_TIMEOUT = 60.0
 #: ``Retry-After`` when the writer is shutting down (a restart is expected).
 SHUTDOWN_RETRY_AFTER = 5
 _READ_CHUNK = 256 * 1024
+#: Requests holding a body at once (each up to the size cap, plus its decoded spans).
+MAX_READING = 16
+#: Requests decompressing or decoding at once: CPU work, more gain nothing under the GIL.
+MAX_DECODING = 4
+#: Seconds a request waits for a reading slot before 503.
+READ_WAIT = 10.0
+#: Seconds a connection may send nothing before it is dropped.
+IDLE_TIMEOUT = 30.0
 
 _PROTOBUF = "application/x-protobuf"
 _JSON = "application/json"
@@ -124,7 +141,62 @@ def _short(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+# --------------------------------------------------------------------------- gate
+
+
+class IngestGate:
+    """The requests one receiver has taken: how many decode at once, and draining on stop.
+
+    ``drain()`` makes every later request a 503 and waits for the ones in flight (they
+    are waiting for their commits) so a stopping receiver answers what it took.
+    """
+
+    def __init__(self, max_reading: int = MAX_READING, max_decoding: int = MAX_DECODING) -> None:
+        self.reading = threading.BoundedSemaphore(max_reading)
+        self.decoding = threading.BoundedSemaphore(max_decoding)
+        self._idle = threading.Condition()
+        self._inflight = 0
+        self.draining = False
+
+    def enter(self) -> bool:
+        with self._idle:
+            if self.draining:
+                return False
+            self._inflight += 1
+            return True
+
+    def leave(self) -> None:
+        with self._idle:
+            self._inflight -= 1
+            if self._inflight <= 0:
+                self._idle.notify_all()
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    def drain(self, timeout: float) -> bool:
+        """Refuse new requests; wait up to ``timeout`` s for those in flight. True when none is left."""
+        with self._idle:
+            self.draining = True
+            return self._idle.wait_for(lambda: self._inflight <= 0, timeout)
+
+
 # --------------------------------------------------------------------------- body
+
+
+def _discard_body(stream, cap: int) -> None:
+    """Read and drop a body we refuse, so the client reads our answer instead of a reset
+    (closing a socket with unread data sends RST). Holds one chunk at a time."""
+    size = 0
+    try:
+        while size <= cap:
+            chunk = stream.read(_READ_CHUNK)
+            if not chunk:
+                return
+            size += len(chunk)
+    except (ClientDisconnected, OSError, ValueError):
+        pass
 
 
 def _read_body(stream, cap: int) -> bytes:
@@ -203,11 +275,29 @@ def _inflate(data: bytes, coding: object, cap: int) -> bytes:
 
 
 def create_ingest_app(pipeline: IngestPipeline, settings: Settings, *,
-                      commit_timeout: float = COMMIT_TIMEOUT) -> Flask:
-    """The OTLP/HTTP receiver as a Flask app (``POST /v1/traces``)."""
+                      commit_timeout: float = COMMIT_TIMEOUT, gate: IngestGate | None = None) -> Flask:
+    """The OTLP/HTTP receiver as a Flask app (``POST /v1/traces``); its :class:`IngestGate`
+    is ``app.extensions["modalscope_ingest_gate"]``."""
     app = Flask("modalscope.ingest.otlp_http", static_folder=None)
     cap = int(settings.max_request_bytes)
     token = settings.ingest_token.encode("utf-8") if settings.ingest_token else None
+    gate = gate or IngestGate()
+    app.extensions["modalscope_ingest_gate"] = gate
+
+    def refuse_early() -> None:
+        """Refuse without keeping the body when the writer cannot take it anyway."""
+        writer = getattr(pipeline, "writer", None)
+        if writer is None:
+            return
+        if writer.closed:
+            _discard_body(request.stream, cap)
+            raise _Reject(503, _UNAVAILABLE, "receiver is shutting down; retry",
+                          {"Retry-After": str(SHUTDOWN_RETRY_AFTER)})
+        if writer.full:
+            _discard_body(request.stream, cap)
+            wait = _retry_after(writer.retry_after())
+            raise _Reject(429, _UNAVAILABLE, f"receiver busy: the writer queue is full; retry after {wait} s",
+                          {"Retry-After": wait})
 
     def check_token() -> None:
         if token is None:
@@ -255,15 +345,23 @@ def create_ingest_app(pipeline: IngestPipeline, settings: Settings, *,
                           f"request body of {length} bytes exceeds the limit of {cap} bytes "
                           "(MODALSCOPE_MAX_REQUEST_BYTES)")
 
-        body = _read_body(request.stream, cap)
-        if coding is not None:
-            body = _inflate(body, coding, cap)
-
+        refuse_early()
+        if not gate.reading.acquire(timeout=READ_WAIT):
+            _discard_body(request.stream, cap)
+            raise _Reject(503, _UNAVAILABLE, "receiver busy reading other requests; retry",
+                          {"Retry-After": "1"})
         try:
-            result = decode(body, source="otlp")
-        except DecodeError as exc:
-            raise _Reject(400, _INVALID_ARGUMENT, str(exc)) from None
-        del body
+            body = _read_body(request.stream, cap)
+            with gate.decoding:
+                if coding is not None:
+                    body = _inflate(body, coding, cap)
+                try:
+                    result = decode(body, source="otlp")
+                except DecodeError as exc:
+                    raise _Reject(400, _INVALID_ARGUMENT, str(exc)) from None
+            del body
+        finally:
+            gate.reading.release()
 
         if result.spans:
             try:
@@ -284,7 +382,8 @@ def create_ingest_app(pipeline: IngestPipeline, settings: Settings, *,
                               {"Retry-After": _retry_after(pipeline.retry_after())}) from None
             except Exception as exc:
                 if storage_unavailable(exc):
-                    log.warning("OTLP/HTTP: store unavailable: %s", _short(exc, 200))
+                    # The writer logs the outage once; a line a request would flood the log.
+                    log.debug("OTLP/HTTP: store unavailable: %s", _short(exc, 200))
                     raise _Reject(503, _UNAVAILABLE, "the span store is unavailable; retry",
                                   {"Retry-After": _retry_after(pipeline.retry_after())}) from None
                 raise
@@ -298,6 +397,10 @@ def create_ingest_app(pipeline: IngestPipeline, settings: Settings, *,
     @app.post("/v1/traces")
     def v1_traces() -> Response:
         media = _response_media(request.headers.get("Content-Type"))
+        if not gate.enter():
+            _discard_body(request.stream, cap)
+            return _status_response(503, _UNAVAILABLE, "receiver is shutting down; retry", media,
+                                    {"Retry-After": str(SHUTDOWN_RETRY_AFTER)})
         try:
             return export()
         except _Reject as r:
@@ -308,6 +411,8 @@ def create_ingest_app(pipeline: IngestPipeline, settings: Settings, *,
             log.exception("OTLP/HTTP: unexpected error handling a request from %s", request.remote_addr)
             return _status_response(500, _INTERNAL, "internal error while receiving spans (logged by the receiver)",
                                     media)
+        finally:
+            gate.leave()
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Response:
@@ -330,7 +435,10 @@ def create_ingest_app(pipeline: IngestPipeline, settings: Settings, *,
 
 
 class _RequestHandler(WSGIRequestHandler):
-    """Werkzeug's handler, with access logs sent to our logger at DEBUG (not stderr)."""
+    """Werkzeug's handler, with access logs sent to our logger at DEBUG (not stderr), and a
+    socket timeout: a client silent for IDLE_TIMEOUT seconds is dropped."""
+
+    timeout = IDLE_TIMEOUT
 
     def log(self, type: str, message: str, *args) -> None:  # noqa: A002 - Werkzeug's signature
         level = logging.DEBUG if type == "info" else logging.WARNING

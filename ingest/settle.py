@@ -13,6 +13,10 @@ Contributions, each one histogram entry in one (series, minute):
 * ``pair``   (caller, callee, input type): a CLIENT span's duration
 * ``trace``  (root service, input type): the trace's duration
 * ``tstage`` (stage, input type): the trace's total self time in that stage
+* ``cache``, ``batch``, ``cuda``, ``sync``, ``inst``: the span conventions the anomaly
+  detectors need (cache lookups per tag, batch sizes, CUDA Graph fallbacks, encoder spread
+  before fusion, requests per instance), see ``settle_fast``; a cache tag key gets series
+  for at most ``CACHE_TAG_VALUES`` values, later values share its overflow series (value '')
 
 Several settlers may run (one per ingest process): on PostgreSQL each claims trace rows
 with ``FOR UPDATE SKIP LOCKED``; SQLite serialises them with ``BEGIN IMMEDIATE``.
@@ -35,8 +39,8 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from ..models import HourlyRollup, Rollup, Series, Span, Trace
 from ..models import sketch
 from ..models.dialect import insert_ignore, supports_skip_locked
-from .records import KIND_CLIENT, STATUS_ERROR, SpanRecord
-from .settle_fast import summarize_rows
+from .records import KIND_CLIENT, KIND_CONSUMER, KIND_SERVER, STATUS_ERROR, SpanRecord
+from .settle_fast import CONVENTION_KEYS, convention_contributions, summarize_rows
 from .traces import find_root, input_type_of, self_times, service_pairs, trace_duration_ns, trace_error
 
 log = logging.getLogger(__name__)
@@ -87,6 +91,10 @@ class SeriesRegistry:
                 for sid, h in conn.execute(select(Series.id, Series.key_hash).where(Series.key_hash.in_(chunk))):
                     out[by_hash[h]] = sid
         return out
+
+    def known(self, key: tuple[str, ...]) -> bool:
+        with self._lock:
+            return key in self._ids
 
     def remember(self, resolved: dict[tuple[str, ...], int]) -> None:
         with self._lock:
@@ -158,6 +166,7 @@ def summarize_trace(trace_id: str, spans: list[SpanRecord]) -> SettledTrace:
     for st, total in sorted(stage_time.items()):
         contribs.append((series_key("tstage", service=root_service or "", stage=st, input_type=input_type),
                          trace_minute, total, 0))
+    contribs.extend(_convention_contributions(spans))
     return SettledTrace(
         trace_id=trace_id,
         root_service=root_service,
@@ -169,6 +178,39 @@ def summarize_trace(trace_id: str, spans: list[SpanRecord]) -> SettledTrace:
         input_type=input_type,
         contributions=contribs,
     )
+
+
+def _convention_contributions(spans: list[SpanRecord]) -> list[tuple[tuple[str, ...], int, int, int]]:
+    """The trace's ``cache``/``batch``/``cuda``/``sync``/``inst`` contributions (the series
+    kinds are described in ``settle_fast``), span by span: the reference the batch path is
+    tested against."""
+    out = []
+    for s in spans:
+        if s.attributes:
+            out.extend(convention_contributions(s.service, s.name, s.start_ns, max(s.end_ns - s.start_ns, 0),
+                                                s.attributes))
+    ordered = sorted(spans, key=lambda s: (s.start_ns, s.span_id))
+    servers = [s for s in ordered if s.kind in (KIND_SERVER, KIND_CONSUMER)]
+    fusion = [s for s in servers if s.stage == "fusion"]
+    encoder_end: dict[str, int] = {}
+    encoder_start: int | None = None
+    for s in servers:
+        if s.stage == "encoder":
+            end = s.start_ns + max(s.end_ns - s.start_ns, 0)
+            encoder_end[s.service] = max(encoder_end.get(s.service, end), end)
+            encoder_start = s.start_ns if encoder_start is None else min(encoder_start, s.start_ns)
+    if fusion and len(encoder_end) >= 2:
+        out.append((series_key("sync", fusion[0].service), encoder_start // NS_PER_MINUTE,
+                    max(encoder_end.values()) - min(encoder_end.values()), 0))
+    first_on: dict[tuple[str, str], SpanRecord] = {}
+    for s in servers:
+        inst = s.resource.get("service.instance.id")
+        if inst is not None and str(inst):
+            first_on.setdefault((s.service, str(inst)), s)
+    for (service, inst), s in first_on.items():
+        out.append((series_key("inst", service, inst), s.start_ns // NS_PER_MINUTE,
+                    max(s.end_ns - s.start_ns, 0), 0))
+    return out
 
 
 def _pack(contribs: list[tuple[int, int, int, int]]) -> bytes:
@@ -274,15 +316,28 @@ def _apply_tier(conn: Connection, model, time_col: str, series: np.ndarray, minu
     return len(pairs)
 
 
+def _contains(conn: Connection, column, needle: str):
+    """A plain substring test: ``instr`` on SQLite (cheaper than LIKE), LIKE elsewhere."""
+    if conn.dialect.name == "sqlite":
+        from sqlalchemy import func
+
+        return func.instr(column, needle) > 0
+    return column.contains(needle, autoescape=True)
+
+
 def load_trace_rows(conn: Connection, trace_ids: Sequence[str]) -> list[tuple]:
     """Span rows of these traces in ``settle_fast`` layout, ordered (trace, start, span id)."""
     # Attributes matter only on roots, CLIENT spans and spans naming an input type; the
     # database filters them so most rows never build a Python string for them.
+    # Attributes matter only on roots, CLIENT spans, spans naming an input type and spans
+    # carrying a convention attribute; the database filters them so most rows never build a
+    # Python string for them.
     wanted = or_(Span.parent_span_id.is_(None), Span.parent_span_id == "", Span.kind == KIND_CLIENT,
-                 Span.attributes.contains("mm.input_type", autoescape=True))
+                 *[_contains(conn, Span.attributes, needle)
+                   for needle in ("mm.input_type", *(f'"{k}"' for k in CONVENTION_KEYS))])
     attrs = case((wanted, Span.attributes), else_=literal(""))
     cols = (Span.trace_id, Span.span_id, Span.parent_span_id, Span.service, Span.name, Span.kind,
-            Span.stage, Span.start_ns, Span.duration_ns, Span.status, attrs)
+            Span.stage, Span.start_ns, Span.duration_ns, Span.status, attrs, Span.instance)
     rows: list[tuple] = []
     for i in range(0, len(trace_ids), 500):
         chunk = trace_ids[i : i + 500]
@@ -302,12 +357,56 @@ def _claim_query(trace_ids: Sequence[str] | None, due_before_ns: int | None, lim
     return q.with_for_update(skip_locked=True) if lock else q
 
 
+CACHE_TAG_VALUES = 32  # series per cache tag key: a tag with more values is no cache-key tag
+
+
+def _cap_cache_tags(conn: Connection, summary, used_keys: list[int], registry: SeriesRegistry) -> None:
+    """Bound the ``cache`` series: a tag key (per service and cache) gets series for its first
+    ``CACHE_TAG_VALUES`` values; contributions of later values go to its overflow series
+    (value ''), so a high-cardinality attribute (a user id) costs one series, and the
+    detectors see that the key is not a bounded tag. Only keys not cached by the registry
+    are looked up (new ones), one query per tag key."""
+    new = [k for k in used_keys if summary.keys[k][0] == "cache" and summary.keys[k][6]
+           and not registry.known(summary.keys[k])]
+    if not new:
+        return
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    for k in new:
+        key = summary.keys[k]
+        groups.setdefault((key[1], key[2], key[5]), []).append(k)
+    remap: dict[int, int] = {}
+    for (service, cache, tag), ks in groups.items():
+        existing = set(conn.execute(select(Series.callee).where(
+            Series.kind == "cache", Series.service == service, Series.name == cache, Series.caller == tag)).scalars())
+        existing.discard("")
+        for k in sorted(ks, key=lambda k: summary.keys[k][6]):
+            value = summary.keys[k][6]
+            if value in existing:
+                continue
+            if len(existing) < CACHE_TAG_VALUES:
+                existing.add(value)
+                continue
+            overflow = summary.keys[k][:6] + ("",)
+            try:
+                remap[k] = summary.keys.index(overflow)
+            except ValueError:
+                remap[k] = len(summary.keys)
+                summary.keys.append(overflow)
+    if remap:
+        src = np.fromiter(remap, dtype=np.int64, count=len(remap))
+        dst = np.fromiter(remap.values(), dtype=np.int64, count=len(remap))
+        lookup = np.arange(len(summary.keys), dtype=np.int64)
+        lookup[src] = dst
+        summary.c_key = lookup[summary.c_key]
+
+
 def _apply_summary(conn: Connection, summary, claimed: dict[str, bytes | None], now_ns: int,
                    registry: SeriesRegistry) -> dict:
     """Write the settled state of the ``claimed`` traces: rollup deltas and trace rows."""
     index = {tid: i for i, tid in enumerate(summary.trace_ids)}
     keep_idx = np.array(sorted(index[t] for t in claimed if t in index), dtype=np.int64)
     mask = np.isin(summary.c_trace, keep_idx)
+    _cap_cache_tags(conn, summary, sorted(set(summary.c_key[mask].tolist())), registry)
     used_keys = sorted(set(summary.c_key[mask].tolist()))
     resolved = registry.resolve(conn, [summary.keys[k] for k in used_keys])
     series_of_key = np.zeros(len(summary.keys), dtype=np.int64)

@@ -22,7 +22,67 @@ from .traces import _PEER_KEYS, _attr_text, input_type_of
 NS_PER_MINUTE = 60_000_000_000
 
 # Row layout handed in by the loader.
-TID, SID, PARENT, SERVICE, NAME, KIND, STAGE, START, DUR, STATUS, ATTRS = range(11)
+TID, SID, PARENT, SERVICE, NAME, KIND, STAGE, START, DUR, STATUS, ATTRS, INSTANCE = range(12)
+
+# Convention rollups (DESIGN.md "Span conventions"), what the attribute-based detectors read:
+#
+# * ``cache`` (service, name = cache.name, caller = tag key, callee = tag value): a lookup
+#   per tag of a span carrying ``cache.name``; its duration; error = a miss (``cache.hit``
+#   not true). Tags: string attributes outside ``cache.*``, non-empty, at most
+#   CACHE_TAG_MAX_LEN characters, the first CACHE_MAX_TAGS keys in order (the settler also
+#   caps the values a tag key gets series for: ``settle.CACHE_TAG_VALUES``).
+# * ``batch`` (service): a span carrying a numeric ``batch.size``; the size; error = size 1.
+# * ``cuda`` (service, name, callee = fallback | captured): a span carrying
+#   ``gpu.cuda_graph``; its duration; error = a fallback.
+# * ``sync`` (service = the fusion span's): a trace with a fusion-stage SERVER/CONSUMER span
+#   and encoder-stage SERVER/CONSUMER spans in two or more services; the spread between the
+#   first and last encoder service to finish; minute = the first encoder start's.
+# * ``inst`` (service, name = service.instance.id): a trace's first SERVER/CONSUMER span on
+#   each instance; its duration (new instances are found from these).
+CONVENTION_KEYS = ("cache.name", "batch.size", "gpu.cuda_graph")
+CACHE_MAX_TAGS = 8
+CACHE_TAG_MAX_LEN = 64
+MAX_BATCH_SIZE = 1 << 40
+
+
+def _batch_size(value) -> float | None:
+    """A numeric ``batch.size`` (numbers, or numeric strings as sent by some exporters)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
+        return None
+    return float(value)
+
+
+def convention_contributions(service: str, name: str, start_ns: int, duration_ns: int,
+                             attrs: dict) -> list[tuple[tuple[str, ...], int, int, int]]:
+    """Pure: the ``cache``/``batch``/``cuda`` contributions of one span, as (series key,
+    minute, value, error)."""
+    out: list[tuple[tuple[str, ...], int, int, int]] = []
+    minute = start_ns // NS_PER_MINUTE
+    get = attrs.get
+    cache = get("cache.name")
+    if cache is not None and not isinstance(cache, (dict, list)):
+        miss = int(not bool(attrs.get("cache.hit")))
+        tags = sorted((k, v) for k, v in attrs.items()
+                      if isinstance(v, str) and v and len(v) <= CACHE_TAG_MAX_LEN and not k.startswith("cache."))
+        for k, v in tags[:CACHE_MAX_TAGS]:
+            out.append((("cache", service, str(cache), "", "", k, v), minute, duration_ns, miss))
+    size = _batch_size(get("batch.size"))
+    if size is not None:
+        out.append((("batch", service, "", "", "", "", ""), minute,
+                    int(round(min(max(size, 0.0), MAX_BATCH_SIZE))), int(size == 1)))
+    graph = get("gpu.cuda_graph")
+    if graph is not None:
+        fb = graph == "fallback"
+        out.append((("cuda", service, name, "", "", "", "fallback" if fb else "captured"), minute, duration_ns,
+                    int(fb)))
+    return out
 
 
 @dataclass
@@ -68,7 +128,7 @@ def _union_lengths(group: np.ndarray, s: np.ndarray, e: np.ndarray, n_groups: in
 def summarize_rows(rows: Sequence[tuple]) -> BatchSummary:
     """Summaries of every trace in ``rows`` (spans of whole traces, unique span ids)."""
     n = len(rows)
-    cols = list(zip(*rows)) if n else [()] * 11
+    cols = list(zip(*rows)) if n else [()] * 12
     t_codes, t_uniques = pd.factorize(pd.Series(cols[TID], dtype=object), sort=False)
     n_tr = len(t_uniques)
     t_codes = t_codes.astype(np.int64)
@@ -245,6 +305,68 @@ def summarize_rows(rows: Sequence[tuple]) -> BatchSummary:
         parts_v.append(sums)
         parts_e.append(np.zeros(len(cells), dtype=np.int64))
 
+    # Convention rollups: cache / batch / cuda per span carrying a convention attribute.
+    n1, n2, n3 = _CONVENTION_NEEDLES
+    conv = [i for i, raw in enumerate(cols[ATTRS]) if raw and (n1 in raw or n2 in raw or n3 in raw)]
+    conv_t, conv_k, conv_m, conv_v, conv_e = [], [], [], [], []
+    for i in conv:
+        for key, minute, value, err in convention_contributions(services[i], cols[NAME][i], int(start[i]),
+                                                                 int(dur[i]), attrs(i)):
+            conv_t.append(int(t_codes[i]))
+            conv_k.append(key_id(key))
+            conv_m.append(minute)
+            conv_v.append(value)
+            conv_e.append(err)
+    if conv_t:
+        for parts, vals in ((parts_t, conv_t), (parts_k, conv_k), (parts_m, conv_m), (parts_v, conv_v),
+                            (parts_e, conv_e)):
+            parts.append(np.array(vals, dtype=np.int64))
+    server = (kind == KIND_SERVER) | (kind == KIND_CONSUMER)
+    stages = np.asarray(cols[STAGE], dtype=object)
+    # sync: per trace, the spread of encoder services' last ends (traces with a fusion span).
+    enc = np.flatnonzero(server & (stages == "encoder"))
+    fus = np.flatnonzero(server & (stages == "fusion"))
+    if len(enc) and len(fus):
+        fus = fus[np.lexsort((fus, start[fus]))]
+        fusion_service: dict[int, str] = {}
+        for i in fus.tolist():
+            fusion_service.setdefault(int(t_codes[i]), services[i])
+        enc = enc[np.isin(t_codes[enc], np.fromiter(fusion_service, dtype=np.int64, count=len(fusion_service)))]
+        if len(enc):
+            e = pd.DataFrame({"t": t_codes[enc], "s": [services[i] for i in enc.tolist()], "end": end[enc],
+                              "start": start[enc]})
+            per_service = e.groupby(["t", "s"], sort=False).agg(end=("end", "max"), start=("start", "min"))
+            per = per_service.groupby(level="t", sort=True).agg(n=("end", "size"), first=("end", "min"),
+                                                                last=("end", "max"), start=("start", "min"))
+            per = per[per["n"] >= 2]
+            if len(per):
+                tt = per.index.to_numpy(dtype=np.int64)
+                parts_t.append(tt)
+                parts_k.append(np.array([key_id(("sync", fusion_service[t], "", "", "", "", ""))
+                                         for t in tt.tolist()], dtype=np.int64))
+                parts_m.append(per["start"].to_numpy(dtype=np.int64) // NS_PER_MINUTE)
+                parts_v.append((per["last"] - per["first"]).to_numpy(dtype=np.int64))
+                parts_e.append(np.zeros(len(per), dtype=np.int64))
+    # inst: a trace's first SERVER/CONSUMER span on each (service, instance).
+    instances = cols[INSTANCE]
+    inst_arr = np.asarray(instances, dtype=object)
+    srv = np.flatnonzero(server & (inst_arr != None) & (inst_arr != ""))  # noqa: E711 - elementwise
+    if len(srv):
+        srv = srv[np.lexsort((srv, start[srv], t_codes[srv]))]
+        sv_codes, sv_names = pd.factorize(pd.Series(np.asarray(services, dtype=object)[srv], dtype=object))
+        in_codes, in_names = pd.factorize(pd.Series(inst_arr[srv], dtype=object))
+        combo = sv_codes.astype(np.int64) * len(in_names) + in_codes
+        first = ~pd.DataFrame({"t": t_codes[srv], "c": combo}).duplicated().to_numpy()
+        idx = srv[first]
+        cells, inv = np.unique(combo[first], return_inverse=True)
+        cell_key = np.array([key_id(("inst", sv_names[c // len(in_names)], in_names[c % len(in_names)],
+                                     "", "", "", "")) for c in cells.tolist()], dtype=np.int64)
+        parts_t.append(t_codes[idx])
+        parts_k.append(cell_key[inv])
+        parts_m.append(start[idx] // NS_PER_MINUTE)
+        parts_v.append(dur[idx])
+        parts_e.append(np.zeros(len(idx), dtype=np.int64))
+
     def cat(parts):
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
@@ -257,3 +379,4 @@ def summarize_rows(rows: Sequence[tuple]) -> BatchSummary:
 
 
 _IT_INDEX: dict[str, int] = {}
+_CONVENTION_NEEDLES = tuple(f'"{k}"' for k in CONVENTION_KEYS)

@@ -24,6 +24,7 @@ import orjson
 from sqlalchemy import Engine
 
 from ..models.dialect import insert_spans, mark_traces_pending
+from .errors import storage_unavailable
 from .records import SpanRecord
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,11 @@ class WriterFull(Exception):
 
 class WriterClosed(Exception):
     """The writer is shutting down and takes nothing more."""
+
+
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(getattr(exc, "orig", None) or exc).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _clean(text: str) -> str:
@@ -111,16 +117,22 @@ class BatchWriter:
         self,
         engine: Engine,
         *,
-        max_queue_spans: int = 200_000,
+        max_queue_spans: int = 50_000,
         max_batch_spans: int = 20_000,
         max_wait: float = 0.02,
         on_written=None,
+        unavailable_retry_seconds: float = 10.0,
     ) -> None:
         self.engine = engine
         self.max_queue_spans = max_queue_spans
         self.max_batch_spans = max_batch_spans
         self.max_wait = max_wait
         self.on_written = on_written
+        # A batch the store refused as unavailable (PostgreSQL restarting, SQLite locked,
+        # full or read-only) is retried for this long before its requests are answered
+        # 503/UNAVAILABLE: a short outage stays invisible to clients.
+        self.unavailable_retry_seconds = unavailable_retry_seconds
+        self._unavailable_since: float | None = None
         self._queue: queue.Queue = queue.Queue()
         self._queued_spans = 0
         self._lock = threading.Lock()
@@ -137,9 +149,22 @@ class BatchWriter:
 
     # -- producer side ----------------------------------------------------------------
     def retry_after(self) -> float:
-        """Seconds a refused client should wait: time to drain the queue at the recent rate."""
+        """Seconds a refused client should wait: time to drain the queue at the recent rate,
+        at least 5 while the store is unavailable."""
         rate = max(self._recent_rate, 1000.0)
-        return float(min(30, max(1, math.ceil(self._queued_spans / rate))))
+        wait = math.ceil(self._queued_spans / rate)
+        if self._unavailable_since is not None:
+            wait = max(wait, 5)
+        return float(min(30, max(1, wait)))
+
+    @property
+    def full(self) -> bool:
+        """No room for another request: receivers refuse before reading a body."""
+        return self._queued_spans >= self.max_queue_spans
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def submit(self, records: list[SpanRecord]) -> Future:
         fut: Future = Future()
@@ -213,20 +238,41 @@ class BatchWriter:
         t0 = time.monotonic()
         records = [r for recs, _ in batch for r in recs]
         outcomes: list[tuple[Future, WriteResult | BaseException]] = []
-        try:
-            result = write_spans(self.engine, records)
-            self.spans_written += result.inserted
-            outcomes = [(fut, WriteResult(len(recs), -1)) for recs, fut in batch]
-        except Exception:  # a failed commit acknowledges nothing
-            log.exception("writing %d spans failed; retrying request by request", n)
-            # One poisoned request must not sink the others batched with it.
-            for recs, fut in batch:
-                try:
-                    res = write_spans(self.engine, recs)
-                    self.spans_written += res.inserted
-                    outcomes.append((fut, res))
-                except Exception as exc:  # noqa: BLE001 - reported to the caller
-                    outcomes.append((fut, exc))
+        delay = 0.05
+        while True:
+            try:
+                result = write_spans(self.engine, records)
+            except Exception as exc:  # a failed commit acknowledges nothing
+                if storage_unavailable(exc):
+                    if self._unavailable_since is None:
+                        self._unavailable_since = t0
+                        log.warning("span store unavailable, retrying: %s", _one_line(exc))
+                    if time.monotonic() - t0 + delay <= self.unavailable_retry_seconds:
+                        time.sleep(delay)
+                        delay = min(delay * 2, 1.0)
+                        continue
+                    log.warning("span store still unavailable after %.0f s; %d spans refused (clients retry): %s",
+                                time.monotonic() - t0, n, _one_line(exc))
+                    outcomes = [(fut, exc) for _, fut in batch]
+                    break
+                log.exception("writing %d spans failed; retrying request by request", n)
+                # One poisoned request must not sink the others batched with it.
+                for recs, fut in batch:
+                    try:
+                        res = write_spans(self.engine, recs)
+                        self.spans_written += res.inserted
+                        outcomes.append((fut, res))
+                    except Exception as exc:  # noqa: BLE001 - reported to the caller
+                        outcomes.append((fut, exc))
+                break
+            else:
+                if self._unavailable_since is not None:
+                    log.warning("span store available again after %.1f s",
+                                time.monotonic() - self._unavailable_since)
+                    self._unavailable_since = None
+                self.spans_written += result.inserted
+                outcomes = [(fut, WriteResult(len(recs), -1)) for recs, fut in batch]
+                break
         # Free the queue space before acknowledging, so a client that resends at once
         # is not refused for space its own finished request still held.
         with self._lock:

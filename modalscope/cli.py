@@ -24,12 +24,19 @@ def _settings():
     return Settings.from_env()
 
 
-def _open_store(settings, *, create: bool = True):
-    from .models.engine import make_engine
+def _open_store(settings, *, create: bool = True, writes: bool = True):
+    from .models.engine import check_writable, make_engine
     from .models.schema import ensure_schema
 
     ensure_schema(settings.database_url, create=create)
-    return make_engine(settings.database_url, write=True)
+    engine = make_engine(settings.database_url, write=True)
+    if writes:
+        try:
+            check_writable(engine)  # a read-only store is one line now, not a failed write later
+        except BaseException:
+            engine.dispose()
+            raise
+    return engine
 
 
 def _rules(settings):
@@ -116,56 +123,8 @@ def cmd_retag(args) -> int:
 
 
 _STOP = threading.Event()
-def cmd_db_upgrade(args) -> int:
-    from .models.migrate import upgrade
-    from .models.engine import make_engine
-    from .models.schema import current_revision
-
-    settings = _settings()
-    make_engine(settings.database_url).dispose()  # validates the URL and directory first
-    upgrade(settings.database_url)
-    engine = make_engine(settings.database_url)
-    print(f"database at revision {current_revision(engine)}")
-    engine.dispose()
-    return 0
-
-
-def cmd_import(args) -> int:
-    from .ingest.importer import import_files
-
-    settings = _settings()
-    rules = _rules(settings)  # a bad rules file stops us before anything is written
-    engine = _open_store(settings)
-    total = sum(os.path.getsize(p) for p in args.files if os.path.isfile(p))
-    bar = _progress(total, "importing", unit="B", unit_scale=True)
-    try:
-        report = import_files(engine, args.files, rules, progress=bar.update)
-    finally:
-        bar.close()
-        engine.dispose()
-    for line in report.skipped:
-        print(line, file=sys.stderr)
-    print(report.summary())
-    return 1 if report.skipped else 0
-
-
-def cmd_retag(args) -> int:
-    from .ingest.retag import retag
-
-    settings = _settings()
-    rules = _rules(settings)
-    engine = _open_store(settings, create=False)
-    try:
-        bar = _progress(None, "retagging", unit=" spans", unit_scale=True)
-        changed, traces = retag(engine, rules, progress=bar.update)
-        bar.close()
-    finally:
-        engine.dispose()
-    print(f"retagged: {changed} spans changed stage; {traces} traces re-settled")
-    return 0
-
-
-_STOP = threading.Event()
+#: Seconds a stopping receiver waits for requests it took to be committed and answered.
+SHUTDOWN_GRACE = 20.0
 
 
 def install_stop_handlers() -> None:
@@ -190,13 +149,15 @@ def _wait_for_signal() -> None:
 def start_receivers(settings, engine, rules=None, settle="process"):
     """Start the pipeline and both OTLP receivers; returns a stop() callable."""
     from .ingest.otlp_grpc import serve_grpc
-    from .ingest.otlp_http import create_ingest_app, serve_http
+    from .ingest.otlp_http import IngestGate, create_ingest_app, serve_http
     from .ingest.pipeline import IngestPipeline
 
     pipeline = IngestPipeline(engine, settings, rules, settle=settle).start()
+    gate = IngestGate()
     http_server = grpc_server = None
     try:
-        http_server = serve_http(create_ingest_app(pipeline, settings), settings.bind, settings.otlp_http_port)
+        http_server = serve_http(create_ingest_app(pipeline, settings, gate=gate), settings.bind,
+                                 settings.otlp_http_port)
         grpc_server = serve_grpc(pipeline, settings, settings.bind, settings.otlp_grpc_port)
     except BaseException:
         if http_server is not None:
@@ -205,8 +166,14 @@ def start_receivers(settings, engine, rules=None, settle="process"):
         raise
 
     def stop() -> None:
-        grpc_server.stop(grace=5).wait(10)
+        # Drain: take nothing new, answer every request already taken once its spans are
+        # committed (the writer still runs), then write whatever is left and stop.
+        grpc_stopped = grpc_server.stop(grace=SHUTDOWN_GRACE)
+        gate.draining = True
         http_server.shutdown()
+        if not gate.drain(SHUTDOWN_GRACE):
+            log.warning("stopping with %d OTLP/HTTP request(s) still waiting for the store", gate.inflight)
+        grpc_stopped.wait(SHUTDOWN_GRACE)
         pipeline.close()
 
     return stop
@@ -241,7 +208,7 @@ def serve_dashboard(settings, port: int | None = None):
 
 def cmd_serve(args) -> int:
     settings = _settings()
-    engine = _open_store(settings)
+    engine = _open_store(settings, writes=False)  # the dashboard may read a replica
     engine.dispose()
     install_stop_handlers()
     server = serve_dashboard(settings, args.port)

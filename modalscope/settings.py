@@ -26,13 +26,14 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "MODALSCOPE_AUTH_TOKEN": ("", "When set, the dashboard and `/api/v1` (except `/api/v1/health`) require `Authorization: Bearer <token>` or a login session."),
     "MODALSCOPE_INGEST_TOKEN": ("", "When set, OTLP ingest requires `Authorization: Bearer <token>` (gRPC metadata `authorization`)."),
     "MODALSCOPE_SECRET_KEY": ("", "Key that signs session cookies and shared embed/image links."),
+    "MODALSCOPE_TRUSTED_PROXY_HEADER": ("", "Request header set by an authenticating proxy (e.g. `X-Goog-Authenticated-User-Email` behind Identity-Aware Proxy): a non-empty value counts as signed in, as that identity. Only behind a proxy that sets or strips the header on every request."),
     "MODALSCOPE_EMBED_ORIGINS": ("", "Origins allowed to frame `/embed/*` (comma- or space-separated); unset: same origin only."),
     "MODALSCOPE_RETENTION_DAYS": ("7", "Raw spans (and trace rows) older than this many days are deleted, in small batches by the settler every 10 minutes or by `modalscope db prune`; `0` keeps them forever."),
     "MODALSCOPE_MINUTE_ROLLUP_DAYS": ("2", "Minute rollups older than this many days are deleted; older windows are answered from hourly rollups, rounded to whole hours (`0`: keep)."),
     "MODALSCOPE_ROLLUP_RETENTION_DAYS": ("90", "Hourly rollups (the percentiles and counts of long ranges) older than this many days are deleted (`0`: keep)."),
     "MODALSCOPE_SETTLE_SECONDS": ("5", "A trace idle this long is settled: input type, self times, pairs and rollups computed (corrected if a late span arrives)."),
     "MODALSCOPE_MAX_REQUEST_BYTES": ("20971520", "Largest OTLP request accepted, in bytes, checked before and after decompression (default 20 MiB)."),
-    "MODALSCOPE_MAX_QUEUE_SPANS": ("200000", "Spans the writer holds before receivers answer 429/UNAVAILABLE with a retry delay."),
+    "MODALSCOPE_MAX_QUEUE_SPANS": ("50000", "Spans the writer holds before receivers answer 429/UNAVAILABLE with a retry delay (bounds the receiver's memory while the store is slow or down)."),
     "MODALSCOPE_THREADS": ("4", "Threads per gunicorn worker of the dashboard (`modalscope.gunicorn_conf`; workers: `WEB_CONCURRENCY`, default 2)."),
     "MODALSCOPE_DEBUG": ("0", "`1` turns on Dash's debug mode (debugger, dev tools); never in production."),
     # Detector thresholds (app/detectors.py, `Thresholds`): one setting a field.
@@ -57,7 +58,7 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "MODALSCOPE_DETECT_COLD_WARMUP_S": ("120", "`cold_start`: how long after an instance's first span its requests count as \"first\"."),
     "MODALSCOPE_DETECT_BASELINE_MARGIN": ("0.10", "`baseline_regression`: P95 over its baseline by more than this fraction."),
     "MODALSCOPE_DETECT_BASELINE": ("", "`baseline_regression` baseline, `input_type:p50_ms:p95_ms,...`; unset: the seed's table (text 320/410, image 1300/2100, multi_image 3700/6400)."),
-    "MODALSCOPE_DETECT_MAX_SPANS": ("400000", "Raw spans the attribute-based detectors read at most; a longer window is sampled in 10-minute slices."),
+    "MODALSCOPE_DETECT_MAX_SPANS": ("400000", "Raw spans the cold-start detector reads at most around one new instance (every other detector reads rollups)."),
 }
 
 
@@ -105,13 +106,14 @@ class Settings:
     auth_token: str = ""
     ingest_token: str = ""
     secret_key: str = ""
+    trusted_proxy_header: str = ""
     embed_origins: tuple[str, ...] = field(default_factory=tuple)
     retention_days: float = 7.0
     minute_rollup_days: float = 2.0
     rollup_retention_days: float = 90.0
     settle_seconds: float = 5.0
     max_request_bytes: int = 20 * 1024 * 1024
-    max_queue_spans: int = 200_000
+    max_queue_spans: int = 50_000
     debug: bool = False
 
     @classmethod
@@ -131,6 +133,7 @@ class Settings:
             auth_token=_str(env, "MODALSCOPE_AUTH_TOKEN"),
             ingest_token=_str(env, "MODALSCOPE_INGEST_TOKEN"),
             secret_key=_str(env, "MODALSCOPE_SECRET_KEY"),
+            trusted_proxy_header=_str(env, "MODALSCOPE_TRUSTED_PROXY_HEADER").strip(),
             embed_origins=tuple(origins),
             retention_days=_float(env, "MODALSCOPE_RETENTION_DAYS"),
             minute_rollup_days=_float(env, "MODALSCOPE_MINUTE_ROLLUP_DAYS"),

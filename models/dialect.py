@@ -59,8 +59,23 @@ def insert_spans(conn: Connection, columns: tuple[str, ...], rows: list[tuple]) 
         finally:
             cursor.close()
         return inserted, ({r[0] for r in rows} if inserted else set())
-    stmt = insert_ignore(conn, Span.__table__, ["trace_id", "span_id"]).returning(Span.trace_id)
-    new_ids = conn.execute(stmt, [dict(zip(columns, r)) for r in rows]).scalars().all()
+    # psycopg's own executemany (pipeline mode, positional parameters): SQLAlchemy's
+    # multi-row VALUES with 17 named parameters a row spends ~0.5 s a statement turning
+    # them into positional ones, which held PostgreSQL ingest near 3,000 spans/s.
+    cols = ", ".join(columns)
+    marks = ", ".join(["%s"] * len(columns))
+    sql = (f"INSERT INTO {Span.__tablename__} ({cols}) VALUES ({marks}) "
+           "ON CONFLICT (trace_id, span_id) DO NOTHING RETURNING trace_id")
+    new_ids: list[str] = []
+    cursor = conn.connection.driver_connection.cursor()
+    try:
+        cursor.executemany(sql, rows, returning=True)
+        while True:
+            new_ids.extend(r[0] for r in cursor.fetchall())
+            if not cursor.nextset():
+                break
+    finally:
+        cursor.close()
     return len(new_ids), set(new_ids)
 
 

@@ -58,15 +58,55 @@ def make_engine(url: str, *, write: bool = False, pool_size: int = 5) -> Engine:
             parent = Path(path).expanduser().resolve().parent
             if not parent.is_dir():
                 raise DatabaseURLError(f"database directory {str(parent)!r} does not exist")
-            if Path(path).exists() and not os.access(path, os.R_OK | os.W_OK):
-                raise DatabaseURLError(f"database file {path!r} is not readable and writable")
+            _check_writable(Path(path).expanduser(), parent)
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False, "timeout": 30},
         )
         _configure_sqlite(engine, immediate=write)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=pool_size)
+    # pool_pre_ping: a connection the server dropped (a restart, a failover) is replaced at
+    # checkout instead of failing the next write; connect_timeout: an unreachable server is
+    # an error in seconds, not a hang.
+    connect_args = {} if "connect_timeout" in make_url(url).query else {"connect_timeout": 10}
+    return create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=pool_size,
+                         connect_args=connect_args)
+
+
+def check_writable(engine: Engine) -> None:
+    """Refuse, in one line, a PostgreSQL store that takes no writes (a hot standby, or
+    ``default_transaction_read_only``) before a command starts instead of failing every
+    write later. SQLite's file and directory are checked by :func:`make_engine`."""
+    if engine.dialect.name != "postgresql":
+        return
+    with engine.connect() as conn:
+        read_only = conn.exec_driver_sql("SHOW transaction_read_only").scalar()
+    if str(read_only).lower() == "on":
+        raise DatabaseURLError(f"database {engine.url.render_as_string(hide_password=True)} is read-only "
+                               "(a hot standby, or default_transaction_read_only is on): writing needs a "
+                               "writable primary")
+
+
+def _check_writable(path: Path, parent: Path) -> None:
+    """A SQLite store needs its file and its directory writable (WAL keeps ``-wal`` and
+    ``-shm`` files beside it): say which is not, and why, before anything runs."""
+    if path.exists():
+        try:
+            os.close(os.open(path, os.O_RDWR))
+        except OSError as exc:
+            raise DatabaseURLError(f"database file {str(path)!r} is not writable: {exc.strerror}") from None
+    beside = [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm")]
+    if not all(p.exists() for p in beside) and not os.access(parent, os.W_OK | os.X_OK):
+        reason = "read-only file system" if _read_only_fs(parent) else "permission denied"
+        raise DatabaseURLError(f"database directory {str(parent)!r} is not writable ({reason}); SQLite keeps "
+                               "its -wal and -shm files beside the database")
+
+
+def _read_only_fs(directory: Path) -> bool:
+    try:
+        return bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def _configure_sqlite(engine: Engine, *, immediate: bool) -> None:

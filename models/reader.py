@@ -283,7 +283,7 @@ class StoreReader:
         With ``input_type`` the trace row is joined.
         """
         services = [q.service] if q.service else list(q.services)
-        if q.end_ns - q.start_ns <= LONG_WINDOW_NS or not services:
+        if not services or not self._long_window(Span, q.start_ns, q.end_ns):
             return self._slow_spans_in_window(q)
         wanted = q.offset + q.limit
         rows: list[dict] = []
@@ -307,7 +307,9 @@ class StoreReader:
         if q.kind is not None:
             conds.append(Span.kind == q.kind)
         if q.service and by_duration_of is None:
-            conds.append(Span.service == q.service)
+            # "|| ''" keeps the planner on the start_ns index for a short window: walking a
+            # busy service's duration index would visit days of spans to fill one hour.
+            conds.append(Span.service.concat("") == q.service)
         if q.stage:
             conds.append(Span.stage == q.stage)
         if q.min_ns is not None:
@@ -322,6 +324,17 @@ class StoreReader:
         stmt = stmt.limit(q.limit).offset(q.offset) if limit is None else stmt.limit(limit)
         with self.engine.connect() as conn:
             return [dict(r) for r in conn.execute(stmt).mappings()]
+
+    def _long_window(self, model, start_ns: int, end_ns: int) -> bool:
+        """Is the window long enough, against what the table holds, that walking a duration
+        index slowest first beats sorting the window? Yes when it covers at least
+        1/``LONG_WINDOW_SHARE`` of the stored time range (two index lookups): the walk then
+        visits about that many rows per row it keeps."""
+        with self.engine.connect() as conn:
+            lo, hi = conn.execute(select(func.min(model.start_ns), func.max(model.start_ns))).one()
+        if lo is None:
+            return False
+        return (end_ns - start_ns) * LONG_WINDOW_SHARE >= (hi - lo)
 
     def services_of(self, kind: str, filters: Filters) -> list[str]:
         """Services that have ``kind`` series matching ``filters`` (for a pair: the callers):
@@ -358,7 +371,8 @@ class StoreReader:
                     limit: int = 20) -> list[dict]:
         """Settled traces starting in the window, slowest first (the ``traces.start_ns`` index)."""
         cols = [Trace.__table__.c[c] for c in _TRACE_SUMMARY_COLUMNS]
-        if end_ns - start_ns > LONG_WINDOW_NS:
+        long_window = self._long_window(Trace, start_ns, end_ns)
+        if long_window:
             # A long window: walk the duration index slowest first ("+ 0": not the start index).
             # The duration bound (always true) is what makes SQLite's planner take that index.
             conds = [Trace.start_ns + 0 >= start_ns, Trace.start_ns + 0 < end_ns, Trace.settled_ns.is_not(None),
@@ -369,10 +383,12 @@ class StoreReader:
             conds.append(Trace.input_type == input_type)
         if root_service:
             conds.append(Trace.root_service == root_service)
+        # A short window stays on the start index: "+ 0" keeps a band off the duration index.
+        duration = Trace.duration_ns if long_window else Trace.duration_ns + 0
         if min_ns is not None:
-            conds.append(Trace.duration_ns >= min_ns)
+            conds.append(duration >= min_ns)
         if max_ns is not None:
-            conds.append(Trace.duration_ns <= max_ns)
+            conds.append(duration <= max_ns)
         stmt = select(*cols).where(*conds).order_by(Trace.duration_ns.desc(), Trace.start_ns, Trace.trace_id).limit(limit)
         with self.engine.connect() as conn:
             return [dict(r) for r in conn.execute(stmt).mappings()]
@@ -486,11 +502,42 @@ class StoreReader:
         with self.engine.connect() as conn:
             return _raw_rows(conn, stmt)
 
+    def first_minutes(self, kind: str, start_ns: int, end_ns: int) -> list[tuple[str, str, int]]:
+        """``(service, name, first minute)`` of every ``kind`` series with a rollup row in the
+        window (for ``inst``: when each instance was first seen). One index seek a series
+        (``(series_id, minute)``), not a scan of the window's rollups."""
+        from sqlalchemy import func
+
+        first, last = minute_range(start_ns, end_ns)
+        r = Rollup.__table__.alias("r")
+        earliest = (select(func.min(r.c.minute)).where(r.c.series_id == Series.id, r.c.minute >= first,
+                                                      r.c.minute < last).scalar_subquery())
+        stmt = select(Series.service, Series.name, earliest).where(Series.kind == kind)
+        with self.engine.connect() as conn:
+            return [(svc, name, m) for svc, name, m in conn.execute(stmt) if m is not None]
+
+    def series_rollup_rows(self, kind: str, service: str, start_ns: int, end_ns: int,
+                           dims: tuple[str, ...]) -> list[tuple]:
+        """Like ``rollup_rows`` for one service's ``kind`` series, read through the
+        ``(series_id, minute)`` index (a short window of a few series)."""
+        first, last = minute_range(start_ns, end_ns)
+        with self.engine.connect() as conn:
+            ids = list(conn.execute(select(Series.id).where(Series.kind == kind, Series.service == service)).scalars())
+            if not ids:
+                return []
+            stmt = (select(Rollup.minute, Rollup.count, Rollup.error_count, Rollup.sum_ns, Rollup.sketch,
+                           *[getattr(Series, d) for d in dims])
+                    .join(Series, Series.id == Rollup.series_id)
+                    .where(Rollup.series_id.in_(ids), Rollup.minute >= first, Rollup.minute < last))
+            return _raw_rows(conn, stmt)
+
     def attribute_spans(self, start_ns: int, end_ns: int, keys: Iterable[str],
-                        kinds: Iterable[int] = ()) -> list[tuple]:
+                        kinds: Iterable[int] = (), service: str | None = None,
+                        limit: int | None = None) -> list[tuple]:
         """Spans starting in the window that carry one of the attribute ``keys`` or have one of
         the span ``kinds``: ``(trace_id, service, name, kind, stage, start_ns, duration_ns,
-        status, instance, attributes JSON or '')``; attributes only where a key occurs.
+        status, instance, attributes JSON or '')``; attributes only where a key occurs;
+        ``service`` narrows it to one service; ``limit`` keeps the first rows.
 
         Rows come in start-time order (ties by row id). A bounded read for the
         attribute-based detectors: callers keep the window bounded. The attribute test is a
@@ -521,9 +568,13 @@ class StoreReader:
             else:
                 conds = list(window)
             conds.append(or_(Span.kind.in_(kinds), wanted) if kinds else wanted)
+            if service is not None:
+                conds.append(Span.service == service)
             stmt = (select(Span.trace_id, Span.service, Span.name, Span.kind, Span.stage, Span.start_ns,
                            Span.duration_ns, Span.status, Span.instance, attrs)
                     .where(*conds).order_by(Span.start_ns, Span.id))
+            if limit is not None:
+                stmt = stmt.limit(limit)
             return _raw_rows(conn, stmt)
 
     def long_traces(self, start_ns: int, end_ns: int, min_duration_ns: int) -> list[dict]:
@@ -583,8 +634,9 @@ class SpanQuery:
     services: tuple[str, ...] = ()
 
 
-# Windows longer than this find their slowest spans through the duration indexes.
-LONG_WINDOW_NS = 2 * 3_600_000_000_000
+# Windows covering at least 1/24 of the stored time range (an hour of a day, a week of
+# half a year) find their slowest spans and traces through the duration indexes.
+LONG_WINDOW_SHARE = 24
 
 
 _CANDIDATE_COLUMNS = ("trace_id", "span_id", "parent_span_id", "service", "name", "kind", "stage",

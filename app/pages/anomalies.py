@@ -72,6 +72,7 @@ def layout(**query):
     return html.Div(className="ms-page", children=[
         dcc.Store(id=ids.AN_STATE, data=state),
         c.toolbar(PATH, state, error=res.error),
+        html.Div(c.share_control("anomalies", state), className="ms-share-bar"),
         c.loading(html.Div(id=ids.AN_LIST)),
     ])
 

@@ -43,7 +43,8 @@ def layout(**query):
             html.Span(f"cache {state['cache']}" if state.get("cache") else "every cache", className="ms-note"),
         ]),
         html.Div(className="ms-grid-2-1", children=[
-            c.panel("Hit rate by group over time", c.loading(c.graph(ids.CA_RATE))),
+            c.panel("Hit rate by group over time", c.loading(c.graph(ids.CA_RATE)),
+                    actions=c.share_control("cache", state)),
             c.panel("Share of lookups by group", c.loading(c.graph(ids.CA_SHARE))),
         ]),
         c.panel("Hits and misses", c.loading(html.Div(id=ids.CA_TABLE))),

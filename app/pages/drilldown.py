@@ -38,7 +38,7 @@ def layout(**query):
             c.panel("P50 / P90 / P99 over time", c.loading(c.graph(ids.DD_TIME)),
                     actions=[html.Span("box-select to narrow the window", className="ms-note"),
                              dcc.Link("Compare this window →", href=links.compare_href(state), id=ids.DD_COMPARE,
-                                      className="ms-compare-link")]),
+                                      className="ms-compare-link"), c.share_control("latency-timeline", state)]),
         ]),
         c.panel("Exemplar traces (slowest first)", c.loading(html.Div(id=ids.DD_EXEMPLARS))),
     ])

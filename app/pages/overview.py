@@ -28,7 +28,8 @@ def layout(**query):
         dcc.Store(id=ids.OV_STATE, data=state),
         c.toolbar(PATH, state, show=("service", "input_type"), error=res.error),
         c.panel("Input types vs baseline", c.loading(html.Div(id=ids.OV_TABLE)),
-                actions=html.Span("baseline: the seed's P50/P95 unless the URL sets baseline=", className="ms-note")),
+                actions=[html.Span("baseline: the seed's P50/P95 unless the URL sets baseline=", className="ms-note"),
+                         c.share_control("input-types", state)]),
         html.Div(className="ms-grid-2-1", children=[
             c.panel("Request rate and P99 over time", c.loading(c.graph(ids.OV_TRAFFIC)),
                     actions=[html.Span("box-select to narrow the window", className="ms-note"),

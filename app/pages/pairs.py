@@ -61,9 +61,11 @@ def layout(**query):
         html.Div(id=ids.PAIRS_EMPTY),
         html.Div(className="ms-grid-pairs", children=[
             c.panel("Service-pair latency heatmap", c.loading(c.graph(ids.PAIRS_HEATMAP)),
-                    actions=html.Span("click a cell: traces in that pair and latency band", className="ms-note")),
+                    actions=[html.Span("click a cell: traces in that pair and latency band", className="ms-note"),
+                             c.share_control("pair-heatmap", state)]),
             c.panel("Pairs", c.loading(html.Div(id=ids.PAIRS_TABLE)),
-                    actions=html.Span("click a pair: its drilldown; a header: sort", className="ms-note")),
+                    actions=[html.Span("click a pair: its drilldown; a header: sort", className="ms-note"),
+                             c.share_control("pair-table", state)]),
         ]),
     ])
 

@@ -28,8 +28,8 @@ def layout(**query):
         dcc.Store(id=ids.ST_STATE, data=state),
         c.toolbar(PATH, state, show=("service", "stage", "input_type"), error=res.error),
         c.panel("Stage time per input type", c.loading(c.graph(ids.ST_STACK)),
-                actions=html.Span("per trace: self time summed per stage; bar = stage percentile, "
-                                  "line = end-to-end", className="ms-note")),
+                actions=[html.Span("per trace: self time summed per stage; bar = stage percentile, "
+                                   "line = end-to-end", className="ms-note"), c.share_control("stages", state)]),
         html.Div(className="ms-grid-2", children=[
             c.panel("Stage P99 over time", c.loading(c.graph(ids.ST_TIME)),
                     actions=html.Span("box-select to narrow the window", className="ms-note")),

@@ -61,7 +61,8 @@ def layout(trace_id: str | None = None, **query):
     children += [
         c.loading(html.Div(id=ids.TR_HEADER, className="ms-trace-header")),
         c.panel("Waterfall", c.loading(c.graph(ids.TR_WATERFALL)),
-                actions=html.Span("● critical path · click a span for its attributes", className="ms-note")),
+                actions=[html.Span("● critical path · click a span for its attributes", className="ms-note"),
+                         c.share_control("trace", state, trace_id=tid)]),
         html.Div(className="ms-grid-2", children=[
             c.panel("Selected span", c.loading(html.Div(id=ids.TR_DETAIL))),
             c.panel("Flame graph", c.loading(c.graph(ids.TR_ICICLE))),

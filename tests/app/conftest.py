@@ -71,3 +71,24 @@ def store(engine, db_url):
     window = Window(base - 5 * MIN, base + 60 * MIN)
     yield Store(db_url, reader, window, images, side, app.test_client())
     app.extensions["modalscope"]["engine"].dispose()
+
+
+# -- the browser (tests/app/browser.py): one demo store, server and Chromium per module -----
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    from tests.app.browser import demo_store, running_site
+
+    demo = demo_store(tmp_path_factory.mktemp("browser"))
+    app = create_app(Settings(database_url=demo.url))
+    try:
+        with running_site(app, demo) as s:
+            yield s
+    finally:
+        app.extensions["modalscope"]["engine"].dispose()
+
+
+@pytest.fixture
+def clean_log(site):
+    site.driver.get_log("browser")  # drop what earlier tests left
+    yield
+    assert site.severe() == []

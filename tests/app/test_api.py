@@ -135,9 +135,11 @@ def test_auth_token_guards_everything_but_health(db_url):
     client = app.test_client()
     try:
         assert client.get("/api/v1/health").status_code == 200
-        for path in ("/api/v1/pairs", "/api/v1/input-types", "/api/v1/traces/" + "ab" * 16, "/"):
+        for path in ("/api/v1/pairs", "/api/v1/input-types", "/api/v1/traces/" + "ab" * 16):
             assert client.get(path).status_code == 401
             assert client.get(path, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        # A browser page goes to the sign-in form instead (the whole matrix: tests/app/test_auth.py).
+        assert client.get("/").status_code == 302
         r = client.get("/api/v1/pairs", headers={"Authorization": "Bearer s3cret"})
         assert r.status_code == 200 and r.get_json() == []
     finally:

@@ -1,5 +1,5 @@
 """The dashboard in headless Chromium (Debian's ``chromium`` + ``chromium-driver``), against a
-store filled by the demo generator plus one hostile trace.
+store filled by the demo generator plus a hostile trace and one with a 1 MiB attribute.
 
 One store, one server (werkzeug in a thread) and one browser for the module; every test
 drives the real pages: no console errors, heatmap cell -> drilldown -> trace, a copied URL
@@ -8,169 +8,20 @@ reopens the same view, box-select narrows the window, span text stays text.
 
 from __future__ import annotations
 
-import shutil
-import threading
 import time
-from dataclasses import dataclass
 from urllib.parse import parse_qs, quote, urlparse
 
-import pytest
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support.ui import WebDriverWait
 
 from modalscope.app import ids
+from tests.app.browser import BIG_VALUE_CHARS, XSS_ATTRIBUTES, XSS_CALLEE, XSS_NAME, XSS_PEER_ATTRIBUTES, XSS_SERVICE, Site
+from tests.app.browser import no_injection as _no_injection
 
-from selenium import webdriver  # noqa: E402
-from selenium.common.exceptions import NoAlertPresentException, TimeoutException  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.common.keys import Keys  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
-
-MIN = 60_000_000_000
-XSS_NAME = "<img src=x onerror=alert(1)>"
-XSS_SERVICE = "<img src=x onerror=window.__xss=1>"
-XSS_CALLEE = "<b onmouseover=window.__xss=2>db</b>"
-CHROME_ARGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-               "--disable-component-update", "--disable-dev-shm-usage", "--window-size=1400,1000")
-
-
-def _need(condition: bool, why: str) -> None:
-    # A missing browser fails, never skips: scripts/test.sh installs Debian's chromium and
-    # chromium-driver (the only skip the suite allows is the PostgreSQL half).
-    if not condition:
-        pytest.fail(why + " (scripts/test.sh installs chromium and chromium-driver when run as root; "
-                    "otherwise: apt-get install chromium chromium-driver)", pytrace=False)
-
-
-def _chrome_paths() -> tuple[str | None, str | None]:
-    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-    return browser, shutil.which("chromedriver")
-
-
-def _xss_trace(start_ns: int):
-    """A trace whose every piece of text is hostile: names, services, attributes."""
-    from modalscope.ingest.records import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, SpanRecord
-    from tests.factories import rules
-
-    tid = "0badc0de" * 4
-    ms = 1_000_000
-    res = {"service.name": XSS_SERVICE}
-    spans = [
-        SpanRecord(tid, "00000000000000a1", None, XSS_SERVICE, XSS_NAME, KIND_SERVER, start_ns, start_ns + 900 * ms, 0,
-                   attributes={"mm.image_count": 1, "note": "<script>window.__xss=3</script>",
-                               "link": "javascript:window.__xss=4", "<i>key</i>": "<b>v</b>"}, resource=res),
-        SpanRecord(tid, "00000000000000a2", "00000000000000a1", XSS_SERVICE, "<svg onload=window.__xss=5>",
-                   KIND_CLIENT, start_ns + 10 * ms, start_ns + 400 * ms, 0,
-                   attributes={"peer.service": XSS_CALLEE}, resource=res),
-        SpanRecord(tid, "00000000000000a3", "00000000000000a1", XSS_SERVICE, "image.decode", KIND_INTERNAL,
-                   start_ns + 400 * ms, start_ns + 800 * ms, 0, attributes={"mm.layer": "mlp"}, resource=res),
-    ]
-    rules().tag(spans)
-    return tid, spans
-
-
-@dataclass
-class Site:
-    base: str
-    driver: webdriver.Chrome
-    window: str  # "start=...&end=..." covering the data: absolute, so views are stable
-    xss_trace: str
-
-    def open(self, path: str) -> None:
-        self.driver.get(self.base + path)
-
-    def wait(self, css: str, timeout: float = 20):
-        WebDriverWait(self.driver, timeout).until(lambda d: d.find_elements(By.CSS_SELECTOR, css))
-        self.settle()
-        return self.driver.find_elements(By.CSS_SELECTOR, css)
-
-    def settle(self, timeout: float = 20) -> None:
-        """Until Dash has no request in flight and nothing is loading."""
-        js = ("return document.readyState === 'complete' && !document.querySelector('[data-dash-is-loading]')"
-              " && !document.querySelector('._dash-loading') && !document.querySelector('.dash-spinner')")
-        end = time.monotonic() + timeout
-        quiet = 0
-        while time.monotonic() < end:
-            quiet = quiet + 1 if self.driver.execute_script(js) else 0
-            if quiet >= 3:
-                return
-            time.sleep(0.1)
-        raise TimeoutException("the page kept loading")
-
-    def wait_url(self, predicate, timeout: float = 20) -> str:
-        WebDriverWait(self.driver, timeout).until(lambda d: predicate(d.current_url))
-        return self.driver.current_url
-
-    def severe(self) -> list[str]:
-        return [e["message"] for e in self.driver.get_log("browser") if e["level"] == "SEVERE"]
-
-    def text(self, css: str) -> str:
-        return " ".join(e.text for e in self.driver.find_elements(By.CSS_SELECTOR, css))
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    browser, chromedriver = _chrome_paths()
-    _need(bool(browser and chromedriver), "chromium and chromedriver are needed (apt-get install chromium chromium-driver)")
-    from werkzeug.serving import make_server
-
-    from modalscope.app import create_app
-    from modalscope.ingest import demo
-    from modalscope.ingest.settle import settle
-    from modalscope.ingest.writer import write_spans
-    from modalscope.models.engine import make_engine
-    from modalscope.models.migrate import upgrade
-    from modalscope.settings import Settings
-
-    path = tmp_path_factory.mktemp("browser") / "store.db"
-    url = f"sqlite:///{path}"
-    upgrade(url)
-    engine = make_engine(url, write=True)
-    now = time.time_ns() // MIN * MIN
-    demo.fill(engine, demo.DemoConfig(now_ns=now, hours=1.0, rate=0.6))
-    xss_id, xss_spans = _xss_trace(now - 20 * MIN)
-    write_spans(engine, xss_spans)
-    settle(engine, force=True)
-    engine.dispose()
-
-    import logging
-
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line a request otherwise
-    app = create_app(Settings(database_url=url))
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser
-    for arg in CHROME_ARGS:
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(chromedriver), options=options)
-    driver.set_page_load_timeout(30)
-    from modalscope.app.params import rfc3339
-
-    window = f"start={rfc3339(now - 70 * MIN)}&end={rfc3339(now + MIN)}"
-    try:
-        yield Site(f"http://127.0.0.1:{server.server_port}", driver, window, xss_id)
-    finally:
-        driver.quit()
-        server.shutdown()
-        app.extensions["modalscope"]["engine"].dispose()
-
-
-@pytest.fixture
-def clean_log(site):
-    site.driver.get_log("browser")  # drop what earlier tests left
-    yield
-    assert site.severe() == []
-
-
-def _no_injection(site: Site) -> None:
-    d = site.driver
-    assert d.find_elements(By.CSS_SELECTOR, 'img[src="x"], [onerror], [onload], [onmouseover]') == []
-    assert d.execute_script("return window.__xss === undefined")
-    with pytest.raises(NoAlertPresentException):
-        d.switch_to.alert.text  # noqa: B018 - raises when no alert is open
+# The ``site`` and ``clean_log`` fixtures live in tests/app/conftest.py, the helpers in
+# tests/app/browser.py (shared with test_browser_findings.py and test_auth.py).
 
 
 def test_every_page_loads_without_console_errors(site, clean_log):
@@ -323,6 +174,13 @@ def test_box_select_on_the_time_chart_narrows_the_window(site, clean_log):
     site.wait(f"#{ids.DD_TIME} .js-plotly-plot")
 
 
+def _only_local_links(site: Site) -> None:
+    """Nothing from a span became a link target: every href is an http(s) link on this site."""
+    hrefs = [a.get_attribute("href") or "" for a in site.driver.find_elements(By.CSS_SELECTOR, "a[href]")]
+    assert hrefs and all(h.startswith(site.base + "/") for h in hrefs), [h for h in hrefs if not h.startswith(site.base)]
+    assert site.driver.find_elements(By.CSS_SELECTOR, '[href^="javascript:" i], [href^="data:" i], [src^="javascript:" i]') == []
+
+
 def test_hostile_span_text_shows_as_text(site, clean_log):
     site.open(f"/trace/{site.xss_trace}?{site.window}")
     site.wait("#trace-span-table")
@@ -331,9 +189,25 @@ def test_hostile_span_text_shows_as_text(site, clean_log):
     attributes = site.text("#trace-attributes")
     assert "<script>window.__xss=3</script>" in attributes and "javascript:window.__xss=4" in attributes
     assert "<i>key</i>" in attributes
-    # Nothing from a span became a link target.
-    hrefs = [a.get_attribute("href") or "" for a in site.driver.find_elements(By.CSS_SELECTOR, "a")]
-    assert not any(h.startswith("javascript:") for h in hrefs)
+    # Every hostile attribute key and value is there, as text (bidi override and control
+    # characters included), and the service name too.
+    for key, value in XSS_ATTRIBUTES.items():
+        assert key in attributes, key
+        if isinstance(value, str):
+            assert value.split()[0] in attributes, value
+    assert "gnp.\u202eexe" in attributes and "bidi.\u202etxt" in attributes
+    assert XSS_SERVICE in site.text(f"#{ids.TR_HEADER}, #trace-span-table")
+    _only_local_links(site)
+    # The client span's attributes (peer.service markup, a javascript: server.address).
+    site.open(f"/trace/{site.xss_trace}?{site.window}&span=00000000000000a2")
+    site.wait("#trace-attributes")
+    attributes = site.text("#trace-attributes")
+    for value in XSS_PEER_ATTRIBUTES.values():
+        assert value in attributes, value
+    _only_local_links(site)
+    _no_injection(site)
+    site.open(f"/trace/{site.xss_trace}?{site.window}")
+    site.wait("#trace-span-table")
     # The waterfall and flame graph labels are text too (Plotly draws them in SVG).
     labels = site.text(f"#{ids.TR_WATERFALL} .annotation-text, #{ids.TR_ICICLE} text")
     assert XSS_NAME in labels
@@ -344,3 +218,20 @@ def test_hostile_span_text_shows_as_text(site, clean_log):
     assert XSS_CALLEE in site.text(f"#{ids.PAIRS_HEATMAP} .xtick text")
     assert XSS_CALLEE in site.text(f"#{ids.PAIRS_TABLE}")
     _no_injection(site)
+
+
+def test_a_1mib_attribute_does_not_hang_the_trace_page(site, clean_log):
+    started = time.monotonic()
+    site.open(f"/trace/{site.big_trace}?{site.window}")
+    site.wait("#trace-attributes", timeout=30)
+    loaded = time.monotonic() - started
+    assert loaded < 20, f"the trace page took {loaded:.1f} s with a 1 MiB attribute"
+    # The value is there, whole, as text; the page still answers and navigates.
+    length = site.driver.execute_script(
+        "const cells = [...document.querySelectorAll('#trace-attributes td')];"
+        "const big = cells.find(td => td.textContent.endsWith('<END>'));"
+        "return big ? big.textContent.length : -1;")
+    assert length == BIG_VALUE_CHARS
+    site.driver.find_element(By.CSS_SELECTOR, "nav a[href^='/stages']").click()
+    site.wait_url(lambda u: "/stages" in u)
+    site.wait("#stages-table-rows")

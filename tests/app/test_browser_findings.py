@@ -1,6 +1,6 @@
 """The Cache, Anomalies and Compare pages in headless Chromium, on the same kind of store as
-tests/app/test_browser.py (its module-level ``site`` fixture: demo traffic plus one hostile
-trace, one server and one browser for this module)."""
+tests/app/test_browser.py (the module-scoped ``site`` fixture of tests/app/conftest.py: demo
+traffic plus the hostile traces, one server and one browser for this module)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from urllib.parse import parse_qs, urlparse
 from selenium.webdriver.common.by import By
 
 from modalscope.app import ids
-from tests.app.test_browser import _no_injection, clean_log, site  # noqa: F401
+from tests.app.browser import no_injection as _no_injection
 
 NAV = ["Overview", "Service pairs", "Drilldown", "Trace", "Stages", "Cache", "Anomalies", "Compare"]
 
 
-def test_new_pages_load_without_console_errors(site, clean_log):  # noqa: F811
+def test_new_pages_load_without_console_errors(site, clean_log):
     pages = [
         (f"/cache?{site.window}&group_by=user_tier", f"#{ids.CA_RATE} .main-svg"),
         (f"/anomalies?{site.window}", f"#{ids.AN_LIST} .ms-finding-card, #{ids.AN_LIST} .ms-empty"),
@@ -33,7 +33,7 @@ def test_new_pages_load_without_console_errors(site, clean_log):  # noqa: F811
     assert "bronze" in site.text("#cache-table-rows") and "gold" in site.text("#cache-table-rows")
 
 
-def test_compare_this_window_from_the_drilldown(site, clean_log):  # noqa: F811
+def test_compare_this_window_from_the_drilldown(site, clean_log):
     site.open(f"/drilldown?{site.window}&input_type=image")
     site.wait(f"#{ids.DD_TIME} .js-plotly-plot")
     link = site.driver.find_element(By.ID, ids.DD_COMPARE)

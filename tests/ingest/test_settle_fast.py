@@ -15,7 +15,8 @@ from modalscope.ingest.settle_fast import summarize_rows
 
 SERVICES = ["gateway", "vision-encoder", "llm", "userdb"]
 NAMES = ["POST /chat", "image.decode", "vit.forward", "fusion.align", "llm.generate", "db.query"]
-STAGES = ["preprocessing", "encoder", "fusion", "inference", "network", "other"]
+STAGES = ["preprocessing", "encoder", "encoder", "fusion", "inference", "network", "other"]
+INSTANCES = ["pod-1", "pod-2", ""]
 
 
 def random_trace(rng: random.Random, tid: str) -> list[SpanRecord]:
@@ -44,11 +45,24 @@ def random_trace(rng: random.Random, tid: str) -> list[SpanRecord]:
             attrs["mm.input_type"] = rng.choice(["text", "image", "audio", "bogus"])
         if rng.random() < 0.1:
             attrs["gen_ai.system"] = "x"
+        # Span conventions (the detectors' rollups): cache lookups with tags, batch sizes,
+        # CUDA Graph modes, in odd shapes too.
+        if rng.random() < 0.2:
+            attrs["cache.name"] = rng.choice(["kv", "prefix", 7])
+            if rng.random() < 0.8:
+                attrs["cache.hit"] = rng.choice([True, False, "true", None])
+            for key in rng.sample(["user_tier", "region", "db.system", "cache.key", "n", "long"], rng.randint(0, 4)):
+                attrs[key] = rng.choice(["a", "b", "", 3, "x" * 80]) if key != "n" else rng.randint(0, 9)
+        if rng.random() < 0.2:
+            attrs["batch.size"] = rng.choice([1, 1, 4, 2.5, "8", "x", True, 0, -3])
+        if rng.random() < 0.2:
+            attrs["gpu.cuda_graph"] = rng.choice(["fallback", "captured", "other"])
         kind = rng.choice([1, 2, 3, 3, 4, 5])
         if kind == 3 and rng.random() < 0.5:
             attrs[rng.choice(["peer.service", "server.address", "net.peer.name"])] = rng.choice(SERVICES + [""])
+        resource = {"service.instance.id": rng.choice(INSTANCES)} if rng.random() < 0.8 else {}
         spans.append(SpanRecord(tid, sid, parent, rng.choice(SERVICES), rng.choice(NAMES), kind, start,
-                                start + dur, rng.choice([0, 0, 1, 2]), attributes=attrs,
+                                start + dur, rng.choice([0, 0, 1, 2]), attributes=attrs, resource=resource,
                                 stage=rng.choice(STAGES)))
     # Stored spans are unique per (trace, span) and loaded ordered by (start, span id).
     uniq = {s.span_id: s for s in reversed(spans)}
@@ -57,7 +71,8 @@ def random_trace(rng: random.Random, tid: str) -> list[SpanRecord]:
 
 def as_rows(spans):
     return [(s.trace_id, s.span_id, s.parent_span_id, s.service, s.name, s.kind, s.stage, s.start_ns,
-             s.end_ns - s.start_ns, s.status, orjson.dumps(s.attributes).decode() if s.attributes else "{}")
+             s.end_ns - s.start_ns, s.status, orjson.dumps(s.attributes).decode() if s.attributes else "{}",
+             s.resource.get("service.instance.id"))
             for s in spans]
 
 

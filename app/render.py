@@ -1,0 +1,185 @@
+"""Static images of panels (PNG, SVG) through kaleido, with one Chromium kept warm per process.
+
+kaleido >= 1.0 draws a Plotly figure in a headless Chrome/Chromium that it drives through
+``choreographer``; it finds the browser by ``BROWSER_PATH``, then ``chromium``/``chrome`` on the
+``PATH`` and the usual install paths (Debian's ``/usr/bin/chromium``). A cold start costs
+seconds (about 2.6 s on the 2-core test machine), a warm render about 0.2 s, so
+:class:`Renderer` opens one browser lazily, on the first image a process serves, and keeps it.
+
+Why not ``kaleido.start_sync_server()``: when the browser cannot start (no Chromium, a crash
+at start-up) its server thread dies and every later ``calc_fig_sync`` waits forever on its
+queue, and concurrent callers can receive each other's results. Here one thread runs an
+asyncio loop holding a ``kaleido.Kaleido``; callers hand it coroutines
+(``run_coroutine_threadsafe``) one at a time under a lock and wait with a timeout; a browser
+found dead before a picture is started afresh, one that dies during a picture is replaced
+and the picture tried once more. A browser that cannot start, a render that times out (the browser is killed and the next
+picture starts a new one) or a second crash is a :class:`RenderError`: the route answers 503
+with one line.
+
+Kaleido's default page fetches MathJax from a CDN; ``mathjax=False`` keeps the renderer
+off the network (our figures have no LaTeX). plotly.js comes from the installed ``plotly``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import os
+import signal
+import threading
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+RENDER_TIMEOUT_S = 20.0  # a wedged browser answers well within gunicorn's 60 s
+START_TIMEOUT_S = 30.0
+
+
+class RenderError(RuntimeError):
+    """An image could not be drawn (no browser, a crash, a timeout); the message is one line."""
+
+
+class Renderer:
+    """One warm kaleido browser for this process; :meth:`render` is thread-safe."""
+
+    def __init__(self, render_timeout: float = RENDER_TIMEOUT_S, start_timeout: float = START_TIMEOUT_S) -> None:
+        self.render_timeout = render_timeout
+        self.start_timeout = start_timeout
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._kaleido: Any = None
+        self.starts = 0  # browsers started by this renderer (a test sees a restart)
+
+    # -- public --------------------------------------------------------------------------
+    def render(self, figure: Any, fmt: str, width: int, height: int, scale: float = 1.0) -> bytes:
+        """The figure as ``png`` or ``svg`` bytes, ``width`` x ``height`` CSS pixels (a PNG
+        has ``scale`` device pixels per CSS pixel)."""
+        opts = {"format": fmt, "width": int(width), "height": int(height), "scale": scale}
+        with self._lock:
+            for attempt in (1, 2):
+                try:
+                    self._ensure_started()
+                except Exception as exc:  # noqa: BLE001 - no browser, or it died at start-up
+                    self._stop()
+                    raise RenderError(f"the image renderer could not start a browser: {type(exc).__name__}: "
+                                      f"{_one_line(exc)}") from None
+                future = asyncio.run_coroutine_threadsafe(self._kaleido.calc_fig(figure, opts=opts), self._loop)
+                try:
+                    out = future.result(timeout=self.render_timeout + 5)
+                except Exception as exc:  # noqa: BLE001 - reported as RenderError below
+                    crashed = not self._alive()
+                    log.warning("render failed (%s: %s; browser %s); restarting the renderer", type(exc).__name__,
+                                _one_line(exc), "gone" if crashed else "still running")
+                    self._stop()  # dead or wedged: the next picture gets a fresh browser
+                    if crashed and attempt == 1:
+                        continue  # the browser died under this picture (a crash, an OOM kill): once more
+                    raise RenderError(f"the image could not be drawn: {type(exc).__name__}: {_one_line(exc)}") from None
+                return out.encode("utf-8") if isinstance(out, str) else out
+        raise AssertionError("unreachable")
+
+    def warm(self) -> None:
+        """Start the browser now (``modalscope serve`` may call it at start-up)."""
+        with self._lock:
+            self._ensure_started()
+
+    def browser_pid(self) -> int | None:
+        """Process id of the running browser (started by this renderer), or None."""
+        proc = getattr(self._kaleido, "subprocess", None)
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+    # -- inside --------------------------------------------------------------------------
+    def _alive(self) -> bool:
+        proc = getattr(self._kaleido, "subprocess", None)
+        return (self._kaleido is not None and self._thread is not None and self._thread.is_alive()
+                and proc is not None and proc.poll() is None)
+
+    def _ensure_started(self) -> None:
+        if self._alive():
+            return
+        self._stop()
+        import kaleido  # imported here: the app starts without touching a browser
+
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="modalscope-renderer", daemon=True)
+        thread.start()
+        self._loop, self._thread = loop, thread
+
+        async def open_browser():
+            k = kaleido.Kaleido(n=1, timeout=self.render_timeout, mathjax=False)
+            await k.open()
+            return k
+
+        future = asyncio.run_coroutine_threadsafe(open_browser(), loop)
+        try:
+            self._kaleido = future.result(timeout=self.start_timeout)
+        except BaseException:
+            future.cancel()
+            raise
+        self.starts += 1
+        log.info("image renderer started (browser pid %s)", self.browser_pid())
+
+    def _stop(self) -> None:
+        """Close the browser and the loop, whatever state they are in."""
+        k, loop, thread = self._kaleido, self._loop, self._thread
+        self._kaleido = self._loop = self._thread = None
+        proc = getattr(k, "subprocess", None)
+        if k is not None and loop is not None and loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(k.close(), loop).result(timeout=10)
+            except Exception as exc:  # noqa: BLE001 - closing a broken browser may fail; it is killed below
+                log.debug("renderer close: %s", _one_line(exc))
+        if proc is not None and proc.poll() is None:
+            try:  # the browser runs in its own session (choreographer starts it so): end the group
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                proc.wait(timeout=5)
+            except Exception:  # noqa: BLE001
+                pass
+        if loop is not None and loop.is_running():
+            try:  # the browser's own tasks (its watchdog): cancelled, not left pending
+                asyncio.run_coroutine_threadsafe(_cancel_tasks(), loop).result(timeout=5)
+            except Exception as exc:  # noqa: BLE001
+                log.debug("renderer tasks: %s", _one_line(exc))
+        if loop is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            if thread is not None:
+                thread.join(timeout=5)
+            if not loop.is_running():
+                loop.close()
+
+
+async def _cancel_tasks() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _one_line(exc: BaseException | None) -> str:
+    text = " ".join(str(exc or "").split())
+    return text[:300] or "no detail"
+
+
+_renderer: Renderer | None = None
+_renderer_lock = threading.Lock()
+
+
+def renderer() -> Renderer:
+    """This process's renderer (created on first use; each gunicorn worker has its own)."""
+    global _renderer
+    with _renderer_lock:
+        if _renderer is None:
+            _renderer = Renderer()
+            atexit.register(_renderer.close)
+        return _renderer
+
+
+__all__ = ["RenderError", "Renderer", "renderer"]

@@ -1,0 +1,226 @@
+"""The convention rollups the attribute-based detectors read (``cache``, ``batch``, ``cuda``,
+``sync``, ``inst`` series, written at settle time): what settling stores, a late span's
+re-settle, the cache-tag cardinality cap, retag and retention, and the detectors finding the
+same patterns from the stored rollups as from raw spans. Names are deliberately not the
+demo's; every storage test runs on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+from sqlalchemy import func, select
+
+from modalscope.app import detectors as d
+from modalscope.app import findings
+from modalscope.app.params import Window
+from modalscope.ingest.records import SpanRecord
+from modalscope.ingest.settle import CACHE_TAG_VALUES, settle
+from modalscope.ingest.writer import write_spans
+from modalscope.models import Rollup, Series
+from modalscope.models.reader import StoreReader
+
+MIN = d.NS_MIN
+MS = 1_000_000
+T0 = 29_000_000  # unix minutes
+TH = d.Thresholds()
+
+
+def _rec(trace: int, span: int, parent: int | None, service: str, name: str, kind: int, start_ns: int, dur_ms: float,
+         stage: str = "other", instance: str = "i-1", **attrs) -> SpanRecord:
+    return SpanRecord(f"{trace:032x}", f"{span:016x}", None if parent is None else f"{parent:016x}", service, name,
+                      kind, start_ns, start_ns + int(dur_ms * MS), attributes=attrs,
+                      resource={"service.name": service, "service.instance.id": instance}, stage=stage)
+
+
+def convention_trace(i: int, start_ns: int, *, tier: str = "gold", hit: bool = True, batch=4, graph="captured",
+                     spread_ms: float = 10, instance: str = "w-1") -> list[SpanRecord]:
+    """A request: a SERVER root, a cache lookup, two encoders (in two services) before a
+    fusion step, and a GPU step with a batch size and a CUDA Graph mode (names the default
+    stage rules give the stages used here, so a retag changes nothing)."""
+    root = _rec(i, 1, None, "front", "Handle", 2, start_ns, 900, instance=instance)
+    return [
+        root,
+        _rec(i, 2, 1, "front", "kv.get", 3, start_ns + 1 * MS, 2, stage="network", instance=instance,
+             **{"cache.name": "kv", "cache.hit": hit, "tier": tier}),
+        _rec(i, 3, 1, "enc-a", "EncA/Encode", 2, start_ns + 5 * MS, 300, stage="encoder", instance=instance),
+        _rec(i, 4, 1, "enc-b", "EncB/Encode", 2, start_ns + 5 * MS, 300 - spread_ms, stage="encoder", instance=instance),
+        _rec(i, 5, 1, "fuse", "Fusion", 2, start_ns + 310 * MS, 40, stage="fusion", instance=instance),
+        _rec(i, 6, 1, "gpu", "Generate", 1, start_ns + 360 * MS, 100, stage="inference", instance=instance,
+             **{"batch.size": batch, "gpu.cuda_graph": graph}),
+    ]
+
+
+def convention_rows(engine, kind: str) -> dict[tuple, tuple[int, int, int]]:
+    """(service, name, caller, callee, minute) -> (count, error_count, sum_ns) of one kind."""
+    with engine.connect() as conn:
+        q = (select(Series.service, Series.name, Series.caller, Series.callee, Rollup.minute, Rollup.count,
+                    Rollup.error_count, Rollup.sum_ns)
+             .join(Series, Series.id == Rollup.series_id).where(Series.kind == kind))
+        return {tuple(r[:5]): tuple(r[5:]) for r in conn.execute(q)}
+
+
+def test_settle_writes_the_convention_rollups_and_a_late_span_corrects_them(engine):
+    base = T0 * MIN
+    traces = [convention_trace(1, base, tier="gold", hit=True, batch=1, graph="fallback", spread_ms=80),
+              convention_trace(2, base + 1_000 * MS, tier="free", hit=False, batch=4, spread_ms=20),
+              convention_trace(3, base + MIN, tier="free", hit=True, batch="8", instance="w-2")]
+    write_spans(engine, [s for t in traces for s in t])
+    settle(engine, force=True)
+    cache = convention_rows(engine, "cache")
+    assert cache == {("front", "kv", "tier", "gold", T0): (1, 0, 2 * MS),
+                     ("front", "kv", "tier", "free", T0): (1, 1, 2 * MS),
+                     ("front", "kv", "tier", "free", T0 + 1): (1, 0, 2 * MS)}
+    assert convention_rows(engine, "batch") == {("gpu", "", "", "", T0): (2, 1, 5),
+                                               ("gpu", "", "", "", T0 + 1): (1, 0, 8)}
+    assert convention_rows(engine, "cuda") == {("gpu", "Generate", "", "fallback", T0): (1, 1, 100 * MS),
+                                              ("gpu", "Generate", "", "captured", T0): (1, 0, 100 * MS),
+                                              ("gpu", "Generate", "", "captured", T0 + 1): (1, 0, 100 * MS)}
+    assert convention_rows(engine, "sync") == {("fuse", "", "", "", T0): (2, 0, 100 * MS),
+                                              ("fuse", "", "", "", T0 + 1): (1, 0, 10 * MS)}
+    inst = convention_rows(engine, "inst")
+    assert inst[("front", "w-1", "", "", T0)] == (2, 0, 1800 * MS)  # a trace's first span on an instance
+    assert inst[("enc-a", "w-2", "", "", T0 + 1)] == (1, 0, 300 * MS)
+    # A late span re-opens trace 2: its lookup was a miss by another tier, and a third
+    # encoder finishes later. The re-settle takes back the old contributions exactly.
+    late = [_rec(2, 7, 1, "front", "kv.get", 3, base + 1_050 * MS, 2, stage="network",
+                 **{"cache.name": "kv", "cache.hit": False, "tier": "gold"}),
+            _rec(2, 8, 1, "enc-c", "EncC", 2, base + 1_005 * MS, 350, stage="encoder")]
+    write_spans(engine, late)
+    settle(engine, force=True)
+    cache = convention_rows(engine, "cache")
+    assert cache[("front", "kv", "tier", "gold", T0)] == (2, 1, 4 * MS)
+    assert cache[("front", "kv", "tier", "free", T0)] == (1, 1, 2 * MS)
+    assert convention_rows(engine, "sync")[("fuse", "", "", "", T0)] == (2, 0, 80 * MS + 70 * MS)
+    assert convention_rows(engine, "batch")[("gpu", "", "", "", T0)] == (2, 1, 5)
+
+
+def test_a_cache_tag_with_too_many_values_overflows_into_one_series(engine):
+    base = T0 * MIN
+    spans = []
+    n = CACHE_TAG_VALUES + 8
+    for i in range(n):
+        spans.append(_rec(i + 1, 1, None, "front", "kv.get", 3, base + i * 10 * MS, 1,
+                          **{"cache.name": "kv", "cache.hit": i % 2 == 0, "user": f"u{i:03d}", "tier": "gold"}))
+    write_spans(engine, spans[: n // 2])
+    settle(engine, force=True)  # two settles: the cap holds across batches
+    write_spans(engine, spans[n // 2:])
+    settle(engine, force=True)
+    rows = convention_rows(engine, "cache")
+    users = {k[3] for k in rows if k[2] == "user"}
+    assert len(users) == CACHE_TAG_VALUES + 1 and "" in users
+    assert sum(v[0] for k, v in rows.items() if k[2] == "user") == n  # every lookup still counted
+    assert sum(v[0] for k, v in rows.items() if k[2] == "tier") == n
+    frames = findings.load_frames(StoreReader(engine), Window(base, base + 10 * MIN), TH)
+    assert set(frames.cache["key"]) == {"user", "tier"}
+    assert d.detect_cache_penetration(frames, TH) == []  # an overflowed key is no cache-key tag
+
+
+def pattern_traces(seed: int = 5) -> list[SpanRecord]:
+    """An hour of requests, 20 a minute: from minute 30 to 45 the free tier's cache hit rate
+    collapses while gold dominates, batch sizes stick at 1 under double load, a third of the
+    GPU steps fall back from CUDA Graphs, and encoders finish 200 ms apart."""
+    rng = random.Random(seed)
+    spans: list[SpanRecord] = []
+    i = 0
+    for m in range(60):
+        inside = 30 <= m < 45
+        for k in range(40 if inside else 20):
+            i += 1
+            t = (T0 + m) * MIN + k * 1_000 * MS
+            tier = "gold" if rng.random() < (0.7 if inside else 0.4) else "free"
+            hit = rng.random() < (0.05 if inside and tier == "free" else 0.9)
+            fallback = inside and rng.random() < 0.3
+            spans += convention_trace(i, t, tier=tier, hit=hit, batch=1 if inside else 4 + i % 3,
+                                      graph="fallback" if fallback else "captured",
+                                      spread_ms=200 if inside else 5 + rng.random() * 5)
+    return spans
+
+
+def raw_frames(spans: list[SpanRecord], traces: pd.DataFrame, window: Window) -> d.Frames:
+    rows = [{"trace_id": s.trace_id, "service": s.service, "name": s.name, "kind": s.kind, "stage": s.stage,
+             "start_ns": s.start_ns, "duration_ns": s.end_ns - s.start_ns, "status": s.status,
+             "instance": s.resource.get("service.instance.id"), "attrs": s.attributes} for s in spans]
+    return d.Frames(window.start_ns, window.end_ns, window.start_ns - 60 * MIN,
+                    spans=pd.DataFrame(rows).sort_values("start_ns", kind="stable"), traces=traces)
+
+
+KINDS = ("cache_penetration", "batching_failure", "cuda_graph_fallback", "fusion_sync_wait")
+
+
+def test_detectors_find_the_same_from_stored_rollups_as_from_raw_spans(engine):
+    spans = pattern_traces()
+    write_spans(engine, spans)
+    settle(engine, force=True)
+    window = Window(T0 * MIN, (T0 + 60) * MIN)
+    reader = StoreReader(engine)
+    found = findings.find(reader, window, th=TH)
+    frames = findings.load_frames(reader, window, TH)
+    assert frames.spans.empty  # nothing read raw: no new instance here
+    from_raw = [f for f in d.run_all(raw_frames(spans, frames.traces, window), TH) if f["kind"] in KINDS]
+    from_rollups = [f for f in found if f["kind"] in KINDS]
+    assert sorted(f["kind"] for f in from_rollups) == sorted(KINDS)
+
+    def key(f):
+        return f["kind"], repr(f["subject"]), f["start"], f["end"]
+
+    assert sorted(map(key, from_rollups)) == sorted(map(key, from_raw))
+    for a, b in zip(sorted(from_rollups, key=key), sorted(from_raw, key=key)):
+        assert a["evidence"]["sample_count"] == b["evidence"]["sample_count"]
+        for name, value in a["evidence"].items():  # sketch medians within the sketch's error
+            assert value == pytest.approx(b["evidence"][name], rel=0.02), (a["kind"], name)
+        assert 1 <= len(a["exemplar_trace_ids"]) <= 5  # from a bounded raw read of the window
+    by_kind = {f["kind"]: f for f in from_rollups}
+    cache = by_kind["cache_penetration"]
+    assert cache["subject"] == {"cache": "kv", "attribute": {"key": "tier", "value": "free"}}
+    misses = {s.trace_id for s in spans if s.attributes.get("tier") == "free" and not s.attributes.get("cache.hit")}
+    assert set(cache["exemplar_trace_ids"]) <= misses
+    assert "instance w-1" in by_kind["cuda_graph_fallback"]["hint"]
+
+
+def test_cold_start_from_instance_rollups_reads_raw_spans_only_around_the_birth(engine):
+    """A new instance appears at minute 40: requests on it are 20x slower for two minutes.
+    Another appears at minute 20 at full speed (a restart): no raw read for it."""
+    rng = random.Random(3)
+    spans = []
+    i = 0
+    for m in range(70):
+        for k in range(12):
+            i += 1
+            t = (T0 + m) * MIN + k * 5_000 * MS
+            pods = ["p-1", "p-2"] + (["p-3"] if m >= 20 else []) + (["p-4"] if m >= 40 else [])
+            pod = pods[i % len(pods)]
+            dur = 100 * np.exp(0.1 * rng.gauss(0, 1)) * (20 if pod == "p-4" and m < 42 else 1)
+            spans.append(_rec(i, 1, None, "model", "Serve", 2, t, dur, stage="inference", instance=pod))
+    write_spans(engine, spans)
+    settle(engine, force=True)
+    reader = StoreReader(engine)
+    window = Window((T0 + 10) * MIN, (T0 + 70) * MIN)
+    th = dataclasses.replace(TH, baseline_minutes=30)
+    frames = findings.load_frames(reader, window, th)
+    assert frames.new_instances == {("model", "p-4")}
+    assert frames.spans["start_ns"].min() >= (T0 + 40) * MIN  # only around the birth
+    (f,) = [f for f in findings.find(reader, window, th=th) if f["kind"] == "cold_start"]
+    assert f["subject"] == {"service": "model", "attribute": {"key": "service.instance.id", "value": "p-4"}}
+    assert f["start"] == d.rfc3339((T0 + 40) * MIN) and f["end"] <= d.rfc3339((T0 + 43) * MIN)
+    assert f["evidence"]["ratio"] > 10 and len(f["exemplar_trace_ids"]) == 5
+
+
+def test_retention_and_retag_keep_the_convention_rollups_consistent(engine):
+    from modalscope.ingest.retag import retag
+    from modalscope.ingest.retention import RetentionPolicy, prune
+    from modalscope.ingest.stages import default_rules
+
+    write_spans(engine, pattern_traces()[:600])
+    settle(engine, force=True)
+    before = {k: convention_rows(engine, k) for k in ("cache", "batch", "cuda", "sync", "inst")}
+    assert all(before.values())
+    retag(engine, default_rules())
+    assert {k: convention_rows(engine, k) for k in before} == before  # rebuilt to the same numbers
+    policy = RetentionPolicy(span_days=1, minute_rollup_days=1, hourly_rollup_days=1)
+    prune(engine, policy, now_ns=(T0 + 3 * 24 * 60) * MIN)
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(Rollup)).scalar_one() == 0

@@ -28,6 +28,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -142,15 +143,19 @@ class Stack:
                    MODALSCOPE_SETTLE_SECONDS="1", WEB_CONCURRENCY=str(workers))
         self.env = env
         self.procs: dict[str, subprocess.Popen] = {}
-        self._start("ingest", [sys.executable, "-m", "modalscope", "ingest", "otlp"])
-        self._wait(self.http_port, "ingest")
-        if server == "gunicorn":
-            cmd = [sys.executable, "-m", "gunicorn", "-c", "python:modalscope.gunicorn_conf",
-                   "--access-logfile", "/dev/null", "modalscope.app:create_app()"]
-        else:
-            cmd = [sys.executable, "-m", "modalscope", "serve"]
-        self._start("web", cmd)
-        self._wait(self.web_port, "web")
+        try:
+            self._start("ingest", [sys.executable, "-m", "modalscope", "ingest", "otlp"])
+            self._wait(self.http_port, "ingest")
+            if server == "gunicorn":
+                cmd = [sys.executable, "-m", "gunicorn", "-c", "python:modalscope.gunicorn_conf",
+                       "--access-logfile", "/dev/null", "modalscope.app:create_app()"]
+            else:
+                cmd = [sys.executable, "-m", "modalscope", "serve"]
+            self._start("web", cmd)
+            self._wait(self.web_port, "web")
+        except BaseException:
+            self.stop()
+            raise
 
     def _start(self, name: str, cmd: list[str]) -> None:
         with open(self.workdir / f"{name}.err", "wb") as err:
@@ -254,7 +259,11 @@ def run(args) -> dict:
         subprocess.run([sys.executable, "-m", "modalscope", "db", "upgrade"], check=True, capture_output=True,
                        env={**os.environ, "MODALSCOPE_DATABASE_URL": database_url})
     rng = random.Random(args.seed)
-    stack = Stack(workdir, database_url, args.server, args.workers)
+    try:
+        stack = Stack(workdir, database_url, args.server, args.workers)
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
     try:
         # Seed: the last hour of traffic, then wait until it has settled.
         t_seed = time.monotonic()
@@ -377,6 +386,8 @@ def run(args) -> dict:
         return result
     finally:
         stack.stop()
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def main() -> int:
@@ -391,6 +402,7 @@ def main() -> int:
     p.add_argument("--database-url", default="", help="default: a fresh SQLite file in a temporary directory")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print the result as one JSON object (last line)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory (store, server logs)")
     args = p.parse_args()
     result = run(args)
     if args.json:

@@ -28,7 +28,6 @@ from tests.faults.helpers import (
     start_ingest,
     stored_keys,
     wait_settled,
-    wait_until,
     write_lock,
 )
 

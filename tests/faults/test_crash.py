@@ -6,12 +6,16 @@ on SQLite and on PostgreSQL."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 
 from sqlalchemy import func, select
 
-from modalscope.ingest.cursors import read_cursor
+from modalscope.ingest.cursors import Lease, holder_is_dead, read_cursor
 from modalscope.models import Span
 from tests.cloud_standins import FakeCloudTrace, make_span, make_trace
 from tests.faults.helpers import (
@@ -58,8 +62,9 @@ def test_receiver_killed_mid_stream_and_restarted_stores_every_span_once(db_url,
                    30, "a request of each client waiting for the store")
         acked_before_kill = {c.name: len(c.acked) for c in clients}
         ingest.kill()
-    stored_at_kill = _span_count(store)
-    assert stored_at_kill == sum(n * 8 * 7 for n in acked_before_kill.values())
+    # Everything acknowledged was stored; the requests held at the kill were not acknowledged.
+    assert _span_count(store) >= sum(n * 8 * 7 for n in acked_before_kill.values())
+    assert {c.name: len(c.acked) for c in clients} == acked_before_kill
 
     restarted = restart_ingest(procs, db_url, http_port, grpc_port, "ingest-2")
     for client in clients:
@@ -163,13 +168,6 @@ def test_interrupted_import_rerun_stores_every_span_once(db_url, procs, store, t
 def test_only_a_dead_local_holder_loses_its_lease(engine):
     """The takeover behind the restart above: a holder on this host whose process is gone
     (reaped or a zombie) is dead; a live process, another host or ourselves are not."""
-    import os
-    import socket
-    import subprocess
-    import sys
-
-    from modalscope.ingest.cursors import Lease, holder_is_dead
-
     host = socket.gethostname()
     reaped = subprocess.Popen([sys.executable, "-c", "pass"])
     reaped.wait()

@@ -72,7 +72,7 @@ def test_prune_deletes_only_what_is_past_retention_in_small_batches(engine):
 
 def test_old_windows_still_answer_from_hourly_rollups_after_pruning(engine):
     now = time.time_ns()
-    _fill(engine, now, [100 + i * 0.1 for i in range(12)])  # ~4 days old
+    _fill(engine, now, [99 + i * 0.1 for i in range(12)])  # ~4 days old, all inside the window
     reader = StoreReader(engine)
     window = Window(now - 101 * HOUR, now - 98 * HOUR)
     exact = queries.input_types(reader, window, Filters())

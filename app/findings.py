@@ -212,10 +212,17 @@ def _no_gc():
             gc.enable()
 
 
+#: Longest window the detectors judge: they work minute by minute, so a 400-day window held
+#: a worker for a minute and 1.2 GB. A longer window is judged over its last 7 days.
+MAX_WINDOW_S = 7 * 86400
+
+
 def find(reader: StoreReader, window: Window, filters: Filters = Filters(), th: d.Thresholds | None = None,
          exemplars: bool = True, timings: dict | None = None) -> list[dict]:
-    """Every finding in the window, most severe first."""
+    """Every finding in the window (at most its last ``MAX_WINDOW_S``), most severe first."""
     th = th or d.Thresholds()
+    if window.seconds > MAX_WINDOW_S:  # every caller (pages, CLI, API) is bounded here
+        window = Window(window.end_ns - MAX_WINDOW_S * 1_000_000_000, window.end_ns)
     t0 = time.perf_counter()
     with _no_gc():
         frames = load_frames(reader, window, th)

@@ -29,7 +29,7 @@ def format_finding(f: dict) -> str:
 
 def cmd_anomalies(args) -> int:
     from .app.detectors import Thresholds
-    from .app.findings import find
+    from .app.findings import MAX_WINDOW_S, find
     from .app.params import ParamError, parse_window
     from .cli import CommandError
     from .models.engine import make_engine
@@ -42,6 +42,8 @@ def cmd_anomalies(args) -> int:
         window = parse_window({"range": args.since})
     except ParamError as exc:
         raise CommandError(f"--since: {exc.message.replace('range', '--since')}") from None
+    if window.seconds > MAX_WINDOW_S:
+        raise CommandError(f"--since: at most {MAX_WINDOW_S // 86400}d (the detectors judge minute by minute)")
     thresholds = Thresholds.from_env()
     ensure_schema(settings.database_url, create=False)
     engine = make_engine(settings.database_url)

@@ -5,6 +5,7 @@ or critical finding. The demo stores are the session-shared ones of tests/ingest
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -76,8 +77,22 @@ def test_cli_anomalies(tmp_path):
     assert r.returncode == 0 and "no findings in the last 2h" in r.stdout
     r = run(["anomalies", "--since", "later"], env)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--since" in r.stderr
+    r = run(["anomalies", "--since", "30d"], env)  # the detectors judge at most 7 days
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "at most 7d" in r.stderr
     r = run(["anomalies"], {"MODALSCOPE_DATABASE_URL": f"sqlite:///{tmp_path}/missing/dir.db"})
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_a_window_longer_than_a_week_is_judged_over_its_last_week(pattern_store):  # noqa: F811
+    from modalscope.app import findings
+    from modalscope.app.params import Window
+
+    end = pattern_store.config.end_ns + 60_000_000_000
+    week = findings.find(pattern_store.app.extensions["modalscope"]["reader"], Window(end - 7 * 86400 * 10**9, end), exemplars=False)
+    t0 = time.perf_counter()
+    long = findings.find(pattern_store.app.extensions["modalscope"]["reader"], Window(0, end), exemplars=False)  # from 1970
+    assert time.perf_counter() - t0 < 120  # it once tried to allocate 57 GiB
+    assert long == week and week
 
 
 def test_cli_prints_findings(pattern_store, capsys, monkeypatch):  # noqa: F811

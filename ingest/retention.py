@@ -25,6 +25,7 @@ NS_PER_DAY = 86_400 * 1_000_000_000
 PRUNE_INTERVAL_SECONDS = 600.0
 BATCH_ROWS = 5_000
 PAUSE_SECONDS = 0.02
+TICK_BUDGET_SECONDS = 5.0  # longest a scheduled pass holds the settler's loop
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def _batched(engine: Engine, select_keys, delete_keys, batch: int, pause: float,
              should_stop: Callable[[], bool], progress: Callable[[int], None] | None) -> int:
     """Repeat "select up to ``batch`` keys, delete them" in short transactions until none is left."""
     done = 0
-    while not should_stop():
+    while True:  # one batch at least, then as long as nobody asks to stop
         with engine.begin() as conn:
             keys = [tuple(r) if len(r) > 1 else r[0] for r in conn.execute(select_keys.limit(batch))]
             if not keys:
@@ -79,7 +80,7 @@ def _batched(engine: Engine, select_keys, delete_keys, batch: int, pause: float,
         done += len(keys)
         if progress is not None:
             progress(len(keys))
-        if len(keys) < batch:
+        if len(keys) < batch or should_stop():
             break
         time.sleep(pause)  # let receivers' commits and readers in between batches
     return done
@@ -146,21 +147,31 @@ class PruneSchedule:
     """Runs ``prune`` at most every ``interval`` seconds from a loop that ticks often (the settler's)."""
 
     def __init__(self, engine: Engine, policy: RetentionPolicy | None, interval: float = PRUNE_INTERVAL_SECONDS,
-                 first_after: float = 60.0) -> None:
+                 first_after: float = 60.0, budget: float = TICK_BUDGET_SECONDS, batch: int = BATCH_ROWS) -> None:
         self.engine = engine
+        self.batch = batch
         self.policy = policy
         self.interval = interval
+        self.budget = budget
         self._next = time.monotonic() + first_after
 
     def tick(self, should_stop: Callable[[], bool] = lambda: False) -> PruneResult | None:
+        """Prune for at most ``budget`` seconds when due; a backlog (a week of spans after
+        retention is first turned on) continues at the next tick, so settling, which runs
+        in the same loop, is never held up for long."""
         if self.policy is None or time.monotonic() < self._next:
             return None
-        self._next = time.monotonic() + self.interval
+        deadline = time.monotonic() + self.budget
         try:
-            return prune(self.engine, self.policy, should_stop=should_stop)
+            result = prune(self.engine, self.policy, batch=self.batch,
+                           should_stop=lambda: should_stop() or time.monotonic() > deadline)
         except Exception:  # noqa: BLE001 - retention retries at the next interval; ingest goes on
             log.exception("retention pass failed")
+            self._next = time.monotonic() + self.interval
             return None
+        backlog = time.monotonic() > deadline
+        self._next = time.monotonic() + (1.0 if backlog else self.interval)
+        return result
 
 
 __all__ = ["PruneResult", "PruneSchedule", "RetentionPolicy", "cutoffs", "prune"]

@@ -120,6 +120,21 @@ def test_the_schedule_waits_its_interval(engine):
     assert PruneSchedule(engine, None, first_after=0).tick() is None  # no policy: never
 
 
+def test_a_backlog_is_pruned_a_budget_at_a_time(engine):
+    now = time.time_ns()
+    _fill(engine, now, [300 + i * 0.01 for i in range(30)], seed=13)
+    sched = PruneSchedule(engine, RetentionPolicy(7, 2, 90), interval=3600, first_after=0, budget=0.0, batch=10)
+    first = sched.tick()
+    # A zero budget stops after one batch of each table; the rest is due a second later.
+    assert first is not None and first.traces == 10 and _count(engine, Trace) == 20
+    assert sched._next - time.monotonic() <= 1.0
+    time.sleep(1.0)
+    while _count(engine, Span) or _count(engine, Trace):
+        assert sched.tick() is not None
+        time.sleep(1.0)
+    assert _count(engine, Span) == 0
+
+
 def test_db_prune_command_prints_one_line(tmp_path):
     from modalscope.models.engine import make_engine
     from modalscope.models.schema import ensure_schema

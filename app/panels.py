@@ -276,6 +276,16 @@ def pair_table(rows: list[dict], sort: tuple[str, str] = ("count", "desc")) -> T
     return Table(cols, out, [""] * len(out), "" if out else "No service-pair calls in this window.")
 
 
+def baseline_status(row: dict) -> str:
+    """Pure: an ``overview_rows`` row's verdict against its baseline, as the overview shows it."""
+    change = row["p95_change"]
+    if change is None:
+        return "no baseline" if row["baseline_p95_ms"] is None else "no traffic"
+    if row["regression"]:
+        return f"▲ regression: P95 {fmt_pct(change, 0)} over baseline"
+    return f"ok ({'+' if change >= 0 else ''}{fmt_pct(change, 0)})"
+
+
 def input_types_table(rows: list[dict], margin: float) -> Table:
     """The overview's input-type table: live P50/P95/P99 and bottleneck against the baseline."""
     cols = [("input_type", "input type"), ("count", "traces"), ("rate", "rate"), ("p50", "P50"), ("p95", "P95"),
@@ -283,13 +293,7 @@ def input_types_table(rows: list[dict], margin: float) -> Table:
             ("errors", "errors"), ("status", f"vs baseline (margin {margin * 100:g} %)")]
     out, classes = [], []
     for r in rows:
-        change = r["p95_change"]
-        if change is None:
-            status = "no baseline" if r["baseline_p95_ms"] is None else "no traffic"
-        elif r["regression"]:
-            status = f"▲ regression: P95 {fmt_pct(change, 0)} over baseline"
-        else:
-            status = f"ok ({'+' if change >= 0 else ''}{fmt_pct(change, 0)})"
+        status = baseline_status(r)
         out.append({
             "input_type": cell_text(r["input_type"]), "count": fmt_count(r["count"]),
             "rate": f"{r['rate_per_min']:.3g}/min" if r["count"] else "—",

@@ -14,6 +14,7 @@ from dash import Input, Output, State, dcc, html
 from modalscope.app import components as c
 from modalscope.app import figures, ids, links, queries
 from modalscope.app import state as st
+from modalscope.app.panels import baseline_status
 from modalscope.app.units import fmt_count, fmt_ms, fmt_pct
 
 dash.register_page(__name__, path="/", name="Overview", title="modalscope · overview", order=0)
@@ -60,13 +61,7 @@ def overview_table(rows, state, margin):
 
     def row(r):
         it = r["input_type"]
-        change = r["p95_change"]
-        if change is None:
-            status = "no baseline" if r["baseline_p95_ms"] is None else "no traffic"
-        elif r["regression"]:
-            status = f"▲ regression: P95 {fmt_pct(change, 0)} over baseline"
-        else:
-            status = f"ok ({'+' if change >= 0 else ''}{fmt_pct(change, 0)})"
+        status = baseline_status(r)
         link = dcc.Link(it, href=st.to_href("/drilldown", st.with_(keep, input_type=it, caller=None, callee=None,
                                                                     stage=None, service=None)))
         return {

@@ -38,9 +38,9 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from ..models import HourlyRollup, Rollup, Series, Span, Trace
 from ..models import sketch
-from ..models.dialect import insert_ignore, supports_skip_locked
+from ..models.dialect import contains_text, insert_ignore, json_member, supports_skip_locked
 from .records import KIND_CLIENT, KIND_CONSUMER, KIND_SERVER, STATUS_ERROR, SpanRecord
-from .settle_fast import CONVENTION_KEYS, convention_contributions, summarize_rows
+from .settle_fast import convention_contributions, summarize_rows
 from .traces import find_root, input_type_of, self_times, service_pairs, trace_duration_ns, trace_error
 
 log = logging.getLogger(__name__)
@@ -316,28 +316,18 @@ def _apply_tier(conn: Connection, model, time_col: str, series: np.ndarray, minu
     return len(pairs)
 
 
-def _contains(conn: Connection, column, needle: str):
-    """A plain substring test: ``instr`` on SQLite (cheaper than LIKE), LIKE elsewhere."""
-    if conn.dialect.name == "sqlite":
-        from sqlalchemy import func
-
-        return func.instr(column, needle) > 0
-    return column.contains(needle, autoescape=True)
-
-
 def load_trace_rows(conn: Connection, trace_ids: Sequence[str]) -> list[tuple]:
     """Span rows of these traces in ``settle_fast`` layout, ordered (trace, start, span id)."""
-    # Attributes matter only on roots, CLIENT spans and spans naming an input type; the
-    # database filters them so most rows never build a Python string for them.
-    # Attributes matter only on roots, CLIENT spans, spans naming an input type and spans
-    # carrying a convention attribute; the database filters them so most rows never build a
-    # Python string for them.
+    # Attributes matter only on roots, CLIENT spans, spans naming an input type and cache
+    # lookups; the database filters them so most rows never build a Python string for them,
+    # and extracts batch.size and gpu.cuda_graph itself (no JSON parsing in Python).
     wanted = or_(Span.parent_span_id.is_(None), Span.parent_span_id == "", Span.kind == KIND_CLIENT,
-                 *[_contains(conn, Span.attributes, needle)
-                   for needle in ("mm.input_type", *(f'"{k}"' for k in CONVENTION_KEYS))])
+                 *[contains_text(conn, Span.attributes, needle) for needle in ("mm.input_type", '"cache.name"')])
     attrs = case((wanted, Span.attributes), else_=literal(""))
     cols = (Span.trace_id, Span.span_id, Span.parent_span_id, Span.service, Span.name, Span.kind,
-            Span.stage, Span.start_ns, Span.duration_ns, Span.status, attrs, Span.instance)
+            Span.stage, Span.start_ns, Span.duration_ns, Span.status, attrs, Span.instance,
+            json_member(conn, Span.attributes, "batch.size", scalar_types=True),
+            json_member(conn, Span.attributes, "gpu.cuda_graph"))
     rows: list[tuple] = []
     for i in range(0, len(trace_ids), 500):
         chunk = trace_ids[i : i + 500]

@@ -21,8 +21,10 @@ from .traces import _PEER_KEYS, _attr_text, input_type_of
 
 NS_PER_MINUTE = 60_000_000_000
 
-# Row layout handed in by the loader.
-TID, SID, PARENT, SERVICE, NAME, KIND, STAGE, START, DUR, STATUS, ATTRS, INSTANCE = range(12)
+# Row layout handed in by the loader. BATCH and GRAPH are ``batch.size`` and
+# ``gpu.cuda_graph`` as the database extracts them (``convention_columns`` says what they
+# hold), so spans that carry only those never have their attributes parsed in Python.
+TID, SID, PARENT, SERVICE, NAME, KIND, STAGE, START, DUR, STATUS, ATTRS, INSTANCE, BATCH, GRAPH = range(14)
 
 # Convention rollups (DESIGN.md "Span conventions"), what the attribute-based detectors read:
 #
@@ -59,20 +61,37 @@ def _batch_size(value) -> float | None:
     return float(value)
 
 
+def convention_columns(attrs: dict) -> tuple:
+    """Pure: the BATCH and GRAPH row values for a span's attributes, as the loader's SQL
+    extracts them: ``batch.size`` when it is a JSON number or string (booleans and others
+    are None); ``gpu.cuda_graph`` when present and not null (any type)."""
+    size = attrs.get("batch.size")
+    if isinstance(size, bool) or not isinstance(size, (int, float, str)):
+        size = None
+    return size, attrs.get("gpu.cuda_graph")
+
+
+def cache_contributions(service: str, start_ns: int, duration_ns: int,
+                        attrs: dict) -> list[tuple[tuple[str, ...], int, int, int]]:
+    """Pure: the ``cache`` contributions of one span, as (series key, minute, value, error)."""
+    cache = attrs.get("cache.name")
+    if cache is None or isinstance(cache, (dict, list)):
+        return []
+    minute = start_ns // NS_PER_MINUTE
+    miss = int(not bool(attrs.get("cache.hit")))
+    tags = sorted((k, v) for k, v in attrs.items()
+                  if isinstance(v, str) and v and len(v) <= CACHE_TAG_MAX_LEN and not k.startswith("cache."))
+    return [(("cache", service, str(cache), "", "", k, v), minute, duration_ns, miss)
+            for k, v in tags[:CACHE_MAX_TAGS]]
+
+
 def convention_contributions(service: str, name: str, start_ns: int, duration_ns: int,
                              attrs: dict) -> list[tuple[tuple[str, ...], int, int, int]]:
     """Pure: the ``cache``/``batch``/``cuda`` contributions of one span, as (series key,
     minute, value, error)."""
-    out: list[tuple[tuple[str, ...], int, int, int]] = []
+    out = cache_contributions(service, start_ns, duration_ns, attrs)
     minute = start_ns // NS_PER_MINUTE
     get = attrs.get
-    cache = get("cache.name")
-    if cache is not None and not isinstance(cache, (dict, list)):
-        miss = int(not bool(attrs.get("cache.hit")))
-        tags = sorted((k, v) for k, v in attrs.items()
-                      if isinstance(v, str) and v and len(v) <= CACHE_TAG_MAX_LEN and not k.startswith("cache."))
-        for k, v in tags[:CACHE_MAX_TAGS]:
-            out.append((("cache", service, str(cache), "", "", k, v), minute, duration_ns, miss))
     size = _batch_size(get("batch.size"))
     if size is not None:
         out.append((("batch", service, "", "", "", "", ""), minute,
@@ -128,7 +147,7 @@ def _union_lengths(group: np.ndarray, s: np.ndarray, e: np.ndarray, n_groups: in
 def summarize_rows(rows: Sequence[tuple]) -> BatchSummary:
     """Summaries of every trace in ``rows`` (spans of whole traces, unique span ids)."""
     n = len(rows)
-    cols = list(zip(*rows)) if n else [()] * 12
+    cols = list(zip(*rows)) if n else [()] * 14
     t_codes, t_uniques = pd.factorize(pd.Series(cols[TID], dtype=object), sort=False)
     n_tr = len(t_uniques)
     t_codes = t_codes.astype(np.int64)
@@ -305,13 +324,12 @@ def summarize_rows(rows: Sequence[tuple]) -> BatchSummary:
         parts_v.append(sums)
         parts_e.append(np.zeros(len(cells), dtype=np.int64))
 
-    # Convention rollups: cache / batch / cuda per span carrying a convention attribute.
-    n1, n2, n3 = _CONVENTION_NEEDLES
-    conv = [i for i, raw in enumerate(cols[ATTRS]) if raw and (n1 in raw or n2 in raw or n3 in raw)]
+    # Convention rollups. cache: per span carrying ``cache.name`` (its string attributes are
+    # the tags, so those spans are parsed); batch and cuda: from the extracted columns.
+    needle = _CACHE_NEEDLE
     conv_t, conv_k, conv_m, conv_v, conv_e = [], [], [], [], []
-    for i in conv:
-        for key, minute, value, err in convention_contributions(services[i], cols[NAME][i], int(start[i]),
-                                                                 int(dur[i]), attrs(i)):
+    for i in [i for i, raw in enumerate(cols[ATTRS]) if raw and needle in raw]:
+        for key, minute, value, err in cache_contributions(services[i], int(start[i]), int(dur[i]), attrs(i)):
             conv_t.append(int(t_codes[i]))
             conv_k.append(key_id(key))
             conv_m.append(minute)
@@ -321,6 +339,8 @@ def summarize_rows(rows: Sequence[tuple]) -> BatchSummary:
         for parts, vals in ((parts_t, conv_t), (parts_k, conv_k), (parts_m, conv_m), (parts_v, conv_v),
                             (parts_e, conv_e)):
             parts.append(np.array(vals, dtype=np.int64))
+    if n:
+        _batch_and_cuda(cols, t_codes, start, dur, key_id, (parts_t, parts_k, parts_m, parts_v, parts_e))
     server = (kind == KIND_SERVER) | (kind == KIND_CONSUMER)
     stages = np.asarray(cols[STAGE], dtype=object)
     # sync: per trace, the spread of encoder services' last ends (traces with a fusion span).
@@ -378,5 +398,58 @@ def summarize_rows(rows: Sequence[tuple]) -> BatchSummary:
     )
 
 
+def _batch_sizes(values: Sequence) -> np.ndarray:
+    """``_batch_size`` of each extracted BATCH value (NaN: none); numbers in bulk, strings
+    (PostgreSQL's ``->>`` gives every value as text) one by one."""
+    out = np.full(len(values), np.nan)
+    for i, v in enumerate(values):
+        if v is not None:
+            if type(v) is float or type(v) is int:
+                out[i] = v
+            else:
+                size = _batch_size(v)
+                if size is not None:
+                    out[i] = size
+    out[~np.isfinite(out)] = np.nan
+    return out
+
+
+def _batch_and_cuda(cols, t_codes: np.ndarray, start: np.ndarray, dur: np.ndarray, key_id, parts) -> None:
+    """Append the ``batch`` and ``cuda`` contributions (see ``convention_contributions``) of
+    every span with an extracted BATCH or GRAPH value to ``parts``."""
+    parts_t, parts_k, parts_m, parts_v, parts_e = parts
+    services = np.asarray(cols[SERVICE], dtype=object)
+    batch_raw = cols[BATCH]
+    has = np.fromiter((v is not None for v in batch_raw), dtype=bool, count=len(batch_raw))
+    if has.any():
+        idx = np.flatnonzero(has)
+        sizes = _batch_sizes([batch_raw[i] for i in idx.tolist()])
+        ok = ~np.isnan(sizes)
+        idx, sizes = idx[ok], sizes[ok]
+        if len(idx):
+            codes, names = pd.factorize(pd.Series(services[idx], dtype=object))
+            keys = np.array([key_id(("batch", sv, "", "", "", "", "")) for sv in names], dtype=np.int64)
+            parts_t.append(t_codes[idx])
+            parts_k.append(keys[codes])
+            parts_m.append(start[idx] // NS_PER_MINUTE)
+            parts_v.append(np.round(np.clip(sizes, 0.0, MAX_BATCH_SIZE)).astype(np.int64))
+            parts_e.append((sizes == 1).astype(np.int64))
+    graph_raw = cols[GRAPH]
+    has = np.fromiter((v is not None for v in graph_raw), dtype=bool, count=len(graph_raw))
+    if has.any():
+        idx = np.flatnonzero(has)
+        fb = np.fromiter((graph_raw[i] == "fallback" for i in idx.tolist()), dtype=bool, count=len(idx))
+        names = np.asarray(cols[NAME], dtype=object)[idx]
+        combo = pd.MultiIndex.from_arrays([services[idx], names, fb])
+        codes, uniques = pd.factorize(combo)
+        keys = np.array([key_id(("cuda", sv, nm, "", "", "", "fallback" if f else "captured"))
+                         for sv, nm, f in uniques], dtype=np.int64)
+        parts_t.append(t_codes[idx])
+        parts_k.append(keys[codes])
+        parts_m.append(start[idx] // NS_PER_MINUTE)
+        parts_v.append(dur[idx])
+        parts_e.append(fb.astype(np.int64))
+
+
 _IT_INDEX: dict[str, int] = {}
-_CONVENTION_NEEDLES = tuple(f'"{k}"' for k in CONVENTION_KEYS)
+_CACHE_NEEDLE = '"cache.name"'

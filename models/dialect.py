@@ -6,7 +6,7 @@ the dialect's spelling of "insert, ignoring duplicates" and "upsert".
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, Table
+from sqlalchemy import Connection, Table, and_, case, cast, func, literal
 from sqlalchemy.dialects import postgresql, sqlite
 
 
@@ -93,3 +93,29 @@ def mark_traces_pending(conn: Connection, trace_ids: list[str], now_ns: int) -> 
               "version": table.c.version + 1},
     )
     conn.execute(stmt, rows)
+
+
+def contains_text(conn: Connection, column, needle: str):
+    """A plain substring test: ``instr`` on SQLite (cheaper than LIKE), LIKE elsewhere."""
+    if conn.dialect.name == "sqlite":
+        return func.instr(column, needle) > 0
+    return column.contains(needle, autoescape=True)
+
+
+def json_member(conn: Connection, column, key: str, scalar_types: bool = False):
+    """The value of top-level ``key`` in a JSON-object text column, NULL when absent or JSON
+    null; other values as the engine gives them (SQLite: its SQL type, objects as JSON text;
+    PostgreSQL: text). ``scalar_types``: only numbers and strings, anything else NULL.
+    The JSON is parsed only in rows whose text mentions the key."""
+    mentioned = contains_text(conn, column, f'"{key}"')  # keys here are plain names
+    if conn.dialect.name == "sqlite":
+        path = '$."' + key + '"'
+        value = func.json_extract(column, path)
+        if scalar_types:
+            mentioned = and_(mentioned, func.json_type(column, path).in_(("integer", "real", "text")))
+    else:
+        doc = cast(column, postgresql.JSONB)
+        value = doc[key].astext
+        if scalar_types:
+            mentioned = and_(mentioned, func.jsonb_typeof(doc[key]).in_(("number", "string")))
+    return case((mentioned, value), else_=literal(None))

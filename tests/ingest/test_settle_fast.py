@@ -5,13 +5,14 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import numpy as np
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from modalscope.ingest.records import SpanRecord
 from modalscope.ingest.settle import summarize_trace
-from modalscope.ingest.settle_fast import summarize_rows
+from modalscope.ingest.settle_fast import _batch_sizes, convention_columns, summarize_rows
 
 SERVICES = ["gateway", "vision-encoder", "llm", "userdb"]
 NAMES = ["POST /chat", "image.decode", "vit.forward", "fusion.align", "llm.generate", "db.query"]
@@ -72,7 +73,7 @@ def random_trace(rng: random.Random, tid: str) -> list[SpanRecord]:
 def as_rows(spans):
     return [(s.trace_id, s.span_id, s.parent_span_id, s.service, s.name, s.kind, s.stage, s.start_ns,
              s.end_ns - s.start_ns, s.status, orjson.dumps(s.attributes).decode() if s.attributes else "{}",
-             s.resource.get("service.instance.id"))
+             s.resource.get("service.instance.id"), *convention_columns(s.attributes))
             for s in spans]
 
 
@@ -100,3 +101,37 @@ def test_batch_equals_reference(seed, n_traces):
 def test_empty_batch():
     batch = summarize_rows([])
     assert batch.trace_ids == [] and len(batch.c_trace) == 0
+
+
+ODD_VALUES = [1, 4, 2.5, 0, -3, 1e12, "8", " 8 ", "x", "", True, False, None, [1], {"a": 1},
+              "fallback", "captured", "Fallback", 7]
+
+
+def test_database_extracts_convention_columns_like_python(engine):
+    """The loader's SQL (json_extract / ->>) gives what ``convention_columns`` says, on both
+    databases, for odd shapes too: so the batch path and the reference agree on stored spans."""
+    from modalscope.ingest.settle import load_trace_rows
+    from modalscope.ingest.settle_fast import BATCH, GRAPH
+    from modalscope.ingest.writer import write_spans
+
+    spans, expected = [], {}
+    tid = "ab" * 16
+    shapes = [{"batch.size": v} for v in ODD_VALUES] + [{"gpu.cuda_graph": v} for v in ODD_VALUES] + [
+        {"batch.size": 4, "gpu.cuda_graph": "fallback", "cache.name": "kv"}, {}]
+    for i, extra in enumerate(shapes):
+        attrs = {"other": "y", **extra}
+        sid = f"{i + 1:016x}"
+        spans.append(SpanRecord(tid, sid, None if i == 0 else f"{1:016x}", "svc", "op", 1,
+                                1_700_000_000_000_000_000 + i, 1_700_000_000_000_000_100 + i, 0, attributes=attrs))
+        expected[sid] = convention_columns(attrs)
+    write_spans(engine, spans)
+    with engine.connect() as conn:
+        rows = load_trace_rows(conn, [tid])
+    assert len(rows) == len(spans)
+    for r in rows:
+        want_b, want_g = expected[r[1]]
+        got_size = _batch_sizes([r[BATCH]])[0]
+        want_size = _batch_sizes([want_b])[0]
+        assert (np.isnan(got_size) and np.isnan(want_size)) or got_size == want_size, (r[1], r[BATCH], want_b)
+        assert (r[GRAPH] is None) == (want_g is None), (r[GRAPH], want_g)
+        assert (r[GRAPH] == "fallback") == (want_g == "fallback"), (r[GRAPH], want_g)

@@ -434,10 +434,12 @@ def waterfall(trace: dict, selected: str | None = None) -> go.Figure:
     total = max((s["start_unix_nano"] - t0) / 1e6 + s["duration_ms"] for s in spans)
     base_layout(fig, height=min(60 + 24 * n, 2400) + 60, barmode="overlay", margin=dict(l=260, r=24, t=36, b=44))
     if indent:
-        for i, s in enumerate(spans):
-            fig.add_annotation(x=0, xref="paper", y=i, yref="y", xanchor="left", xshift=-250 + 12 * min(s.get("depth", 0), 16),
-                               text=labels[i], showarrow=False, align="left", font=dict(size=11, color=INK),
-                               captureevents=False)
+        # One layout update for all labels: add_annotation per span re-validates the whole
+        # annotation list each time (quadratic: ~800 ms for 60 spans).
+        fig.update_layout(annotations=[
+            dict(x=0, xref="paper", y=i, yref="y", xanchor="left", xshift=-250 + 12 * min(s.get("depth", 0), 16),
+                 text=labels[i], showarrow=False, align="left", font=dict(size=11, color=INK), captureevents=False)
+            for i, s in enumerate(spans)])
         fig.update_yaxes(tickvals=y, showticklabels=False, autorange="reversed", showgrid=False)
     else:
         fig.update_yaxes(tickvals=y, ticktext=labels, autorange="reversed", showgrid=False, tickfont=dict(size=11))

@@ -430,7 +430,8 @@ def exemplar_traces(reader: StoreReader, window: Window, filters: Filters = Filt
     if subject == "pair":
         callers = () if filters.caller else tuple(reader.services_of("pair", filters))
         sq = SpanQuery(window.start_ns, window.end_ns, kind=KIND_CLIENT, service=filters.caller,
-                       input_type=filters.input_type, min_ns=min_ns, max_ns=max_ns, services=callers)
+                       input_type=filters.input_type, min_ns=min_ns, max_ns=max_ns, services=callers,
+                       may_call=filters.callee)
     else:
         services = () if filters.service else tuple(reader.services_of("op", filters))
         sq = SpanQuery(window.start_ns, window.end_ns, service=filters.service, stage=filters.stage,
@@ -461,6 +462,9 @@ def exemplar_traces(reader: StoreReader, window: Window, filters: Filters = Filt
                 found[r["trace_id"]] = r
         if exhausted:  # a short page: nothing more to read
             break
+        # Each page re-reads the ones before it (OFFSET): grow pages so a search that needs
+        # many rows (one trace holding many of the slowest spans) takes a few reads, not many.
+        page = min(page * 4, EXEMPLAR_SCAN_LIMIT - offset)
     trace_rows = reader.trace_rows(found)
     out = []
     for tid, span in found.items():

@@ -611,6 +611,7 @@ def measure(url: str, runs: int, baseline_runs: int, no_baseline: bool, groups: 
                 out["rows"].append({"window": label, "group": call.group, "call": call.name, "ms": None,
                                     "error": f"{exc.__class__.__name__}: {str(exc)[:300]}", "exact": None})
                 continue
+            bl.log(f"  {ms:,.1f} ms (median of {runs}; max {max(samples):,.1f} ms)")
             out["rows"].append({"window": label, "group": call.group, "call": call.name, "ms": round(ms, 2),
                                 "samples_ms": [round(s, 2) for s in samples], "exact": call.exact})
             if call.exact:

@@ -97,7 +97,12 @@ def mark_traces_pending(conn: Connection, trace_ids: list[str], now_ns: int) -> 
 
 def contains_text(conn: Connection, column, needle: str):
     """A plain substring test: ``instr`` on SQLite (cheaper than LIKE), LIKE elsewhere."""
-    if conn.dialect.name == "sqlite":
+    return contains_text_in(conn.dialect.name, column, needle)
+
+
+def contains_text_in(dialect_name: str, column, needle: str):
+    """``contains_text`` for a dialect named ``dialect_name``."""
+    if dialect_name == "sqlite":
         return func.instr(column, needle) > 0
     return column.contains(needle, autoescape=True)
 

@@ -10,9 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from sqlalchemy import Engine, and_, func, or_, select
+import json as _json
+
+from sqlalchemy import Engine, and_, func, literal, or_, select
+from sqlalchemy.orm import aliased
 
 from . import MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, Rollup, Series, Span, Trace
+from .dialect import contains_text_in
 from .sketch import Histogram, merge_blobs
 
 NS_PER_MINUTE = 60_000_000_000
@@ -312,6 +316,15 @@ class StoreReader:
             conds.append(Span.service.concat("") == q.service)
         if q.stage:
             conds.append(Span.stage == q.stage)
+        if q.may_call is not None:
+            child = aliased(Span)
+            named = _json.dumps(q.may_call, ensure_ascii=False)[1:-1]  # as it appears in attribute JSON
+            conds.append(or_(
+                select(child.id).where(child.trace_id == Span.trace_id, child.parent_span_id == Span.span_id,
+                                       child.service == q.may_call, child.kind.in_(CALLEE_KIND_CODES)).exists(),
+                # a name JSON escapes may be written differently: then no narrowing by text
+                contains_text_in(self.engine.dialect.name, Span.attributes, named) if named == q.may_call
+                else literal(True)))
         if q.min_ns is not None:
             conds.append(Span.duration_ns >= q.min_ns)
         if q.max_ns is not None:
@@ -331,7 +344,10 @@ class StoreReader:
         1/``LONG_WINDOW_SHARE`` of the stored time range (two index lookups): the walk then
         visits about that many rows per row it keeps."""
         with self.engine.connect() as conn:
-            lo, hi = conn.execute(select(func.min(model.start_ns), func.max(model.start_ns))).one()
+            # Two scalar subqueries: SQLite answers a lone min() or max() from the index's ends,
+            # but min() and max() in one SELECT scan the whole index (0.5 s at 10M spans).
+            lo, hi = conn.execute(select(select(func.min(model.start_ns)).scalar_subquery(),
+                                         select(func.max(model.start_ns)).scalar_subquery())).one()
         if lo is None:
             return False
         return (end_ns - start_ns) * LONG_WINDOW_SHARE >= (hi - lo)
@@ -412,8 +428,6 @@ class StoreReader:
         Used to find which operations are ViT layers (``mm.layer``); their numbers then come
         from the ``op`` rollups for the whole window.
         """
-        import json as _json
-
         inner = (
             select(Span.service, Span.name, Span.attributes)
             .where(Span.start_ns >= start_ns, Span.start_ns < end_ns)
@@ -442,8 +456,6 @@ class StoreReader:
         """``(start_ns, attributes JSON, resource JSON)`` of spans starting in the window whose
         attributes carry ``cache.name`` (the window on the ``start_ns`` index, the key as a
         portable substring test; at most ``limit`` rows, newest first)."""
-        import json as _json
-
         stmt = (
             select(Span.start_ns, Span.attributes, Span.resource)
             .where(Span.start_ns >= start_ns, Span.start_ns < end_ns,
@@ -546,8 +558,6 @@ class StoreReader:
         tight range the rows are read by that primary-key range — sequential pages instead
         of one table seek per row through the index.
         """
-        import json as _json
-
         from sqlalchemy import case, func, literal
 
         if self.engine.dialect.name == "sqlite":  # instr: a plain substring test, cheaper than LIKE
@@ -632,6 +642,11 @@ class SpanQuery:
     # Without ``service``: the services whose spans can match (lets a long window use the
     # per-service duration index); empty means unknown.
     services: tuple[str, ...] = ()
+    # Only spans that may call this service: a SERVER/CONSUMER child in it, or its name in
+    # the span's attributes (peer.service, server.address, ...). A superset of the pair's
+    # CLIENT spans, narrowed in SQL so a busy caller's other calls are never paged through;
+    # the caller checks each row exactly as settling pairs them.
+    may_call: str | None = None
 
 
 # Windows covering at least 1/24 of the stored time range (an hour of a day, a week of

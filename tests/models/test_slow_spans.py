@@ -80,3 +80,42 @@ def test_exemplar_traces_agree_between_short_and_long_windows(engine):
         expected = sorted(best.values(), key=lambda r: (-r[measure], r["start_unix_nano"]))[:15]
         assert len(long_rows) == len(expected) > 0, filters
         assert [r[measure] for r in long_rows] == [r[measure] for r in expected], filters
+
+
+def test_pair_exemplars_skip_a_busy_callers_other_calls(engine):
+    """A caller whose slowest calls all go elsewhere: the pair's exemplars are its calls to
+    the callee only (child server span or peer attribute), found without paging through
+    the others, in both the short- and the long-window paths."""
+    from modalscope.ingest.records import SpanRecord
+
+    base = time.time_ns() - 2 * HOUR
+    spans, expected = [], {"fast": [], "db": []}
+    for i in range(400):
+        tid = f"{i + 1:032x}"
+        t0 = base + i * 10_000_000_000
+        root = SpanRecord(tid, f"{1:016x}", None, "gw", "POST /x", 2, t0, t0 + 3_000_000_000, 0)
+        spans.append(root)
+        # slow calls to "slow" (child server spans) in every trace
+        spans.append(SpanRecord(tid, f"{2:016x}", root.span_id, "gw", "call slow", 3, t0, t0 + 2_000_000_000, 0))
+        spans.append(SpanRecord(tid, f"{3:016x}", f"{2:016x}", "slow", "serve", 2, t0, t0 + 1_900_000_000, 0))
+        if i % 20 == 0:  # a few fast calls to "fast"
+            d = 1_000_000 + i
+            spans.append(SpanRecord(tid, f"{4:016x}", root.span_id, "gw", "call fast", 3, t0, t0 + d, 0))
+            spans.append(SpanRecord(tid, f"{5:016x}", f"{4:016x}", "fast", "serve", 2, t0, t0 + d - 1, 0))
+            expected["fast"].append((tid, d))
+        if i % 25 == 0:  # calls to an uninstrumented database, named by peer.service
+            d = 500_000 + i
+            spans.append(SpanRecord(tid, f"{6:016x}", root.span_id, "gw", "query", 3, t0, t0 + d, 0,
+                                    attributes={"peer.service": "db"}))
+            expected["db"].append((tid, d))
+    write_spans(engine, spans)
+    settle(engine, force=True)
+    reader = StoreReader(engine)
+    end = base + 400 * 10_000_000_000
+    for w in (Window(base, end), Window(end - 600_000_000_000, end)):  # long and short against the store
+        for callee, want in expected.items():
+            want = sorted((x for x in want if w.start_ns <= base + (int(x[0], 16) - 1) * 10_000_000_000 < w.end_ns),
+                          key=lambda x: -x[1])[:5]
+            got = queries.exemplar_traces(reader, w, Filters(caller="gw", callee=callee), limit=5)
+            assert [r["trace_id"] for r in got] == [t for t, _ in want], (callee, w)
+            assert all(r["span_service"] == "gw" for r in got)

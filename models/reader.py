@@ -287,7 +287,7 @@ class StoreReader:
         With ``input_type`` the trace row is joined.
         """
         services = [q.service] if q.service else list(q.services)
-        if not services or not self._long_window(Span, q.start_ns, q.end_ns):
+        if not services or not self._long_window(Span, q.start_ns, q.end_ns, SPAN_WALK_SHARE):
             return self._slow_spans_in_window(q)
         wanted = q.offset + q.limit
         rows: list[dict] = []
@@ -338,11 +338,11 @@ class StoreReader:
         with self.engine.connect() as conn:
             return [dict(r) for r in conn.execute(stmt).mappings()]
 
-    def _long_window(self, model, start_ns: int, end_ns: int) -> bool:
+    def _long_window(self, model, start_ns: int, end_ns: int, share: int) -> bool:
         """Is the window long enough, against what the table holds, that walking a duration
-        index slowest first beats sorting the window? Yes when it covers at least
-        1/``LONG_WINDOW_SHARE`` of the stored time range (two index lookups): the walk then
-        visits about that many rows per row it keeps."""
+        index slowest first beats sorting the window? Yes when it covers at least 1/``share``
+        of the stored time range (two index lookups): the walk then visits about ``share``
+        index entries per row it keeps."""
         with self.engine.connect() as conn:
             # Two scalar subqueries: SQLite answers a lone min() or max() from the index's ends,
             # but min() and max() in one SELECT scan the whole index (0.5 s at 10M spans).
@@ -350,7 +350,7 @@ class StoreReader:
                                          select(func.max(model.start_ns)).scalar_subquery())).one()
         if lo is None:
             return False
-        return (end_ns - start_ns) * LONG_WINDOW_SHARE >= (hi - lo)
+        return (end_ns - start_ns) * share >= (hi - lo)
 
     def services_of(self, kind: str, filters: Filters) -> list[str]:
         """Services that have ``kind`` series matching ``filters`` (for a pair: the callers):
@@ -387,7 +387,7 @@ class StoreReader:
                     limit: int = 20) -> list[dict]:
         """Settled traces starting in the window, slowest first (the ``traces.start_ns`` index)."""
         cols = [Trace.__table__.c[c] for c in _TRACE_SUMMARY_COLUMNS]
-        long_window = self._long_window(Trace, start_ns, end_ns)
+        long_window = self._long_window(Trace, start_ns, end_ns, TRACE_WALK_SHARE)
         if long_window:
             # A long window: walk the duration index slowest first ("+ 0": not the start index).
             # The duration bound (always true) is what makes SQLite's planner take that index.
@@ -649,9 +649,12 @@ class SpanQuery:
     may_call: str | None = None
 
 
-# Windows covering at least 1/24 of the stored time range (an hour of a day, a week of
-# half a year) find their slowest spans and traces through the duration indexes.
-LONG_WINDOW_SHARE = 24
+# Windows covering at least 1/N of the stored time range find their slowest spans and traces
+# through the duration indexes instead of sorting the window. The spans index holds start_ns,
+# so its walk skips out-of-window spans in the index itself (cheap: ten minutes of a day
+# already beat reading the window); the traces index does not (an hour of a day).
+SPAN_WALK_SHARE = 200
+TRACE_WALK_SHARE = 24
 
 
 _CANDIDATE_COLUMNS = ("trace_id", "span_id", "parent_span_id", "service", "name", "kind", "stage",

@@ -10,7 +10,7 @@ from modalscope.app import queries
 from modalscope.app.params import Window
 from modalscope.ingest.settle import settle
 from modalscope.ingest.writer import write_spans
-from modalscope.models.reader import Filters, SpanQuery, StoreReader
+from modalscope.models.reader import SPAN_WALK_SHARE, Filters, SpanQuery, StoreReader
 from modalscope.models import Span
 from tests.factories import multimodal_trace
 
@@ -36,7 +36,7 @@ def test_long_window_pages_equal_the_sorted_window(engine):
     reader = StoreReader(engine)
     # The last 5 hours of 6: long against the store, so the duration index path runs.
     w0 = end - 5 * HOUR
-    assert reader._long_window(Span, w0, end)
+    assert reader._long_window(Span, w0, end, SPAN_WALK_SHARE)
     services = tuple(sorted({s.service for s in spans}))
     for kind, band in ((None, (None, None)), (3, (None, None)), (None, (20_000_000, 400_000_000))):
         expected = sorted((s for s in spans if w0 <= s.start_ns < end and (kind is None or s.kind == kind)
@@ -68,10 +68,10 @@ def test_exemplar_traces_agree_between_short_and_long_windows(engine):
         pieces = []
         t = long_window.start_ns
         while t < long_window.end_ns:
-            piece = Window(t, min(t + HOUR // 6, long_window.end_ns))
-            assert not reader._long_window(Span, piece.start_ns, piece.end_ns)
+            piece = Window(t, min(t + HOUR // 40, long_window.end_ns))
+            assert not reader._long_window(Span, piece.start_ns, piece.end_ns, SPAN_WALK_SHARE)
             pieces += queries.exemplar_traces(reader, piece, filters, limit=15)
-            t += HOUR // 6
+            t += HOUR // 40
         measure = "span_ms" if "span_ms" in (long_rows[0] if long_rows else {}) else "duration_ms"
         best = {}
         for r in pieces:

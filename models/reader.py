@@ -138,14 +138,32 @@ class StoreReader:
             conds.append(Series.input_type == f.input_type)
         return and_(*conds)
 
-    def _rollup_rows(self, q: RollupQuery):
+    def _series_rows(self, conn, model, time_col, t0: int, t1: int, where, cols: list,
+                     time_expr=None) -> list[tuple]:
+        """``(time, count, error_count, sum_ns, sketch, *cols)`` rows of ``model`` for the
+        series matching ``where``, time in [t0, t1): the series first, then their rows through
+        the ``(series_id, time)`` index. A join lets SQLite walk the time range of every
+        series of every kind instead (a day: 331k rows read for 33k wanted)."""
+        series = conn.execute(select(Series.id, *cols).where(where)).fetchall()
+        if not series:
+            return []
+        dims = {r[0]: tuple(r[1:]) for r in series}
+        ids = list(dims)
+        rows: list[tuple] = []
+        for i in range(0, len(ids), 500):
+            stmt = select(time_col if time_expr is None else time_expr, model.count, model.error_count,
+                          model.sum_ns, model.sketch, model.series_id).where(
+                model.series_id.in_(ids[i : i + 500]), time_col >= t0, time_col < t1)
+            rows.extend(r[:5] + dims[r[5]] for r in _raw_rows(conn, stmt))
+        return rows
+
+    def _minute_rows(self, q: RollupQuery) -> tuple[int, list[tuple]]:
+        """(first minute, minute rows of the query's series) for its window."""
         first, last = minute_range(q.start_ns, q.end_ns)
-        dims = [getattr(Series, d) for d in q.group_by]
-        return first, (
-            select(Rollup.minute, Rollup.count, Rollup.error_count, Rollup.sum_ns, Rollup.sketch, *dims)
-            .join(Series, Series.id == Rollup.series_id)
-            .where(self._series_filter(q.kind, q.filters), Rollup.minute >= first, Rollup.minute < last)
-        )
+        with self.engine.connect() as conn:
+            return first, self._series_rows(conn, Rollup, Rollup.minute, first, last,
+                                            self._series_filter(q.kind, q.filters),
+                                            [getattr(Series, d) for d in q.group_by])
 
     def _tiered_rows(self, kind: str, filters: Filters, start_ns: int, end_ns: int, cols: list) -> list[tuple]:
         """``(minute, count, error_count, sum_ns, sketch, *cols)`` rows covering the window:
@@ -155,17 +173,11 @@ class StoreReader:
         with self.engine.connect() as conn:
             plan = tier_plan(start_ns, end_ns, self._minutes_kept_from(conn))
             for m0, m1 in plan.minute_ranges:
-                rows.extend(conn.execute(
-                    select(Rollup.minute, Rollup.count, Rollup.error_count, Rollup.sum_ns, Rollup.sketch, *cols)
-                    .join(Series, Series.id == Rollup.series_id)
-                    .where(where, Rollup.minute >= m0, Rollup.minute < m1)).fetchall())
+                rows.extend(self._series_rows(conn, Rollup, Rollup.minute, m0, m1, where, cols))
             h0, h1 = plan.hours
             if h1 > h0:
-                rows.extend(conn.execute(
-                    select(HourlyRollup.hour * 60, HourlyRollup.count, HourlyRollup.error_count,
-                           HourlyRollup.sum_ns, HourlyRollup.sketch, *cols)
-                    .join(Series, Series.id == HourlyRollup.series_id)
-                    .where(where, HourlyRollup.hour >= h0, HourlyRollup.hour < h1)).fetchall())
+                rows.extend(self._series_rows(conn, HourlyRollup, HourlyRollup.hour, h0, h1, where, cols,
+                                              time_expr=HourlyRollup.hour * 60))
         return rows
 
     def rollups(self, q: RollupQuery) -> list[RollupGroup]:
@@ -175,9 +187,7 @@ class StoreReader:
         merges 24 rows a series instead of 1,440.
         """
         if q.by_minute:
-            _, stmt = self._rollup_rows(q)
-            with self.engine.connect() as conn:
-                rows = conn.execute(stmt).fetchall()
+            _, rows = self._minute_rows(q)
             return _merge((tuple(r[5:]) + (r[0],), r[1], r[2], r[3], r[4]) for r in rows)
         rows = self._tiered_rows(q.kind, q.filters, q.start_ns, q.end_ns, [getattr(Series, d) for d in q.group_by])
         return _merge((tuple(r[5:]), r[1], r[2], r[3], r[4]) for r in rows)
@@ -218,9 +228,7 @@ class StoreReader:
             # Whole-hour steps on an hour-aligned grid: whole hours come from the hourly tier.
             rows = self._tiered_rows(q.kind, q.filters, q.start_ns, q.end_ns, [getattr(Series, d) for d in q.group_by])
             return _merge((tuple(r[5:]) + (r[0] - r[0] % step,), r[1], r[2], r[3], r[4]) for r in rows)
-        first, stmt = self._rollup_rows(q)
-        with self.engine.connect() as conn:
-            rows = conn.execute(stmt).fetchall()
+        first, rows = self._minute_rows(q)
         return _merge((tuple(r[5:]) + (r[0] - (r[0] - first) % step,), r[1], r[2], r[3], r[4]) for r in rows)
 
     def series_values(self) -> dict[str, list]:
@@ -505,14 +513,10 @@ class StoreReader:
         Detectors keep minutes apart (trailing baselines, blocks), so nothing is merged here.
         """
         first, last = minute_range(start_ns, end_ns)
-        cols = [getattr(Series, d) for d in dims]
-        stmt = (
-            select(Rollup.minute, Rollup.count, Rollup.error_count, Rollup.sum_ns, Rollup.sketch, *cols)
-            .join(Series, Series.id == Rollup.series_id)
-            .where(self._series_filter(kind, filters or Filters()), Rollup.minute >= first, Rollup.minute < last)
-        )
         with self.engine.connect() as conn:
-            return _raw_rows(conn, stmt)
+            return self._series_rows(conn, Rollup, Rollup.minute, first, last,
+                                     self._series_filter(kind, filters or Filters()),
+                                     [getattr(Series, d) for d in dims])
 
     def first_minutes(self, kind: str, start_ns: int, end_ns: int) -> list[tuple[str, str, int]]:
         """``(service, name, first minute)`` of every ``kind`` series with a rollup row in the

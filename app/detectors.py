@@ -51,6 +51,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import pandas as pd
 
+from ..ingest.settle_fast import cache_hit_value
 from ..models import sketch
 
 NS_MIN = 60_000_000_000
@@ -602,10 +603,11 @@ def _convention_rows(frames: Frames, kind: str) -> list[tuple]:
 
 def _cache_frame(frames: Frames) -> pd.DataFrame:
     """Cache lookups and misses per (service, cache, tag key, tag value, minute): the
-    ``cache`` rollups, or the same from raw spans."""
+    ``cache`` rollups' tag rows, or the same from raw spans (a cache's TOTAL series, tag
+    key '', is no tag)."""
     if frames.cache is not None:
         return frames.cache
-    rows = [(k[1], k[2], k[5], k[6], m, 1, e) for k, m, v, e in _convention_rows(frames, "cache")]
+    rows = [(k[1], k[2], k[5], k[6], m, 1, e) for k, m, v, e in _convention_rows(frames, "cache") if k[5]]
     if not rows:
         return empty_frame(CACHE_COLUMNS)
     df = pd.DataFrame(rows, columns=list(CACHE_COLUMNS))
@@ -674,7 +676,7 @@ def detect_cache_penetration(frames: Frames, th: Thresholds) -> list[dict]:
                 if raw is not None:
                     r = _in_run(frames, raw[raw["_v"].astype(str) == str(cache)], s_min, e_min)
                     misses = [t for t, a in zip(r["trace_id"], r["attrs"]) if a.get(key) == value
-                              and not bool(a.get("cache.hit"))]
+                              and cache_hit_value(a.get("cache.hit")) is False]
                     exemplars = misses
                 s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
                 out.append(finding("cache_penetration", "warning",
@@ -1209,7 +1211,8 @@ def describe_from_spans(f: dict, spans: pd.DataFrame) -> None:
         df = _attr_spans(frames, "cache.name")
         key, value = s["attribute"]["key"], s["attribute"]["value"]
         df = df[df["_v"].astype(str) == s["cache"]]
-        ids = [t for t, a in zip(df["trace_id"], df["attrs"]) if a.get(key) == value and not bool(a.get("cache.hit"))]
+        ids = [t for t, a in zip(df["trace_id"], df["attrs"]) if a.get(key) == value
+               and cache_hit_value(a.get("cache.hit")) is False]
     elif f["kind"] == "batching_failure":
         df = _attr_spans(frames, "batch.size")
         df = df[(df["service"] == s["service"]) & pd.to_numeric(df["_v"], errors="coerce").notna()]

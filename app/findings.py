@@ -61,7 +61,8 @@ def _convention_frames(reader: StoreReader, data_start: int, end_ns: int) -> dic
                          ("service", "name", "callee"), with_sum=False)
     sync = _sketch_frame(reader.rollup_rows("sync", data_start, end_ns, ("service",)), ("service",), with_sum=False)
     return {
-        "cache": pd.DataFrame([(r[5], r[6], r[7], r[8], r[0], r[1], r[2]) for r in cache],
+        # Tag rows only: a cache's TOTAL series (tag key '') is no tag.
+        "cache": pd.DataFrame([(r[5], r[6], r[7], r[8], r[0], r[1], r[2]) for r in cache if r[7]],
                               columns=list(d.CACHE_COLUMNS)),
         "batch": pd.DataFrame([(r[5], r[0], r[1], r[2], r[3]) for r in batch], columns=list(d.BATCH_COLUMNS)),
         "cuda": (cuda.assign(fallback=cuda["callee"] == "fallback")[list(d.CUDA_COLUMNS)] if not cuda.empty

@@ -717,31 +717,26 @@ import re as _re
 
 import orjson as _orjson
 
+from ..ingest.settle_fast import CACHE_GROUP_KEY, CACHE_UNTAGGED_KIND
+from ..ingest.settle_fast import cache_hit_value as _cache_hit_value
+
 CACHE_MAX_SPANS = 500_000  # cache spans read per window (newest first): bounded work
-GROUP_BY_PATTERN = _re.compile(r"^[A-Za-z0-9_.:/\-]{1,128}$")
+GROUP_BY_PATTERN = CACHE_GROUP_KEY  # whole-string match (fullmatch)
 NO_GROUP = None  # the group of a span without the group_by attribute
+_NS_MIN = 60_000_000_000
 
 
 def valid_group_by(value: str | None) -> bool:
     """An attribute key a cache breakdown can group by: 1-128 characters of
     letters, digits and ``_ . : / -`` (OpenTelemetry keys and label names)."""
-    return bool(value) and bool(GROUP_BY_PATTERN.match(value))
+    return isinstance(value, str) and bool(GROUP_BY_PATTERN.fullmatch(value))
 
 
 def cache_hit_value(value: Any) -> bool | None:
     """``cache.hit`` as sent: a boolean, or a string/number from sources without booleans
-    (Cloud Trace labels). None when it says neither hit nor miss."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)):
-        return value != 0 if math.isfinite(value) else None
-    if isinstance(value, str):
-        v = value.strip().lower()
-        if v in ("true", "1", "hit", "yes"):
-            return True
-        if v in ("false", "0", "miss", "no"):
-            return False
-    return None
+    (Cloud Trace labels). None when it says neither hit nor miss. The settler's rule too
+    (``settle_fast.cache_hit_value``), so rollup and raw answers agree."""
+    return _cache_hit_value(value)
 
 
 def _group_value(value: Any) -> str | None:
@@ -788,13 +783,19 @@ def _group_sort_key(r: dict) -> tuple:
     return (r["cache"], r["group"] is None, r["group"] or "")
 
 
-def cache_table(events: Iterable[tuple[int, str, str | None, bool]]) -> list[dict]:
-    """Pure: hits, misses and hit rate per (cache, group); ``share`` is the group's part of
-    its cache's lookups."""
+# Lookup counts, the common form of raw events and rollup cells: (t_ns, cache, group, hits, misses).
+def _counted(events: Iterable[tuple[int, str, str | None, bool]]) -> Iterable[tuple[int, str, str | None, int, int]]:
+    for t, cache, group, hit in events:
+        yield (t, cache, group, 1 if hit else 0, 0 if hit else 1)
+
+
+def _rates_table(counted: Iterable[tuple[int, str, str | None, int, int]]) -> list[dict]:
     counts: dict[tuple[str, str | None], list[int]] = {}
-    for _, cache, group, hit in events:
+    for _, cache, group, h, m in counted:
         c = counts.setdefault((cache, group), [0, 0])
-        c[0 if hit else 1] += 1
+        c[0] += h
+        c[1] += m
+    counts = {k: v for k, v in counts.items() if v[0] + v[1] > 0}
     totals: dict[str, int] = {}
     for (cache, _), (h, m) in counts.items():
         totals[cache] = totals.get(cache, 0) + h + m
@@ -806,23 +807,36 @@ def cache_table(events: Iterable[tuple[int, str, str | None, bool]]) -> list[dic
     return out
 
 
+def _rates_buckets(counted: Iterable[tuple[int, str, str | None, int, int]], start_ns: int,
+                   step_minutes: int) -> list[dict]:
+    step_ns = max(1, int(step_minutes)) * _NS_MIN
+    origin = start_ns // _NS_MIN * _NS_MIN
+    counts: dict[tuple[int, str, str | None], list[int]] = {}
+    for t, cache, group, h, m in counted:
+        b = origin + (t - origin) // step_ns * step_ns
+        c = counts.setdefault((b, cache, group), [0, 0])
+        c[0] += h
+        c[1] += m
+    out = []
+    for (b, cache, group), (h, m) in counts.items():
+        if h + m > 0:
+            out.append({"t": rfc3339(b), "t_ns": b, "cache": cache, "group": group, "hits": h, "misses": m,
+                        "hit_rate": round(h / (h + m), 6)})
+    out.sort(key=lambda r: (r["t_ns"], *_group_sort_key(r)))
+    return out
+
+
+def cache_table(events: Iterable[tuple[int, str, str | None, bool]]) -> list[dict]:
+    """Pure: hits, misses and hit rate per (cache, group); ``share`` is the group's part of
+    its cache's lookups."""
+    return _rates_table(_counted(events))
+
+
 def cache_buckets(events: Iterable[tuple[int, str, str | None, bool]], start_ns: int,
                   step_minutes: int) -> list[dict]:
     """Pure: hit rate per (cache, group) and time step: ``[{"t", "cache", "group", "hits",
     "misses", "hit_rate"}]``, steps aligned to ``start_ns``'s minute, in time order."""
-    step_ns = max(1, int(step_minutes)) * 60_000_000_000
-    origin = start_ns // 60_000_000_000 * 60_000_000_000
-    counts: dict[tuple[int, str, str | None], list[int]] = {}
-    for t, cache, group, hit in events:
-        b = origin + (t - origin) // step_ns * step_ns
-        c = counts.setdefault((b, cache, group), [0, 0])
-        c[0 if hit else 1] += 1
-    out = []
-    for (b, cache, group), (h, m) in counts.items():
-        out.append({"t": rfc3339(b), "t_ns": b, "cache": cache, "group": group, "hits": h, "misses": m,
-                    "hit_rate": round(h / (h + m), 6)})
-    out.sort(key=lambda r: (r["t_ns"], *_group_sort_key(r)))
-    return out
+    return _rates_buckets(_counted(events), start_ns, step_minutes)
 
 
 def _cache_events(reader: StoreReader, window: Window, group_by: str | None, cache: str | None) -> list[tuple]:
@@ -831,18 +845,126 @@ def _cache_events(reader: StoreReader, window: Window, group_by: str | None, cac
     return [e for e in events if e[1] == cache] if cache else events
 
 
+def cache_rollup_cells(rows: Iterable[tuple], untagged_rows: Iterable[tuple], group_by: str | None,
+                       cache: str | None = None) -> dict[tuple[int, str, str | None], list[int]] | None:
+    """Pure: lookups per (minute, cache, group) as ``[hits, misses]`` from the ``cache``
+    rollup rows ``(minute, count, error_count, sum_ns, sketch, service, name, caller,
+    callee)`` and the ``cache_untagged`` rows ``(minute, count, error_count, sum_ns, sketch,
+    service, name, caller)`` of the same minutes (``settle_fast.cache_contributions``), or
+    None when they cannot give exactly what the raw spans give (then read those):
+
+    * ungrouped: each cache's TOTAL series (caller = callee = '');
+    * ``group_by`` = key: the key's tag series (callee = the value); the rest of the TOTAL
+      is the group None. Only when no lookup of the minutes has the key untagged (a
+      ``cache_untagged`` row naming the key, or "*": a value that is no tag, or a resource
+      attribute) and none went to the key's overflow series (more than
+      ``settle.CACHE_TAG_VALUES`` values): every group is then known exactly;
+    * ``cache.*`` keys are never tags: None;
+    * a (service, cache, minute) with tag rows but no TOTAL (settled before TOTAL series
+      existed), or with more tagged lookups than its TOTAL: None;
+    * no rows at all: None (the window may hold lookups settled before TOTAL series
+      existed, without tags; the raw read is cheap when there are none).
+    """
+    if group_by is not None and (not valid_group_by(group_by) or group_by.startswith("cache.")):
+        return None
+    totals: dict[tuple[int, str, str], list[int]] = {}  # (minute, service, cache) -> [count, errors]
+    tagged: dict[tuple[int, str, str], list[int]] = {}
+    values: dict[tuple[int, str, str | None], list[int]] = {}  # (minute, cache, value) -> [count, errors]
+    seen: set[tuple[int, str, str]] = set()
+    any_rows = False
+    for minute, count, errors, _sum, _sketch, service, name, caller, callee in rows:
+        if count <= 0 or (cache is not None and name != cache):
+            continue
+        any_rows = True
+        cell = (minute, service, name)
+        seen.add(cell)
+        if caller == "" and callee == "":
+            t = totals.setdefault(cell, [0, 0])
+            t[0] += count
+            t[1] += errors
+        elif group_by is not None and caller == group_by:
+            if callee == "":
+                return None  # the key overflowed its value cap: values unknown
+            t = tagged.setdefault(cell, [0, 0])
+            t[0] += count
+            t[1] += errors
+            v = values.setdefault((minute, name, callee), [0, 0])
+            v[0] += count
+            v[1] += errors
+    if not any_rows or any(cell not in totals for cell in seen):
+        return None
+    if group_by is not None:
+        parsed: dict[str, bool] = {}
+        for _minute, count, _errors, _sum, _sketch, _service, name, caller in untagged_rows:
+            if count <= 0 or (cache is not None and name != cache):
+                continue
+            names_key = parsed.get(caller)
+            if names_key is None:
+                try:
+                    keys = _orjson.loads(caller) if caller != "*" else None
+                except _orjson.JSONDecodeError:
+                    keys = None
+                names_key = parsed[caller] = not isinstance(keys, list) or group_by in keys
+            if names_key:
+                return None  # some lookups have the key as no tag shows it
+    out: dict[tuple[int, str, str | None], list[int]] = {}
+    for (minute, service, name), (count, errors) in totals.items():
+        got = tagged.get((minute, service, name), (0, 0))
+        rest, rest_err = count - got[0], errors - got[1]
+        if rest < 0 or rest_err < 0 or rest - rest_err < 0:
+            return None
+        if rest:
+            o = out.setdefault((minute, name, None), [0, 0])
+            o[0] += rest - rest_err
+            o[1] += rest_err
+    for key, (count, errors) in values.items():
+        o = out.setdefault(key, [0, 0])
+        o[0] += count - errors
+        o[1] += errors
+    return out
+
+
+def _cache_lookups(reader: StoreReader, window: Window, group_by: str | None, cache: str | None,
+                   rollups: bool) -> list[tuple[int, str, str | None, int, int]]:
+    """The window's lookups as ``(t_ns, cache, group, hits, misses)``: its whole minutes from
+    the rollups when ``cache_rollup_cells`` can answer them, the ragged edges (and
+    everything otherwise) from the raw spans."""
+    m0, m1 = -(-window.start_ns // _NS_MIN), window.end_ns // _NS_MIN
+    if rollups and m1 > m0:
+        with reader.engine.connect() as conn:
+            kept_from = reader._minutes_kept_from(conn)  # minute rollups older than this are pruned
+        if kept_from is None or m0 >= kept_from:
+            lo, hi = m0 * _NS_MIN, m1 * _NS_MIN
+            rows = reader.rollup_rows("cache", lo, hi, ("service", "name", "caller", "callee"))
+            untagged = (reader.rollup_rows(CACHE_UNTAGGED_KIND, lo, hi, ("service", "name", "caller"))
+                        if group_by is not None else ())
+            cells = cache_rollup_cells(rows, untagged, group_by, cache)
+            if cells is not None:
+                out = [(m * _NS_MIN, name, group, h, mi) for (m, name, group), (h, mi) in cells.items()]
+                for a, b in ((window.start_ns, lo), (hi, window.end_ns)):
+                    if b > a:
+                        out.extend(_counted(_cache_events(reader, Window(a, b), group_by, cache)))
+                return out
+    return list(_counted(_cache_events(reader, window, group_by, cache)))
+
+
 def cache_rates(reader: StoreReader, window: Window, group_by: str | None = None,
-                cache: str | None = None) -> list[dict]:
+                cache: str | None = None, *, rollups: bool = True) -> list[dict]:
     """Hit rate per cache (``cache.name``) and value of the span attribute ``group_by``
-    (``cache.hit``: hits, misses) over the window, from the raw spans carrying
-    ``cache.name`` (window and key filtered in SQL; only those spans' attributes are parsed)."""
-    return cache_table(_cache_events(reader, window, group_by, cache))
+    (``cache.hit``: hits, misses) over the window.
+
+    From the ``cache`` rollups of the window's whole minutes where they give exactly the
+    raw spans' answer (``cache_rollup_cells``; the partial minutes at the edges from raw
+    spans), else (``rollups=False`` too) from the raw spans carrying ``cache.name`` (window
+    and key filtered in SQL; only those spans' attributes are parsed; at most
+    ``CACHE_MAX_SPANS``, newest first). Rollups hold settled traces, as every rollup view."""
+    return _rates_table(_cache_lookups(reader, window, group_by, cache, rollups))
 
 
 def cache_series(reader: StoreReader, window: Window, group_by: str | None = None, cache: str | None = None,
-                 step_minutes: int = 1) -> list[dict]:
-    """Hit rate per cache and group over time (``step_minutes`` buckets)."""
-    return cache_buckets(_cache_events(reader, window, group_by, cache), window.start_ns, step_minutes)
+                 step_minutes: int = 1, *, rollups: bool = True) -> list[dict]:
+    """Hit rate per cache and group over time (``step_minutes`` buckets), read as ``cache_rates``."""
+    return _rates_buckets(_cache_lookups(reader, window, group_by, cache, rollups), window.start_ns, step_minutes)
 
 
 # -- triage compare --------------------------------------------------------------------

@@ -16,7 +16,9 @@ Contributions, each one histogram entry in one (series, minute):
 * ``cache``, ``batch``, ``cuda``, ``sync``, ``inst``: the span conventions the anomaly
   detectors need (cache lookups per tag, batch sizes, CUDA Graph fallbacks, encoder spread
   before fusion, requests per instance), see ``settle_fast``; a cache tag key gets series
-  for at most ``CACHE_TAG_VALUES`` values, later values share its overflow series (value '')
+  for at most ``CACHE_TAG_VALUES`` values, later values share its overflow series (value ''),
+  and every lookup also counts in its cache's TOTAL series (tag key and value '');
+  ``cache_untagged`` marks lookups the cache page could group by a key no tag shows
 
 Several settlers may run (one per ingest process): on PostgreSQL each claims trace rows
 with ``FOR UPDATE SKIP LOCKED``; SQLite serialises them with ``BEGIN IMMEDIATE``.
@@ -188,7 +190,7 @@ def _convention_contributions(spans: list[SpanRecord]) -> list[tuple[tuple[str, 
     for s in spans:
         if s.attributes:
             out.extend(convention_contributions(s.service, s.name, s.start_ns, max(s.end_ns - s.start_ns, 0),
-                                                s.attributes))
+                                                s.attributes, s.resource))
     ordered = sorted(spans, key=lambda s: (s.start_ns, s.span_id))
     servers = [s for s in ordered if s.kind in (KIND_SERVER, KIND_CONSUMER)]
     fusion = [s for s in servers if s.stage == "fusion"]
@@ -321,13 +323,15 @@ def load_trace_rows(conn: Connection, trace_ids: Sequence[str]) -> list[tuple]:
     # Attributes matter only on roots, CLIENT spans, spans naming an input type and cache
     # lookups; the database filters them so most rows never build a Python string for them,
     # and extracts batch.size and gpu.cuda_graph itself (no JSON parsing in Python).
+    is_cache = contains_text(conn, Span.attributes, '"cache.name"')
     wanted = or_(Span.parent_span_id.is_(None), Span.parent_span_id == "", Span.kind == KIND_CLIENT,
-                 *[contains_text(conn, Span.attributes, needle) for needle in ("mm.input_type", '"cache.name"')])
+                 contains_text(conn, Span.attributes, "mm.input_type"), is_cache)
     attrs = case((wanted, Span.attributes), else_=literal(""))
     cols = (Span.trace_id, Span.span_id, Span.parent_span_id, Span.service, Span.name, Span.kind,
             Span.stage, Span.start_ns, Span.duration_ns, Span.status, attrs, Span.instance,
             json_member(conn, Span.attributes, "batch.size", scalar_types=True),
-            json_member(conn, Span.attributes, "gpu.cuda_graph"))
+            json_member(conn, Span.attributes, "gpu.cuda_graph"),
+            case((is_cache, Span.resource), else_=literal("")))  # cache lookups' groups (cache_untagged)
     rows: list[tuple] = []
     for i in range(0, len(trace_ids), 500):
         chunk = trace_ids[i : i + 500]
@@ -355,7 +359,8 @@ def _cap_cache_tags(conn: Connection, summary, used_keys: list[int], registry: S
     ``CACHE_TAG_VALUES`` values; contributions of later values go to its overflow series
     (value ''), so a high-cardinality attribute (a user id) costs one series, and the
     detectors see that the key is not a bounded tag. Only keys not cached by the registry
-    are looked up (new ones), one query per tag key."""
+    are looked up (new ones), one query per tag key. A cache's TOTAL series (caller and
+    callee '') and the ``cache_untagged`` series are no tag values: never capped."""
     new = [k for k in used_keys if summary.keys[k][0] == "cache" and summary.keys[k][6]
            and not registry.known(summary.keys[k])]
     if not new:

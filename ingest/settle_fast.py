@@ -9,6 +9,8 @@ agree on random traces.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -24,15 +26,29 @@ NS_PER_MINUTE = 60_000_000_000
 # Row layout handed in by the loader. BATCH and GRAPH are ``batch.size`` and
 # ``gpu.cuda_graph`` as the database extracts them (``convention_columns`` says what they
 # hold), so spans that carry only those never have their attributes parsed in Python.
-TID, SID, PARENT, SERVICE, NAME, KIND, STAGE, START, DUR, STATUS, ATTRS, INSTANCE, BATCH, GRAPH = range(14)
+# RESOURCE is the resource JSON of cache lookups (spans mentioning ``"cache.name"``), ''
+# for the others.
+TID, SID, PARENT, SERVICE, NAME, KIND, STAGE, START, DUR, STATUS, ATTRS, INSTANCE, BATCH, GRAPH, RESOURCE = range(15)
 
 # Convention rollups (DESIGN.md "Span conventions"), what the attribute-based detectors read:
 #
 # * ``cache`` (service, name = cache.name, caller = tag key, callee = tag value): a lookup
-#   per tag of a span carrying ``cache.name``; its duration; error = a miss (``cache.hit``
-#   not true). Tags: string attributes outside ``cache.*``, non-empty, at most
-#   CACHE_TAG_MAX_LEN characters, the first CACHE_MAX_TAGS keys in order (the settler also
-#   caps the values a tag key gets series for: ``settle.CACHE_TAG_VALUES``).
+#   per tag of a span carrying ``cache.name`` and a ``cache.hit`` that says hit or miss
+#   (``cache_hit_value``, the cache page's rule; other spans are no lookups); its duration;
+#   error = a miss. Tags: string attributes outside ``cache.*`` with a non-empty key, a
+#   non-empty value of at most CACHE_TAG_MAX_LEN characters, the first CACHE_MAX_TAGS keys
+#   in key order (the settler also caps the values a tag key gets series for:
+#   ``settle.CACHE_TAG_VALUES``; later values share the key's overflow series, callee '').
+#   Plus one TOTAL entry per lookup (caller '' and callee ''), so hit rates per cache come
+#   from rollups too (``queries.cache_rates``).
+# * ``cache_untagged`` (service, name = cache.name, caller = JSON list of keys): a lookup
+#   per span above that the cache page would put in a group (``group_by`` = one of those
+#   keys) no tag series shows: a span attribute with a value that is no tag (a number, a
+#   boolean, '', a long string, past the first CACHE_MAX_TAGS) or, where the span lacks the
+#   key, a resource attribute. Only keys a breakdown can name (``CACHE_GROUP_KEY``, outside
+#   ``cache.*``); "*" when the list would be longer than CACHE_UNTAGGED_MAX_LEN. The cache
+#   page answers ``group_by`` = key from the ``cache`` rollups only when no such lookup is in
+#   the window, so its answers are exactly the raw spans' (the detectors never read it).
 # * ``batch`` (service): a span carrying a numeric ``batch.size``; the size; error = size 1.
 # * ``cuda`` (service, name, callee = fallback | captured): a span carrying
 #   ``gpu.cuda_graph``; its duration; error = a fallback.
@@ -44,7 +60,29 @@ TID, SID, PARENT, SERVICE, NAME, KIND, STAGE, START, DUR, STATUS, ATTRS, INSTANC
 CONVENTION_KEYS = ("cache.name", "batch.size", "gpu.cuda_graph")
 CACHE_MAX_TAGS = 8
 CACHE_TAG_MAX_LEN = 64
+CACHE_UNTAGGED_KIND = "cache_untagged"
+CACHE_UNTAGGED_MAX_LEN = 2048
+# An attribute key a cache breakdown can group by (``queries.valid_group_by``): 1-128
+# letters, digits and ``_ . : / -`` (OpenTelemetry keys and label names), whole string.
+CACHE_GROUP_KEY = re.compile(r"[A-Za-z0-9_.:/\-]{1,128}")
 MAX_BATCH_SIZE = 1 << 40
+
+
+def cache_hit_value(value) -> bool | None:
+    """``cache.hit`` as sent: a boolean, or a string/number from sources without booleans
+    (Cloud Trace labels). None when it says neither hit nor miss (such a span is no lookup,
+    on the cache page and in the rollups alike)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return value != 0 if math.isfinite(value) else None
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in ("true", "1", "hit", "yes"):
+            return True
+        if v in ("false", "0", "miss", "no"):
+            return False
+    return None
 
 
 def _batch_size(value) -> float | None:
@@ -71,25 +109,47 @@ def convention_columns(attrs: dict) -> tuple:
     return size, attrs.get("gpu.cuda_graph")
 
 
-def cache_contributions(service: str, start_ns: int, duration_ns: int,
-                        attrs: dict) -> list[tuple[tuple[str, ...], int, int, int]]:
-    """Pure: the ``cache`` contributions of one span, as (series key, minute, value, error)."""
+def _groupable(value) -> bool:
+    """A value the cache page turns into a group (not None, not an object or a list)."""
+    return value is not None and not isinstance(value, (dict, list))
+
+
+def cache_contributions(service: str, start_ns: int, duration_ns: int, attrs: dict,
+                        resource: dict | None = None) -> list[tuple[tuple[str, ...], int, int, int]]:
+    """Pure: the ``cache`` and ``cache_untagged`` contributions of one span (its resource
+    attributes: ``resource``), as (series key, minute, value, error)."""
     cache = attrs.get("cache.name")
     if cache is None or isinstance(cache, (dict, list)):
         return []
+    hit = cache_hit_value(attrs.get("cache.hit"))
+    if hit is None:
+        return []
     minute = start_ns // NS_PER_MINUTE
-    miss = int(not bool(attrs.get("cache.hit")))
+    miss = int(not hit)
+    name = str(cache)
     tags = sorted((k, v) for k, v in attrs.items()
-                  if isinstance(v, str) and v and len(v) <= CACHE_TAG_MAX_LEN and not k.startswith("cache."))
-    return [(("cache", service, str(cache), "", "", k, v), minute, duration_ns, miss)
-            for k, v in tags[:CACHE_MAX_TAGS]]
+                  if isinstance(v, str) and v and k and len(v) <= CACHE_TAG_MAX_LEN and not k.startswith("cache."))
+    del tags[CACHE_MAX_TAGS:]
+    out = [(("cache", service, name, "", "", "", ""), minute, duration_ns, miss)]
+    out.extend((("cache", service, name, "", "", k, v), minute, duration_ns, miss) for k, v in tags)
+    tagged = {k for k, _ in tags}
+    untagged = {k for k, v in attrs.items() if k not in tagged and _groupable(v) and not k.startswith("cache.")
+                and CACHE_GROUP_KEY.fullmatch(k)}
+    if resource:
+        untagged.update(k for k, v in resource.items() if attrs.get(k) is None and _groupable(v)
+                        and not k.startswith("cache.") and CACHE_GROUP_KEY.fullmatch(k))
+    if untagged:
+        keys = orjson.dumps(sorted(untagged)).decode()
+        out.append(((CACHE_UNTAGGED_KIND, service, name, "", "", keys if len(keys) <= CACHE_UNTAGGED_MAX_LEN else "*",
+                     ""), minute, duration_ns, miss))
+    return out
 
 
 def convention_contributions(service: str, name: str, start_ns: int, duration_ns: int,
-                             attrs: dict) -> list[tuple[tuple[str, ...], int, int, int]]:
-    """Pure: the ``cache``/``batch``/``cuda`` contributions of one span, as (series key,
-    minute, value, error)."""
-    out = cache_contributions(service, start_ns, duration_ns, attrs)
+                             attrs: dict, resource: dict | None = None) -> list[tuple[tuple[str, ...], int, int, int]]:
+    """Pure: the ``cache``/``cache_untagged``/``batch``/``cuda`` contributions of one span,
+    as (series key, minute, value, error)."""
+    out = cache_contributions(service, start_ns, duration_ns, attrs, resource)
     minute = start_ns // NS_PER_MINUTE
     get = attrs.get
     size = _batch_size(get("batch.size"))
@@ -147,7 +207,7 @@ def _union_lengths(group: np.ndarray, s: np.ndarray, e: np.ndarray, n_groups: in
 def summarize_rows(rows: Sequence[tuple]) -> BatchSummary:
     """Summaries of every trace in ``rows`` (spans of whole traces, unique span ids)."""
     n = len(rows)
-    cols = list(zip(*rows)) if n else [()] * 14
+    cols = list(zip(*rows)) if n else [()] * 15
     t_codes, t_uniques = pd.factorize(pd.Series(cols[TID], dtype=object), sort=False)
     n_tr = len(t_uniques)
     t_codes = t_codes.astype(np.int64)
@@ -325,11 +385,15 @@ def summarize_rows(rows: Sequence[tuple]) -> BatchSummary:
         parts_e.append(np.zeros(len(cells), dtype=np.int64))
 
     # Convention rollups. cache: per span carrying ``cache.name`` (its string attributes are
-    # the tags, so those spans are parsed); batch and cuda: from the extracted columns.
+    # the tags, so those spans are parsed, and their resource); batch and cuda: from the
+    # extracted columns.
     needle = _CACHE_NEEDLE
     conv_t, conv_k, conv_m, conv_v, conv_e = [], [], [], [], []
     for i in [i for i, raw in enumerate(cols[ATTRS]) if raw and needle in raw]:
-        for key, minute, value, err in cache_contributions(services[i], int(start[i]), int(dur[i]), attrs(i)):
+        res_raw = rows[i][RESOURCE]
+        res = orjson.loads(res_raw) if res_raw and res_raw != "{}" else None
+        for key, minute, value, err in cache_contributions(services[i], int(start[i]), int(dur[i]), attrs(i),
+                                                           res if isinstance(res, dict) else None):
             conv_t.append(int(t_codes[i]))
             conv_k.append(key_id(key))
             conv_m.append(minute)

@@ -73,7 +73,10 @@ def test_settle_writes_the_convention_rollups_and_a_late_span_corrects_them(engi
     cache = convention_rows(engine, "cache")
     assert cache == {("front", "kv", "tier", "gold", T0): (1, 0, 2 * MS),
                      ("front", "kv", "tier", "free", T0): (1, 1, 2 * MS),
-                     ("front", "kv", "tier", "free", T0 + 1): (1, 0, 2 * MS)}
+                     ("front", "kv", "tier", "free", T0 + 1): (1, 0, 2 * MS),
+                     # the cache's TOTAL series: every lookup once
+                     ("front", "kv", "", "", T0): (2, 1, 4 * MS),
+                     ("front", "kv", "", "", T0 + 1): (1, 0, 2 * MS)}
     assert convention_rows(engine, "batch") == {("gpu", "", "", "", T0): (2, 1, 5),
                                                ("gpu", "", "", "", T0 + 1): (1, 0, 8)}
     assert convention_rows(engine, "cuda") == {("gpu", "Generate", "", "fallback", T0): (1, 1, 100 * MS),
@@ -94,6 +97,7 @@ def test_settle_writes_the_convention_rollups_and_a_late_span_corrects_them(engi
     cache = convention_rows(engine, "cache")
     assert cache[("front", "kv", "tier", "gold", T0)] == (2, 1, 4 * MS)
     assert cache[("front", "kv", "tier", "free", T0)] == (1, 1, 2 * MS)
+    assert cache[("front", "kv", "", "", T0)] == (3, 2, 6 * MS)
     assert convention_rows(engine, "sync")[("fuse", "", "", "", T0)] == (2, 0, 80 * MS + 70 * MS)
     assert convention_rows(engine, "batch")[("gpu", "", "", "", T0)] == (2, 1, 5)
 

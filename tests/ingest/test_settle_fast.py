@@ -51,9 +51,11 @@ def random_trace(rng: random.Random, tid: str) -> list[SpanRecord]:
         if rng.random() < 0.2:
             attrs["cache.name"] = rng.choice(["kv", "prefix", 7])
             if rng.random() < 0.8:
-                attrs["cache.hit"] = rng.choice([True, False, "true", None])
-            for key in rng.sample(["user_tier", "region", "db.system", "cache.key", "n", "long"], rng.randint(0, 4)):
-                attrs[key] = rng.choice(["a", "b", "", 3, "x" * 80]) if key != "n" else rng.randint(0, 9)
+                attrs["cache.hit"] = rng.choice([True, False, "true", "false", "MISS", 0, 1, 0.0, "maybe", None])
+            for key in rng.sample(["user_tier", "region", "db.system", "cache.key", "n", "long", "", "bad key",
+                                   "t1", "t2", "t3", "t4", "t5", "t6", "t7"], rng.randint(0, 11)):
+                attrs[key] = rng.choice(["a", "b", "", 3, "x" * 80, True, None, {"o": 1}]) if key != "n" \
+                    else rng.randint(0, 9)
         if rng.random() < 0.2:
             attrs["batch.size"] = rng.choice([1, 1, 4, 2.5, "8", "x", True, 0, -3])
         if rng.random() < 0.2:
@@ -62,6 +64,9 @@ def random_trace(rng: random.Random, tid: str) -> list[SpanRecord]:
         if kind == 3 and rng.random() < 0.5:
             attrs[rng.choice(["peer.service", "server.address", "net.peer.name"])] = rng.choice(SERVICES + [""])
         resource = {"service.instance.id": rng.choice(INSTANCES)} if rng.random() < 0.8 else {}
+        if rng.random() < 0.3:  # resource attributes a cache breakdown could group by, in odd shapes
+            for key in rng.sample(["user_tier", "region", "host.name", "cache.zone", "bad key"], rng.randint(1, 3)):
+                resource[key] = rng.choice(["r", "", 5, None, [1]])
         spans.append(SpanRecord(tid, sid, parent, rng.choice(SERVICES), rng.choice(NAMES), kind, start,
                                 start + dur, rng.choice([0, 0, 1, 2]), attributes=attrs, resource=resource,
                                 stage=rng.choice(STAGES)))
@@ -71,10 +76,15 @@ def random_trace(rng: random.Random, tid: str) -> list[SpanRecord]:
 
 
 def as_rows(spans):
-    return [(s.trace_id, s.span_id, s.parent_span_id, s.service, s.name, s.kind, s.stage, s.start_ns,
-             s.end_ns - s.start_ns, s.status, orjson.dumps(s.attributes).decode() if s.attributes else "{}",
-             s.resource.get("service.instance.id"), *convention_columns(s.attributes))
-            for s in spans]
+    """Rows as ``load_trace_rows`` gives them (the resource only on cache lookups)."""
+    out = []
+    for s in spans:
+        attrs = orjson.dumps(s.attributes).decode() if s.attributes else "{}"
+        out.append((s.trace_id, s.span_id, s.parent_span_id, s.service, s.name, s.kind, s.stage, s.start_ns,
+                    s.end_ns - s.start_ns, s.status, attrs, s.resource.get("service.instance.id"),
+                    *convention_columns(s.attributes),
+                    orjson.dumps(s.resource).decode() if '"cache.name"' in attrs else ""))
+    return out
 
 
 @settings(max_examples=60, deadline=None)
@@ -135,3 +145,55 @@ def test_database_extracts_convention_columns_like_python(engine):
         assert (np.isnan(got_size) and np.isnan(want_size)) or got_size == want_size, (r[1], r[BATCH], want_b)
         assert (r[GRAPH] is None) == (want_g is None), (r[GRAPH], want_g)
         assert (r[GRAPH] == "fallback") == (want_g == "fallback"), (r[GRAPH], want_g)
+
+
+# -- cache lookups: the TOTAL series, the hit rule, the cache_untagged marker ------------
+def test_cache_contributions_total_tags_hit_rule_and_untagged_keys():
+    from modalscope.ingest.settle_fast import CACHE_MAX_TAGS, CACHE_UNTAGGED_KIND, cache_contributions
+
+    t, minute = 1_700_000_000_000_000_000, 1_700_000_000_000_000_000 // 60_000_000_000
+    attrs = {"cache.name": "kv", "cache.hit": "false", "user_tier": "gold", "n": 3, "empty": "", "flag": True,
+             "long": "x" * 65, "obj": {"a": 1}, "nul": None, "": "emptykey", "bad key": 1.5, "cache.key": "k"}
+    got = cache_contributions("svc", t, 5, attrs, {"region": "eu", "user_tier": "res", "nul": "r", "host": [1]})
+    keys = [c[0] for c in got]
+    assert keys[0] == ("cache", "svc", "kv", "", "", "", "")  # the TOTAL series
+    assert ("cache", "svc", "kv", "", "", "user_tier", "gold") in keys
+    assert all(c[1:] == (minute, 5, 1) for c in got)  # "false" is a miss (the cache page's rule)
+    assert not any(k[5] == "" and k[6] for k in keys if k[0] == "cache")  # an empty key is no tag
+    (marker,) = [k for k in keys if k[0] == CACHE_UNTAGGED_KIND]
+    # numbers, booleans, '', too long; a resource key where the span lacks the key (or has null)
+    assert orjson.loads(marker[5]) == ["empty", "flag", "long", "n", "nul", "region"]
+    # the hit rule: values saying neither hit nor miss make no lookup at all
+    for hit, miss in ((True, 0), ("TRUE", 0), ("hit", 0), (1, 0), (2.5, 0), (False, 1), ("no", 1), (0, 1)):
+        assert cache_contributions("svc", t, 5, {"cache.name": "kv", "cache.hit": hit})[0][3] == miss, hit
+    for hit in (None, "maybe", "", [True], float("nan")):
+        assert cache_contributions("svc", t, 5, {"cache.name": "kv", "cache.hit": hit}) == [], hit
+    assert cache_contributions("svc", t, 5, {"cache.name": {"x": 1}, "cache.hit": True}) == []
+    # past the first CACHE_MAX_TAGS string tags (key order): no tag, so the key is marked
+    many = {"cache.name": "kv", "cache.hit": True, **{f"t{i:02d}": "v" for i in range(CACHE_MAX_TAGS + 2)}}
+    got = cache_contributions("svc", t, 5, many)
+    assert [k[5] for k, *_ in got if k[0] == "cache"] == [""] + [f"t{i:02d}" for i in range(CACHE_MAX_TAGS)]
+    assert orjson.loads(got[-1][0][5]) == [f"t{i:02d}" for i in range(CACHE_MAX_TAGS, CACHE_MAX_TAGS + 2)]
+    # fully tagged lookups without resource keys carry no marker; a huge key list becomes "*"
+    assert [k[0] for k, *_ in cache_contributions("svc", t, 5, {"cache.name": "kv", "cache.hit": 1, "a": "b"})] == [
+        "cache", "cache"]
+    huge = {"cache.name": "kv", "cache.hit": 1, **{f"k{i:04d}": i for i in range(400)}}
+    assert cache_contributions("svc", t, 5, huge)[-1][0][5] == "*"
+
+
+def test_loader_gives_the_resource_of_cache_lookups_only(engine):
+    from modalscope.ingest.settle import load_trace_rows
+    from modalscope.ingest.settle_fast import RESOURCE
+    from modalscope.ingest.writer import write_spans
+
+    tid = "cd" * 16
+    res = {"service.name": "svc", "user_tier": "gold", "n": 3}
+    spans = [SpanRecord(tid, f"{i + 1:016x}", None if i == 0 else f"{1:016x}", "svc", "op", 1,
+                        1_700_000_000_000_000_000 + i, 1_700_000_000_000_000_100 + i, 0, attributes=attrs,
+                        resource=res)
+             for i, attrs in enumerate([{"cache.name": "kv", "cache.hit": True}, {"other": "cache"}, {}])]
+    write_spans(engine, spans)
+    with engine.connect() as conn:
+        rows = {r[1]: r for r in load_trace_rows(conn, [tid])}
+    assert orjson.loads(rows[f"{1:016x}"][RESOURCE]) == res
+    assert rows[f"{2:016x}"][RESOURCE] == "" and rows[f"{3:016x}"][RESOURCE] == ""

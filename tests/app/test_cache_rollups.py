@@ -1,0 +1,205 @@
+"""The cache page's hit rates from the ``cache`` rollups (TOTAL and tag series) equal the
+raw spans' answers, and the raw path is taken wherever the rollups cannot know a group
+(an overflowed key, numbers, '', long values, a key past the first tags, resource
+attributes, ``cache.*`` keys, data settled before TOTAL series existed, pruned minute
+rollups). Every test runs on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from sqlalchemy import delete, select
+
+from modalscope.app import queries
+from modalscope.app.params import Window
+from modalscope.ingest.records import SpanRecord
+from modalscope.ingest.settle import CACHE_TAG_VALUES, settle
+from modalscope.ingest.settle_fast import CACHE_MAX_TAGS
+from modalscope.ingest.writer import write_spans
+from modalscope.models import MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, Rollup, Series
+from modalscope.models.reader import StoreReader
+
+MIN = 60_000_000_000
+MS = 1_000_000
+T0 = 29_000_000 * MIN  # a whole minute (and hour)
+MINUTES = 12
+
+HITS = [True, False, "false", "TRUE", 0, 1, "miss", "hit", 2.5, "maybe", None]  # last two: no lookup
+
+
+def _span(rng: random.Random, i: int, t: int, service: str, attrs: dict, resource: dict | None = None) -> SpanRecord:
+    res = {"service.name": service, "service.instance.id": f"{service}-1", **(resource or {})}
+    return SpanRecord(f"{i:032x}", f"{rng.getrandbits(63) | 1:016x}", None, service, "cache.get", 3, t,
+                      t + rng.randrange(1, 5_000) * MS, 0, attributes=attrs, resource=res)
+
+
+def cache_spans(seed: int = 3) -> list[SpanRecord]:
+    """Several caches and services; tag keys on some lookups only; an overflowed key; keys
+    with numbers, '', long values, past the first CACHE_MAX_TAGS tags, in the resource,
+    mixed span / resource; odd ``cache.hit`` values; spans that are no cache lookups."""
+    rng = random.Random(seed)
+    spans, i = [], 0
+    for m in range(MINUTES):
+        for _ in range(24):
+            i += 1
+            t = T0 + m * MIN + rng.randrange(MIN)
+            hit = rng.choice(HITS) if rng.random() < 0.3 else rng.random() < (0.3 if m in (5, 6) else 0.8)
+            attrs = {"cache.name": "kv", "cache.hit": hit, "db.system": "redis"}
+            if rng.random() < 0.85:  # some lookups lack the tag: the group None
+                attrs["user_tier"] = rng.choice(["gold", "silver", "bronze"])
+            if rng.random() < 0.5:
+                attrs["region"] = rng.choice(["eu", "us"])
+            attrs["user"] = f"u{rng.randrange(CACHE_TAG_VALUES + 12):03d}"  # overflows its value cap
+            attrs["shard"] = rng.choice(["a", "b", 3])  # sometimes a number
+            attrs["env"] = rng.choice(["prod", "prod", ""])  # sometimes empty
+            attrs["blob"] = rng.choice(["short", "x" * 80])  # sometimes too long for a tag
+            resource = {"host.name": f"node-{rng.randrange(3)}"}  # a resource attribute only
+            if rng.random() < 0.5:
+                attrs["zone"] = "z1"
+            else:
+                resource["zone"] = "z2"  # the same key from the resource where the span lacks it
+            spans.append(_span(rng, i, t, "front", attrs, resource))
+        for _ in range(10):
+            i += 1
+            t = T0 + m * MIN + rng.randrange(MIN)
+            service = rng.choice(["llm", "front"])
+            attrs = {"cache.name": "prefix", "cache.hit": rng.choice(HITS) if rng.random() < 0.2 else
+                     rng.random() < 0.5, "model": rng.choice(["small", "large"])}
+            if rng.random() < 0.4:  # more string tags than a lookup keeps: t8 then past the cut
+                attrs.update({f"t{j}": "v" for j in range(CACHE_MAX_TAGS + 1)})
+            elif rng.random() < 0.5:
+                attrs["t8"] = "w"
+            spans.append(_span(rng, i, t, service, attrs))
+        for _ in range(5):
+            i += 1
+            spans.append(_span(rng, i, T0 + m * MIN + rng.randrange(MIN), "front", {"http.route": "/x"}))
+    return spans
+
+
+@pytest.fixture
+def store(engine):
+    write_spans(engine, cache_spans())
+    settle(engine, force=True)
+    return StoreReader(engine)
+
+
+ALIGNED = Window(T0, T0 + MINUTES * MIN)
+RAGGED = Window(T0 + 17 * 1_000_000_000, T0 + (MINUTES - 2) * MIN + 5_123_456_789)
+SHORT = Window(T0 + 3 * MIN + 5_000_000_000, T0 + 3 * MIN + 50_000_000_000)
+
+# (group_by, cache) answered from the rollups: every group known from tag series.
+FROM_ROLLUPS = [(None, None), (None, "kv"), (None, "prefix"), ("user_tier", None), ("region", "kv"),
+                ("model", None), ("model", "prefix"), ("user", "prefix"), ("absent.key", None),
+                ("db.system", None)]
+# ... and read raw: values the tags do not show.
+FROM_RAW = [("user", None), ("user", "kv"), ("shard", None), ("env", None), ("blob", "kv"), ("host.name", None),
+            ("zone", None), ("zone", "kv"), ("t8", None), ("t8", "prefix"), ("service.instance.id", None),
+            ("cache.hit", None), ("cache.name", None)]
+
+
+class RawCalls:
+    def __init__(self, reader: StoreReader, monkeypatch) -> None:
+        self.windows: list[tuple[int, int]] = []
+        real = reader.cache_spans
+
+        def spy(start_ns, end_ns, limit=queries.CACHE_MAX_SPANS):
+            self.windows.append((start_ns, end_ns))
+            return real(start_ns, end_ns, limit=limit)
+
+        monkeypatch.setattr(reader, "cache_spans", spy)
+
+
+def _both(reader, window, group_by, cache, step=None):
+    if step is None:
+        return (queries.cache_rates(reader, window, group_by, cache),
+                queries.cache_rates(reader, window, group_by, cache, rollups=False))
+    return (queries.cache_series(reader, window, group_by, cache, step),
+            queries.cache_series(reader, window, group_by, cache, step, rollups=False))
+
+
+@pytest.mark.parametrize("window", [ALIGNED, RAGGED, SHORT], ids=["aligned", "ragged", "short"])
+def test_rollup_answers_equal_raw_answers(store, window):
+    for group_by, cache in FROM_ROLLUPS + FROM_RAW:
+        ours, raw = _both(store, window, group_by, cache)
+        assert ours == raw, (group_by, cache)
+        for step in (1, 5):
+            ours, raw = _both(store, window, group_by, cache, step)
+            assert ours == raw, (group_by, cache, step)
+    # the data has what the cases are about
+    rows = queries.cache_rates(store, ALIGNED, "user_tier", "kv", rollups=False)
+    assert {r["group"] for r in rows} == {"gold", "silver", "bronze", None}
+    assert sum(r["hits"] + r["misses"] for r in rows) < 24 * MINUTES  # "maybe" and None are no lookups
+    assert {r["group"] for r in queries.cache_rates(store, ALIGNED, "shard", "kv", rollups=False)} == {"a", "b", "3"}
+    assert {r["group"] for r in queries.cache_rates(store, ALIGNED, "zone", "kv", rollups=False)} == {"z1", "z2"}
+
+
+@pytest.mark.parametrize("group_by,cache", FROM_ROLLUPS)
+def test_rollups_answer_whole_minutes_and_raw_spans_only_the_edges(store, monkeypatch, group_by, cache):
+    calls = RawCalls(store, monkeypatch)
+    rows = queries.cache_rates(store, ALIGNED, group_by, cache)
+    assert rows and calls.windows == []  # nothing read raw
+    queries.cache_series(store, ALIGNED, group_by, cache, 3)
+    assert calls.windows == []
+    queries.cache_rates(store, RAGGED, group_by, cache)
+    assert calls.windows == [(RAGGED.start_ns, T0 + MIN), (T0 + (MINUTES - 2) * MIN, RAGGED.end_ns)]
+
+
+@pytest.mark.parametrize("group_by,cache", FROM_RAW)
+def test_groups_the_tags_do_not_show_are_read_raw(store, monkeypatch, group_by, cache):
+    calls = RawCalls(store, monkeypatch)
+    queries.cache_rates(store, ALIGNED, group_by, cache)
+    assert calls.windows == [(ALIGNED.start_ns, ALIGNED.end_ns)]
+
+
+def test_the_raw_answer_differs_where_the_fallback_is_taken(store):
+    """The fallback matters: the rollup cells alone would put these lookups in group None."""
+    lo, hi = ALIGNED.start_ns, ALIGNED.end_ns
+    rows = store.rollup_rows("cache", lo, hi, ("service", "name", "caller", "callee"))
+    for group_by in ("shard", "host.name", "zone", "t8", "env"):
+        naive = queries.cache_rollup_cells(rows, (), group_by)  # without the cache_untagged rows
+        assert naive is not None
+        raw = queries.cache_rates(store, ALIGNED, group_by, rollups=False)
+        assert queries._rates_table((m * MIN, c, g, h, mi) for (m, c, g), (h, mi) in naive.items()) != raw, group_by
+
+
+def test_lookups_settled_before_total_series_are_read_raw(store, monkeypatch):
+    """A store settled before the TOTAL series existed (tag rows only) answers from raw spans."""
+    with store.engine.begin() as conn:
+        ids = select(Series.id).where(Series.kind == "cache", Series.caller == "", Series.callee == "",
+                                      Series.name == "kv")
+        for model in (Rollup, HourlyRollup):
+            conn.execute(delete(model).where(model.series_id.in_(ids)))
+    calls = RawCalls(store, monkeypatch)
+    ours = queries.cache_rates(store, ALIGNED, None)
+    assert calls.windows == [(ALIGNED.start_ns, ALIGNED.end_ns)]
+    assert ours == queries.cache_rates(store, ALIGNED, None, rollups=False)
+    calls.windows.clear()
+    queries.cache_rates(store, ALIGNED, None, "prefix")  # that cache still has its TOTAL
+    assert calls.windows == []
+
+
+def test_pruned_minute_rollups_are_read_raw(store, monkeypatch):
+    with store.engine.begin() as conn:
+        conn.execute(Cursor.__table__.insert().values(name=MINUTE_BOUNDARY_CURSOR, position=T0 // MIN + 2,
+                                                      holder=None, lease_expires_ns=0))
+    calls = RawCalls(store, monkeypatch)
+    ours = queries.cache_rates(store, ALIGNED, "user_tier")
+    assert calls.windows == [(ALIGNED.start_ns, ALIGNED.end_ns)]
+    assert ours == queries.cache_rates(store, ALIGNED, "user_tier", rollups=False)
+    calls.windows.clear()
+    later = Window(T0 + 2 * MIN, ALIGNED.end_ns)
+    ours = queries.cache_rates(store, later, "user_tier")
+    assert calls.windows == []  # minute rollups kept from its first minute on
+    assert ours == queries.cache_rates(store, later, "user_tier", rollups=False)
+
+
+def test_empty_window_answers_nothing(store):
+    empty = Window(T0 - 30 * MIN, T0 - 10 * MIN)
+    assert queries.cache_rates(store, empty, "user_tier") == []
+    assert queries.cache_series(store, empty, None, None, 5) == []
+
+
+def test_group_by_is_a_whole_key():
+    assert queries.valid_group_by("user_tier") and not queries.valid_group_by("user_tier\n")
+    assert not queries.valid_group_by(None) and not queries.valid_group_by("")

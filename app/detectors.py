@@ -1014,11 +1014,15 @@ def cold_start_candidate(first: pd.DataFrame, steady: pd.DataFrame, th: Threshol
     instance's first minutes (``first``) against its service's next half hour
     (``steady``, all instances): worth reading raw spans when the median is at least half
     ``cold_factor`` x slower (minutes and mixed operations blur the exact rule)."""
-    hf = histogram_of(first["keys"], first["counts"])
-    hs = histogram_of(steady["keys"], steady["counts"])
-    if hf.count < th.min_events or hs.count < th.min_samples:
+    return cold_start_histograms_candidate(histogram_of(first["keys"], first["counts"]),
+                                           histogram_of(steady["keys"], steady["counts"]), th)
+
+
+def cold_start_histograms_candidate(first: sketch.Histogram, steady: sketch.Histogram, th: Thresholds) -> bool:
+    """``cold_start_candidate`` on the two merged histograms."""
+    if first.count < th.min_events or steady.count < th.min_samples:
         return False
-    return hf.quantile(0.5) >= 0.5 * th.cold_factor * hs.quantile(0.5)
+    return first.quantile(0.5) >= 0.5 * th.cold_factor * steady.quantile(0.5)
 
 
 def detect_cold_start(frames: Frames, th: Thresholds) -> list[dict]:

@@ -41,14 +41,6 @@ class ImportReport:
                 f"from {self.requests} requests in {self.files} files; {len(self.skipped)} skipped")
 
 
-def _open(path: str):
-    with open(path, "rb") as fh:
-        magic = fh.read(2)
-    if magic == b"\x1f\x8b":
-        return gzip.open(path, "rb")
-    return open(path, "rb")
-
-
 def _is_json(line: bytes) -> bool:
     try:
         json.loads(line)
@@ -57,28 +49,39 @@ def _is_json(line: bytes) -> bool:
     return True
 
 
-def iter_requests(path: str) -> Iterator[tuple[int, bytes | None, str]]:
-    """Yield (line number, payload, format) for each request in a file.
+def iter_requests(path: str) -> Iterator[tuple[int, bytes | None, str, int]]:
+    """Yield (line number, payload, format, bytes of the file read so far) for each request.
 
     A file whose first non-blank byte is ``{`` is JSON: one object (possibly spread over
-    many lines) or JSON lines. Anything else is a single protobuf request.
+    many lines) or JSON lines, read a line at a time (a Collector's file can be larger than
+    memory). Anything else is a single protobuf request. ``.gz`` files are read through gzip
+    (the byte count is then of the compressed file).
     """
-    with _open(path) as fh:
-        data = fh.read()
-    stripped = data.lstrip()
-    if not stripped.startswith(b"{"):
-        yield 1, data, "protobuf"
-        return
-    lines = data.split(b"\n")
-    non_blank = [ln for ln in lines if ln.strip()]
-    # JSON lines when the first line is a complete object by itself; a pretty-printed
-    # single request's first line ("{") is not, so such a file is read whole.
-    if len(non_blank) > 1 and _is_json(non_blank[0]):
-        for i, ln in enumerate(lines, start=1):
-            if ln.strip():
-                yield i, ln, "json"
-        return
-    yield 1 + data[: len(data) - len(stripped)].count(b"\n"), data, "json"
+    with open(path, "rb") as raw:
+        gz = raw.read(2) == b"\x1f\x8b"
+        raw.seek(0)
+        fh = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+        head: list[bytes] = []
+        first = None
+        for line in fh:
+            head.append(line)
+            if line.strip():
+                first = line
+                break
+        first_no = len(head)
+        if first is None or not first.lstrip().startswith(b"{"):
+            yield 1, b"".join(head) + fh.read(), "protobuf", raw.tell()
+            return
+        # JSON lines when the first line is a complete object by itself; a pretty-printed
+        # single request's first line ("{") is not, so such a file is read whole.
+        if not _is_json(first):
+            yield first_no, b"".join(head) + fh.read(), "json", raw.tell()
+            return
+        del head
+        yield first_no, first, "json", raw.tell()
+        for line_no, line in enumerate(fh, start=first_no + 1):
+            if line.strip():
+                yield line_no, line, "json", raw.tell()
 
 
 def import_files(engine: Engine, paths: list[str], rules: StageRules,
@@ -100,8 +103,12 @@ def import_files(engine: Engine, paths: list[str], rules: StageRules,
             continue
         report.files += 1
         size = os.path.getsize(path)
+        done = 0  # bytes of this file reported to ``progress``
         try:
-            for line_no, payload, fmt in iter_requests(path):
+            for line_no, payload, fmt, read in iter_requests(path):
+                if progress is not None and read > done:
+                    progress(min(read, size) - done)
+                    done = min(read, size)
                 try:
                     result = decode_json(payload, source="import") if fmt == "json" else decode_protobuf(payload, source="import")
                 except DecodeError as exc:
@@ -123,8 +130,8 @@ def import_files(engine: Engine, paths: list[str], rules: StageRules,
             report.skipped.append(f"{path}:0: cannot read: {reason}")
             continue
         finally:
-            if progress is not None:
-                progress(size)
+            if progress is not None and size > done:
+                progress(size - done)
     flush()
     report.traces = len(trace_ids)
     if trace_ids:

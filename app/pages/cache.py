@@ -2,8 +2,10 @@
 time, each group's share of the lookups, and the table behind them.
 
 URL state: the window, ``group_by`` (any span attribute, e.g. ``user_tier``; default
-``user_tier``) and ``cache`` (one cache name, default all). Spans are read raw: only those
-carrying ``cache.name`` in the window (``queries.cache_rates``).
+``user_tier``) and ``cache`` (one cache name, default all). Answered from the settled
+``cache`` rollups when they give exactly what the raw spans would (whole minutes; a tag key
+with every value tagged), else from the raw spans carrying ``cache.name`` in the window
+(``queries.cache_rates``).
 """
 
 from __future__ import annotations

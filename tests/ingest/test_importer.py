@@ -1,0 +1,59 @@
+"""`import_files` streams JSON lines: requests are read a line at a time, progress follows
+the bytes read, and .gz and plain files give the same store."""
+
+from __future__ import annotations
+
+import gzip
+import random
+import time
+
+from sqlalchemy import func, select
+
+from modalscope.ingest.importer import import_files, iter_requests
+from modalscope.models import Span
+from tests.factories import multimodal_trace, rules
+from tests.otlp_payloads import json_line
+
+MIN = 60_000_000_000
+
+
+def _lines(n: int) -> list[str]:
+    rng = random.Random(5)
+    base = (time.time_ns() // MIN - 30) * MIN
+    return [json_line(multimodal_trace(rng, base + i * 1_000_000_000)) for i in range(n)]
+
+
+def test_json_lines_are_streamed_with_progress(engine, tmp_path):
+    lines = _lines(40)
+    plain = tmp_path / "spans.jsonl"
+    plain.write_text("\n\n" + "\n".join(lines) + "\n")
+    got = list(iter_requests(str(plain)))
+    assert [g[0] for g in got] == list(range(3, 43))  # line numbers: two blank lines first
+    assert all(g[2] == "json" for g in got)
+    reads = [g[3] for g in got]
+    assert reads == sorted(reads) and reads[-1] == plain.stat().st_size
+
+    steps: list[int] = []
+    report = import_files(engine, [str(plain)], rules(), progress=steps.append)
+    assert report.requests == 40 and not report.skipped
+    assert sum(steps) == plain.stat().st_size
+    # buffered reads: progress moves during the file, not only once at its end
+    assert len(steps) >= 2, steps
+
+    packed = tmp_path / "spans.jsonl.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    steps.clear()
+    again = import_files(engine, [str(packed)], rules(), progress=steps.append)
+    assert again.requests == 40 and again.new_spans == 0
+    assert sum(steps) == packed.stat().st_size
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(Span)).scalar_one() == report.spans
+
+
+def test_a_single_line_request_and_an_empty_file(tmp_path):
+    one = tmp_path / "one.json"
+    one.write_text(_lines(1)[0])
+    assert [(g[0], g[2]) for g in iter_requests(str(one))] == [(1, "json")]
+    empty = tmp_path / "empty.pb"
+    empty.write_bytes(b"")
+    assert [(g[0], g[1], g[2]) for g in iter_requests(str(empty))] == [(1, b"", "protobuf")]

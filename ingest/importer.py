@@ -20,7 +20,7 @@ from sqlalchemy import Engine
 
 from .otlp import DecodeError, decode_json, decode_protobuf
 from .records import SpanRecord
-from .settle import settle
+from .settle import SettlerProcess, settle
 from .stages import StageRules
 from .writer import write_spans
 
@@ -84,9 +84,33 @@ def iter_requests(path: str) -> Iterator[tuple[int, bytes | None, str, int]]:
                 yield line_no, line, "json", raw.tell()
 
 
+# Files at least this large are settled while they are read, by a settler process on the
+# other core (as `modalscope ingest otlp` does); smaller ones settle at the end.
+BACKGROUND_SETTLE_BYTES = 16 << 20
+BACKGROUND_SETTLE_SECONDS = 2.0
+
+
 def import_files(engine: Engine, paths: list[str], rules: StageRules,
-                 progress: Callable[[int], None] | None = None) -> ImportReport:
-    """Import ``paths``; ``progress(bytes)`` is called as each file's requests are read."""
+                 progress: Callable[[int], None] | None = None,
+                 settle_in_background: bool | None = None) -> ImportReport:
+    """Import ``paths``; ``progress(bytes)`` is called as each file's requests are read.
+
+    ``settle_in_background``: settle traces idle ``BACKGROUND_SETTLE_SECONDS`` in a settler
+    process while importing (None: when the files add up to ``BACKGROUND_SETTLE_BYTES``).
+    Either way every imported trace is settled before this returns."""
+    if settle_in_background is None:
+        settle_in_background = sum(os.path.getsize(p) for p in paths if os.path.isfile(p)) >= BACKGROUND_SETTLE_BYTES
+    settler = None
+    if settle_in_background:
+        settler = SettlerProcess(engine.url.render_as_string(hide_password=False), BACKGROUND_SETTLE_SECONDS).start()
+    try:
+        return _import(engine, paths, rules, progress, settler)
+    finally:
+        if settler is not None:
+            settler.stop()
+
+
+def _import(engine: Engine, paths: list[str], rules: StageRules, progress, settler) -> ImportReport:
     report = ImportReport()
     pending: list[SpanRecord] = []
     trace_ids: set[str] = set()
@@ -134,6 +158,8 @@ def import_files(engine: Engine, paths: list[str], rules: StageRules,
                 progress(size - done)
     flush()
     report.traces = len(trace_ids)
+    if settler is not None:
+        settler.stop()  # its last pass done, the rest is settled here
     if trace_ids:
         settle(engine, trace_ids=sorted(trace_ids), force=True)
     return report

@@ -57,3 +57,32 @@ def test_a_single_line_request_and_an_empty_file(tmp_path):
     empty = tmp_path / "empty.pb"
     empty.write_bytes(b"")
     assert [(g[0], g[1], g[2]) for g in iter_requests(str(empty))] == [(1, b"", "protobuf")]
+
+
+def test_settling_in_background_gives_the_same_store(db_url, tmp_path, monkeypatch):
+    """A big import settles in a settler process while it reads: the store ends exactly as a
+    serial import leaves it (every trace settled, the same rollups), a trace whose spans
+    come in two far-apart lines (settled, then re-settled) included."""
+    from modalscope.ingest import importer
+    from modalscope.models.engine import make_engine
+    from modalscope.models.migrate import upgrade
+    from tests.ingest.test_writer import snapshot
+
+    monkeypatch.setattr(importer, "BACKGROUND_SETTLE_SECONDS", 0.0)  # settle whatever it sees
+    rng = random.Random(9)
+    split = multimodal_trace(rng, (time.time_ns() // MIN - 40) * MIN, images=2)
+    lines = [json_line(split[:3])] + _lines(300) + [json_line(split[3:])]
+    f = tmp_path / "spans.jsonl"
+    f.write_text("\n".join(lines) + "\n")
+    serial_url = f"sqlite:///{tmp_path / 'serial.db'}"
+    upgrade(serial_url)
+    serial = make_engine(serial_url, write=True)
+    import_files(serial, [str(f)], rules(), settle_in_background=False)
+    engine = make_engine(db_url, write=True)
+    report = import_files(engine, [str(f)], rules(), settle_in_background=True)
+    assert report.requests == 302
+    a, b = snapshot(serial), snapshot(engine)
+    assert a["spans"] == b["spans"] and a["traces"] == b["traces"] and a["rollups"] == b["rollups"]
+    assert not any(t[-1] for t in b["traces"].values())  # nothing left pending
+    serial.dispose()
+    engine.dispose()

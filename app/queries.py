@@ -437,7 +437,7 @@ def exemplar_traces(reader: StoreReader, window: Window, filters: Filters = Filt
         sq = SpanQuery(window.start_ns, window.end_ns, service=filters.service, stage=filters.stage,
                        input_type=filters.input_type, min_ns=min_ns, max_ns=max_ns, services=services)
     found: dict[str, dict] = {}
-    page = max(200, limit * 10)
+    page = max(20, limit * 3)  # grows x4 a page when rows share traces or fail the pair check
     offset = 0
     while len(found) < limit and offset < EXEMPLAR_SCAN_LIMIT:
         rows = reader.slow_spans(SpanQuery(**{**sq.__dict__, "limit": page, "offset": offset}))

@@ -327,15 +327,19 @@ class StoreReader:
         if q.may_call is not None:
             child = aliased(Span)
             named = _json.dumps(q.may_call, ensure_ascii=False)[1:-1]  # as it appears in attribute JSON
+            # The callee's SERVER/CONSUMER spans starting around the window, once (not one
+            # look-up per walked span): their parent ids, matched by span id only (64 random
+            # bits; the caller checks each row exactly).
+            lo = q.start_ns - CALLEE_SKEW_NS
+            hi = q.end_ns + (q.max_ns if q.max_ns is not None else CALLEE_LATE_NS) + CALLEE_SKEW_NS
+            parents = select(child.parent_span_id).where(
+                child.service == q.may_call, child.kind.in_(CALLEE_KIND_CODES),
+                child.start_ns >= lo, child.start_ns < hi)
             conds.append(or_(
-                # "|| ''": the child is found through its trace (the unique index's prefix), never
-                # by walking every span of the callee service through the duration index.
-                select(child.id).where(child.trace_id == Span.trace_id, child.parent_span_id == Span.span_id,
-                                       child.service.concat("") == q.may_call,
-                                       child.kind.in_(CALLEE_KIND_CODES)).exists(),
                 # a name JSON escapes may be written differently: then no narrowing by text
                 contains_text_in(self.engine.dialect.name, Span.attributes, named) if named == q.may_call
-                else literal(True)))
+                else literal(True),
+                Span.span_id.in_(parents)))
         if q.min_ns is not None:
             conds.append(Span.duration_ns >= q.min_ns)
         if q.max_ns is not None:
@@ -627,6 +631,10 @@ _TRACE_COLUMNS = [c.key for c in Trace.__table__.columns if c.key != "contributi
 
 KIND_CLIENT_CODE = 3
 CALLEE_KIND_CODES = (2, 5)  # SERVER, CONSUMER
+# A callee's span starts after its caller's CLIENT span, up to that span's duration later
+# (CALLEE_LATE_NS when no band bounds it), give or take clock skew between hosts.
+CALLEE_SKEW_NS = 60_000_000_000
+CALLEE_LATE_NS = 3_600_000_000_000
 
 
 @dataclass(frozen=True)

@@ -327,19 +327,29 @@ class StoreReader:
         if q.may_call is not None:
             child = aliased(Span)
             named = _json.dumps(q.may_call, ensure_ascii=False)[1:-1]  # as it appears in attribute JSON
-            # The callee's SERVER/CONSUMER spans starting around the window, once (not one
-            # look-up per walked span): their parent ids, matched by span id only (64 random
-            # bits; the caller checks each row exactly).
+            # The callee's SERVER/CONSUMER spans starting around the window, read once (not
+            # one look-up per walked span): their parent ids, matched by span id only (64
+            # random bits; the caller checks each row exactly). A short window reads them
+            # through start_ns ("|| ''" keeps the planner off the service index, which would
+            # visit every span the callee ever had), a long one through the service index.
             lo = q.start_ns - CALLEE_SKEW_NS
             hi = q.end_ns + (q.max_ns if q.max_ns is not None else CALLEE_LATE_NS) + CALLEE_SKEW_NS
-            parents = select(child.parent_span_id).where(
-                child.service == q.may_call, child.kind.in_(CALLEE_KIND_CODES),
-                child.start_ns >= lo, child.start_ns < hi)
+            callee = child.service if by_duration_of is not None else child.service.concat("")
+            if q.min_ns is None:
+                calls = Span.span_id.in_(select(child.parent_span_id).where(
+                    callee == q.may_call, child.kind.in_(CALLEE_KIND_CODES), child.start_ns >= lo,
+                    child.start_ns < hi))
+            else:
+                # A latency band already bounds the walk to the calls above it: one look-up a
+                # walked span, through its trace, costs less than reading all of the callee's.
+                calls = select(child.id).where(
+                    child.trace_id == Span.trace_id, child.parent_span_id == Span.span_id,
+                    child.service.concat("") == q.may_call, child.kind.in_(CALLEE_KIND_CODES)).exists()
             conds.append(or_(
                 # a name JSON escapes may be written differently: then no narrowing by text
                 contains_text_in(self.engine.dialect.name, Span.attributes, named) if named == q.may_call
                 else literal(True),
-                Span.span_id.in_(parents)))
+                calls))
         if q.min_ns is not None:
             conds.append(Span.duration_ns >= q.min_ns)
         if q.max_ns is not None:

@@ -186,6 +186,18 @@ def timed(fn, runs: int, warmup: int = 1):
     return statistics.median(samples), samples, result
 
 
+def timed_call(name: str, fn, runs: int):
+    """``timed`` for one benchmark call that must not lose the whole run when it fails:
+    ``(median ms, samples ms, result, None)``, or ``(None, [], None, "Error: message")``
+    after logging the failure."""
+    try:
+        ms, samples, result = timed(fn, runs)
+    except Exception as exc:  # noqa: BLE001 - one failing call must not lose the whole run
+        log(f"  FAILED {name}: {exc.__class__.__name__}: {exc}")
+        return None, [], None, f"{exc.__class__.__name__}: {str(exc)[:300]}"
+    return ms, samples, result, None
+
+
 def md_table(headers: Sequence[str], rows: Iterable[Sequence]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     for r in rows:

@@ -604,12 +604,10 @@ def measure(url: str, runs: int, baseline_runs: int, no_baseline: bool, groups: 
         calls = [c for c in build_calls(app, client, reader, w, subject) if c.group in groups]
         for i, call in enumerate(calls, 1):
             bl.log(f"[{label}] {i}/{len(calls)} {call.group}: {call.name}")
-            try:
-                ms, samples, result = bl.timed(call.fn, runs)
-            except Exception as exc:  # noqa: BLE001 - one failing call must not lose the whole run
-                bl.log(f"  FAILED: {exc.__class__.__name__}: {exc}")
+            ms, samples, result, error = bl.timed_call(call.name, call.fn, runs)
+            if error is not None:
                 out["rows"].append({"window": label, "group": call.group, "call": call.name, "ms": None,
-                                    "error": f"{exc.__class__.__name__}: {str(exc)[:300]}", "exact": None})
+                                    "error": error, "exact": None})
                 continue
             bl.log(f"  {ms:,.1f} ms (median of {runs}; max {max(samples):,.1f} ms)")
             out["rows"].append({"window": label, "group": call.group, "call": call.name, "ms": round(ms, 2),

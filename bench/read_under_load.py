@@ -156,12 +156,9 @@ def time_calls(calls_by_window, runs: int, phase: str) -> dict[tuple[str, str], 
     for label, calls in calls_by_window:
         for i, call in enumerate(calls, 1):
             bl.log(f"[{phase} {label}] {i}/{len(calls)} {call.group}: {call.name}")
-            try:
-                ms, samples, _ = bl.timed(call.fn, runs)
-            except Exception as exc:  # noqa: BLE001 - one failing call must not lose the whole run
-                bl.log(f"  FAILED: {exc.__class__.__name__}: {exc}")
-                out[(label, call.name)] = {"group": call.group, "ms": None, "samples_ms": [],
-                                           "error": f"{exc.__class__.__name__}: {str(exc)[:300]}"}
+            ms, samples, _, error = bl.timed_call(call.name, call.fn, runs)
+            if error is not None:
+                out[(label, call.name)] = {"group": call.group, "ms": None, "samples_ms": [], "error": error}
                 continue
             out[(label, call.name)] = {"group": call.group, "ms": round(ms, 2), "samples_ms": [round(s, 2) for s in samples]}
     return out

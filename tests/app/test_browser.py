@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from urllib.parse import parse_qs, quote, urlparse
 
-from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.actions.action_builder import ActionBuilder
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
@@ -73,9 +73,11 @@ def test_every_page_loads_without_console_errors(site, clean_log):
 
 
 def _heatmap_cell(site: Site):
-    """Screen offsets (from the graph's centre) of a populated cell, away from the markers."""
+    """Viewport coordinates of a populated cell, away from the markers (the graph scrolled
+    into view first)."""
     return site.driver.execute_script("""
         const gd = document.querySelector('#pairs-heatmap .js-plotly-plot');
+        gd.scrollIntoView({block: 'center'});
         const heat = gd.data[0], xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
         let busiest = heat.x.length - 1;  // busiest pair on the right
         let best = null;
@@ -93,15 +95,20 @@ def _heatmap_cell(site: Site):
           if (best === null || c > best.c) best = {px, py, c, j};
         }
         const r = gd.getBoundingClientRect();
-        return [best.px - r.width / 2, best.py - r.height / 2, best.j];
+        return [r.left + best.px, r.top + best.py, best.j];
     """)
 
 
 def test_heatmap_cell_leads_through_drilldown_to_a_trace(site, clean_log):
     site.open(f"/pairs?{site.window}")
-    graph = site.wait(f"#{ids.PAIRS_HEATMAP} .js-plotly-plot")[0]
-    dx, dy, _ = _heatmap_cell(site)
-    ActionChains(site.driver).move_to_element_with_offset(graph, int(dx), int(dy)).click().perform()
+    site.wait(f"#{ids.PAIRS_HEATMAP} .js-plotly-plot")
+    x, y, _ = _heatmap_cell(site)
+    # Viewport coordinates, not an offset from the element: WebDriver measures that from the
+    # centre of the element's *visible* part, so a graph running past the window's bottom
+    # edge (how far depends on the data) moved the click onto a P50 marker.
+    clicker = ActionBuilder(site.driver)
+    clicker.pointer_action.move_to_location(int(x), int(y)).pause(0.3).click()
+    clicker.perform()
     url = site.wait_url(lambda u: "/drilldown" in u and "min_ms=" in u)
     q = {k: v[0] for k, v in parse_qs(urlparse(url).query).items()}
     assert q["caller"] and q["callee"] and float(q["min_ms"]) < float(q["max_ms"])

@@ -261,10 +261,14 @@ def _coarse_matrix(df: pd.DataFrame, first_minute: int, n_minutes: int) -> np.nd
     if not lens.sum():
         return mat
     rows = np.repeat(df["minute"].to_numpy(dtype=np.int64) - first_minute, lens)
-    keys = np.concatenate([np.asarray(k, dtype=np.int64) for k in df["keys"]])
-    counts = np.concatenate([np.asarray(c, dtype=np.int64) for c in df["counts"]])
+    # One concatenate and one bincount: a conversion per row and np.add.at were most of
+    # the hot-spot detector's time over a day of minutes.
+    keys = np.concatenate(list(df["keys"])).astype(np.int64, copy=False)
+    counts = np.concatenate(list(df["counts"])).astype(np.int64, copy=False)
     ok = (rows >= 0) & (rows < n_minutes)
-    np.add.at(mat, (rows[ok], keys[ok] // COARSE), counts[ok])
+    cells = rows[ok] * nb + keys[ok] // COARSE
+    mat += np.rint(np.bincount(cells, weights=counts[ok], minlength=n_minutes * nb)).astype(np.int64).reshape(
+        n_minutes, nb)
     return mat
 
 

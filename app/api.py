@@ -10,7 +10,7 @@ from sqlalchemy import text
 
 from .. import __version__
 from . import queries
-from .params import ParamError, parse_baseline_window, parse_filters, parse_int, parse_trace_id, parse_window
+from .params import ParamError, parse_baseline_window, parse_filters, parse_int, parse_trace_id, parse_window, rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def _thresholds():
 @bp.get("/anomalies")
 def anomalies():
     """Findings of the anomaly catalog in the window, most severe first (``app/findings.py``)."""
-    from . import findings
+    from . import evaluations
 
     window = parse_window(request.args)
     if window.seconds > MAX_ANOMALY_WINDOW_S:
@@ -129,7 +129,14 @@ def anomalies():
         # minute and 1.2 GB; a window from 1970 tried to allocate 57 GiB.
         raise ParamError("range" if request.args.get("range") else "start",
                          f"the anomaly window is at most {MAX_ANOMALY_WINDOW_S // 86400} days")
-    return jsonify(findings.find(_reader(), window, parse_filters(request.args), _thresholds()))
+    ev = evaluations.find_for(_reader(), window, parse_filters(request.args), _thresholds(),
+                              relative=evaluations.ends_now(request.args))
+    resp = jsonify(ev.findings)
+    # Which window the findings cover and when they were evaluated: a "last 24 h" request
+    # may be answered by the worker's evaluation of up to 90 s ago (app/evaluations.py).
+    resp.headers["X-Modalscope-Window"] = f"{rfc3339(ev.start_ns)}/{rfc3339(ev.end_ns)}"
+    resp.headers["X-Modalscope-Evaluated-At"] = rfc3339(ev.evaluated_ns)
+    return resp
 
 
 @bp.get("/cache")

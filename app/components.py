@@ -317,11 +317,26 @@ def thresholds():
     return ext["thresholds"]
 
 
-def find_findings(window, filters) -> list[dict]:
-    """The same findings ``/api/v1/anomalies`` returns, most severe first."""
-    from . import findings
+def find_findings(res, state: Mapping[str, Any]):
+    """The same findings ``/api/v1/anomalies`` returns, most severe first, as an
+    ``evaluations.Evaluation`` (a window ending now may be answered by the worker's
+    evaluation of up to 90 s ago; ``evaluation_note`` says so)."""
+    from . import evaluations
 
-    return findings.find(reader(), window, filters, thresholds())
+    return evaluations.find_for(reader(), res.window, res.filters, thresholds(),
+                                relative=evaluations.ends_now(state))
+
+
+def evaluation_note(ev) -> str:
+    """Plain text: which window the findings cover and when they were evaluated."""
+    from .params import rfc3339
+
+    def hm(ns: int) -> str:
+        return rfc3339(ns)[11:19]
+
+    who = "evaluated by the worker" if ev.stored else "evaluated"
+    return (f"{who} at {hm(ev.evaluated_ns)} UTC over {rfc3339(ev.start_ns)[:16].replace('T', ' ')} → "
+            f"{rfc3339(ev.end_ns)[:16].replace('T', ' ')} UTC")
 
 
 def subject_text(subject: Mapping[str, Any]) -> str:

@@ -35,11 +35,14 @@ class IngestPipeline:
         self.rules = rules if rules is not None else load_rules(settings.rules_path or None)
         self.writer = BatchWriter(engine, max_queue_spans=settings.max_queue_spans)
         retention = RetentionPolicy.from_settings(settings)  # the settler prunes every 10 minutes
+        # ... and evaluates the anomaly catalog ahead of requests (app/evaluations.py)
+        findings = (settings.findings_ranges_s, settings.findings_every_s)
         if settle == "process":
             self.settler = SettlerProcess(settings.database_url, settings.settle_seconds, interval=settle_interval,
-                                          retention=retention)
+                                          retention=retention, findings=findings)
         elif settle:
-            self.settler = Settler(engine, settings.settle_seconds, interval=settle_interval, retention=retention)
+            self.settler = Settler(engine, settings.settle_seconds, interval=settle_interval, retention=retention,
+                                   findings=findings)
         else:
             self.settler = None
 

@@ -539,7 +539,7 @@ def settle(engine: Engine, *, settle_seconds: float = 5.0, trace_ids: Sequence[s
 
 
 def run_settler_process(database_url: str, settle_seconds: float, interval: float, stop_reader,
-                        retention=None) -> None:
+                        retention=None, findings=None) -> None:
     """Entry point of the settler process (``IngestPipeline(settle="process")``).
 
     Runs until its parent writes to, or closes, the other end of ``stop_reader`` (a pipe,
@@ -562,6 +562,7 @@ def run_settler_process(database_url: str, settle_seconds: float, interval: floa
 
     engine = make_engine(database_url, write=True)
     pruning = PruneSchedule(engine, retention)
+    evaluating = evaluation_schedule(engine, findings)
     try:
         while not stop_reader.poll(interval):  # True on a message, or on EOF: parent gone
             try:
@@ -569,6 +570,8 @@ def run_settler_process(database_url: str, settle_seconds: float, interval: floa
             except Exception:  # noqa: BLE001 - keep settling; the next pass retries
                 log.exception("settling failed")
             pruning.tick(should_stop=lambda: stop_reader.poll(0))
+            if evaluating is not None:
+                evaluating.maybe_run()
         # Stopping: one last pass over what is due (the rest stays pending, durably, for
         # the next process).
         try:
@@ -579,17 +582,30 @@ def run_settler_process(database_url: str, settle_seconds: float, interval: floa
         engine.dispose()
 
 
+def evaluation_schedule(engine: Engine, findings: tuple[tuple[int, ...], float] | None):
+    """The findings evaluation the settler runs between passes (``app/evaluations.py``):
+    ``findings`` is (ranges in seconds, every how many seconds), None or every 0 for none."""
+    if not findings or not findings[1] or not findings[0]:
+        return None
+    from ..app.evaluations import EvaluationSchedule
+
+    return EvaluationSchedule(engine, tuple(findings[0]), float(findings[1]))
+
+
 class SettlerProcess:
     """The settler in its own process, so settling has a core of its own."""
 
-    def __init__(self, database_url: str, settle_seconds: float, interval: float = 0.5, retention=None) -> None:
-        """``retention``: a ``retention.RetentionPolicy`` the settler applies every 10 minutes, or None."""
+    def __init__(self, database_url: str, settle_seconds: float, interval: float = 0.5, retention=None,
+                 findings=None) -> None:
+        """``retention``: a ``retention.RetentionPolicy`` the settler applies every 10 minutes, or None;
+        ``findings``: (ranges in seconds, every seconds) to evaluate the anomaly catalog, or None."""
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")
         reader, self._stop_writer = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(target=run_settler_process, name="modalscope-settler",
-                                 args=(database_url, settle_seconds, interval, reader, retention), daemon=True)
+                                 args=(database_url, settle_seconds, interval, reader, retention, findings),
+                                 daemon=True)
         self._reader = reader
 
     def start(self) -> "SettlerProcess":
@@ -612,13 +628,15 @@ class SettlerProcess:
 class Settler:
     """Background thread settling idle traces every ``interval`` seconds."""
 
-    def __init__(self, engine: Engine, settle_seconds: float, interval: float = 0.5, retention=None) -> None:
+    def __init__(self, engine: Engine, settle_seconds: float, interval: float = 0.5, retention=None,
+                 findings=None) -> None:
         from .retention import PruneSchedule
 
         self.engine = engine
         self.settle_seconds = settle_seconds
         self.interval = interval
         self._pruning = PruneSchedule(engine, retention)
+        self._evaluating = evaluation_schedule(engine, findings)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="modalscope-settler", daemon=True)
         self.settled = 0
@@ -634,6 +652,8 @@ class Settler:
             except Exception:  # noqa: BLE001 - keep settling; the next pass retries
                 log.exception("settling failed")
             self._pruning.tick(should_stop=self._stop.is_set)
+            if self._evaluating is not None and not self._stop.is_set():
+                self._evaluating.maybe_run()
 
     def stop(self, final: bool = True) -> None:
         self._stop.set()

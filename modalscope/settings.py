@@ -31,6 +31,8 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "MODALSCOPE_RETENTION_DAYS": ("7", "Raw spans (and trace rows) older than this many days are deleted, in small batches by the settler every 10 minutes or by `modalscope db prune`; `0` keeps them forever."),
     "MODALSCOPE_MINUTE_ROLLUP_DAYS": ("2", "Minute rollups older than this many days are deleted; older windows are answered from hourly rollups, rounded to whole hours (`0`: keep)."),
     "MODALSCOPE_ROLLUP_RETENTION_DAYS": ("90", "Hourly rollups (the percentiles and counts of long ranges) older than this many days are deleted (`0`: keep)."),
+    "MODALSCOPE_FINDINGS_EVERY_S": ("60", "The worker's settler evaluates the anomaly catalog over each of `MODALSCOPE_FINDINGS_RANGES` this often and stores the findings, so the Anomalies page and the overview answer \"the last 24 h\" without running the detectors (`0`: off; requests then run them)."),
+    "MODALSCOPE_FINDINGS_RANGES": ("1h,24h", "Relative ranges evaluated ahead (comma-separated durations); a request for one of them is answered from an evaluation at most 90 s old."),
     "MODALSCOPE_SETTLE_SECONDS": ("5", "A trace idle this long is settled: input type, self times, pairs and rollups computed (corrected if a late span arrives)."),
     "MODALSCOPE_MAX_REQUEST_BYTES": ("20971520", "Largest OTLP request accepted, in bytes, checked before and after decompression (default 20 MiB)."),
     "MODALSCOPE_MAX_QUEUE_SPANS": ("50000", "Spans the writer holds before receivers answer 429/UNAVAILABLE with a retry delay (bounds the receiver's memory while the store is slow or down)."),
@@ -92,6 +94,25 @@ def _str(env: Mapping[str, str], name: str) -> str:
     return env.get(name) or DOCUMENTED[name][0]
 
 
+def _ranges(env: Mapping[str, str], name: str) -> tuple[int, ...]:
+    """Comma-separated durations (``1h,24h``) as whole seconds, each at most 7 days."""
+    from .app.params import ParamError, parse_duration
+
+    raw = env.get(name) or DOCUMENTED[name][0]
+    out = []
+    for part in raw.replace(" ", ",").split(","):
+        if not part.strip():
+            continue
+        try:
+            seconds = int(parse_duration(part.strip(), name))
+        except ParamError as exc:
+            raise SettingsError(f"{name}={raw!r}: {exc.message}") from None
+        if not 60 <= seconds <= 7 * 86400:
+            raise SettingsError(f"{name}={raw!r}: each range must be between 1m and 7d")
+        out.append(seconds)
+    return tuple(dict.fromkeys(out))
+
+
 @dataclass(frozen=True)
 class Settings:
     database_url: str = DOCUMENTED["MODALSCOPE_DATABASE_URL"][0]
@@ -111,6 +132,8 @@ class Settings:
     retention_days: float = 7.0
     minute_rollup_days: float = 2.0
     rollup_retention_days: float = 90.0
+    findings_every_s: float = 60.0
+    findings_ranges_s: tuple[int, ...] = (3600, 86400)
     settle_seconds: float = 5.0
     max_request_bytes: int = 20 * 1024 * 1024
     max_queue_spans: int = 50_000
@@ -138,6 +161,8 @@ class Settings:
             retention_days=_float(env, "MODALSCOPE_RETENTION_DAYS"),
             minute_rollup_days=_float(env, "MODALSCOPE_MINUTE_ROLLUP_DAYS"),
             rollup_retention_days=_float(env, "MODALSCOPE_ROLLUP_RETENTION_DAYS"),
+            findings_every_s=_float(env, "MODALSCOPE_FINDINGS_EVERY_S"),
+            findings_ranges_s=_ranges(env, "MODALSCOPE_FINDINGS_RANGES"),
             settle_seconds=_float(env, "MODALSCOPE_SETTLE_SECONDS"),
             max_request_bytes=_int(env, "MODALSCOPE_MAX_REQUEST_BYTES", minimum=1024),
             max_queue_spans=_int(env, "MODALSCOPE_MAX_QUEUE_SPANS", minimum=1),

@@ -11,6 +11,9 @@ Five tables carry everything:
   long windows merge 60 times fewer rows; kept ``MODALSCOPE_ROLLUP_RETENTION_DAYS`` while
   minute rows are kept ``MODALSCOPE_MINUTE_ROLLUP_DAYS``.
 * ``cursors`` — ingest watermarks and leases (Cloud Trace poller, metrics exporter).
+* ``finding_evaluations`` — the anomaly catalog's findings over the last hour / day, written
+  by the worker once a minute (``app/evaluations.py``) so the Anomalies page need not run
+  every detector on each request; a cache, kept for minutes.
 
 User-supplied strings (service and span names) are unbounded ``String`` columns: a length
 limit would make PostgreSQL refuse a whole batch for one hostile name.
@@ -176,4 +179,22 @@ class Cursor(Base):
     info: Mapped[str | None] = mapped_column(Text)  # JSON
 
 
-__all__ = ["MINUTE_BOUNDARY_CURSOR", "Base", "Span", "Trace", "Series", "Rollup", "HourlyRollup", "Cursor", "NAMING_CONVENTION"]
+class FindingEvaluation(Base):
+    """The findings (unfiltered, exemplars included, JSON as ``/api/v1/anomalies`` returns
+    them) of one evaluation over ``[start_ns, end_ns)`` with one set of thresholds."""
+
+    __tablename__ = "finding_evaluations"
+    # (named: the convention's name would pass PostgreSQL's 63-character limit)
+    __table_args__ = (Index("ix_finding_evaluations_lookup", "range_s", "thresholds_key", "end_ns"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    range_s: Mapped[int] = mapped_column(BigInteger)  # end - start, in seconds
+    thresholds_key: Mapped[str] = mapped_column(String(64))
+    start_ns: Mapped[int] = mapped_column(BigInteger)
+    end_ns: Mapped[int] = mapped_column(BigInteger)
+    evaluated_ns: Mapped[int] = mapped_column(BigInteger)  # when the detectors finished
+    findings: Mapped[str] = mapped_column(Text)  # JSON list
+
+
+__all__ = ["MINUTE_BOUNDARY_CURSOR", "Base", "Span", "Trace", "Series", "Rollup", "HourlyRollup", "Cursor",
+           "FindingEvaluation", "NAMING_CONVENTION"]

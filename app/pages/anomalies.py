@@ -84,13 +84,14 @@ def layout(**query):
 def _fill(state):
     state = state or {}
     res = st.resolve(state)
-    found = c.find_findings(res.window, res.filters)
+    ev = c.find_findings(res, state)
+    found = ev.findings
     if not found:
         return c.empty_state("No findings in this window.",
                              "Nothing in the anomaly catalog fired. Widen the time range, clear filters, or ",
                              *c.EMPTY_HINT)
     counts = {s: sum(1 for f in found if f.get("severity") == s) for s in c.SEVERITY_ORDER}
-    head = html.Div(" · ".join(f"{n} {s}" for s, n in counts.items() if n), className="ms-note",
-                    id="anomalies-counts")
+    head = html.Div([html.Span(" · ".join(f"{n} {s}" for s, n in counts.items() if n), id="anomalies-counts"),
+                     html.Span(" — " + c.evaluation_note(ev), id="anomalies-evaluated")], className="ms-note")
     return html.Div([head, html.Div([finding_card(f, i, state, i < MAX_CHARTS) for i, f in enumerate(found)],
                                     id="anomalies-findings")])

@@ -133,7 +133,7 @@ def _findings(state):
     state = state or {}
     res = st.resolve(state)
     try:
-        found = c.find_findings(res.window, res.filters)
+        found = c.find_findings(res, state).findings
     except Exception:  # noqa: BLE001 - the overview stands without its findings panel
         import logging
 

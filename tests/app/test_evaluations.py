@@ -1,0 +1,170 @@
+"""Findings evaluated ahead of the request (app/evaluations.py), on SQLite and PostgreSQL.
+
+A window ending now is answered from a stored evaluation of the same length and thresholds
+at most FRESH_S old — exactly what the detectors found then, filtered on reading; absolute
+windows always run the detectors; the settler's schedule evaluates each range once a period
+(and not again when another process just did); old evaluations are deleted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+from sqlalchemy import func, select
+
+from modalscope.app import create_app, evaluations as ev
+from modalscope.app import findings as fnd
+from modalscope.app.detectors import Thresholds
+from modalscope.app.params import Window, parse_time
+from modalscope.ingest import demo
+from modalscope.ingest.settle import Settler, SettlerProcess, settle
+from modalscope.models import FindingEvaluation
+from modalscope.models.reader import Filters, StoreReader
+from modalscope.settings import Settings
+
+S = 1_000_000_000
+HOUR = 3600 * S
+
+
+@pytest.fixture
+def filled(engine):
+    """An hour of demo traffic (every pattern injected) ending a minute ago, settled."""
+    now = time.time_ns() // (60 * S) * (60 * S)
+    demo.fill(engine, demo.DemoConfig(now_ns=now, hours=1.0, rate=0.15))
+    settle(engine, force=True)
+    return engine
+
+
+def _rows(engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(select(func.count()).select_from(FindingEvaluation)).scalar_one()
+
+
+def test_a_window_ending_now_is_stored_then_answered_from_the_store(filled):
+    reader, th = StoreReader(filled), Thresholds()
+    end = time.time_ns()
+    first = ev.find_for(reader, Window(end - HOUR, end), Filters(), th, relative=True)
+    assert not first.stored and _rows(filled) == 1
+    assert first.findings, "an hour of demo traffic with its patterns finds something"
+    # Exactly what the detectors find over that window.
+    assert first.findings == fnd.find(reader, Window(end - HOUR, end), Filters(), th)
+    # 30 s later, the same range: the stored evaluation answers, saying which window it covers.
+    later = end + 30 * S
+    again = ev.find_for(reader, Window(later - HOUR, later), Filters(), th, relative=True)
+    assert again.stored and (again.start_ns, again.end_ns) == (end - HOUR, end)
+    assert again.evaluated_ns == first.evaluated_ns and again.findings == first.findings
+    assert _rows(filled) == 1
+    # Past FRESH_S the detectors run again.
+    stale = end + (ev.FRESH_S + 5) * S
+    third = ev.find_for(reader, Window(stale - HOUR, stale), Filters(), th, relative=True)
+    assert not third.stored and third.end_ns == stale and _rows(filled) == 2
+    # Another length is another evaluation.
+    day = ev.find_for(reader, Window(later - 24 * HOUR, later), Filters(), th, relative=True)
+    assert not day.stored and _rows(filled) == 3
+
+
+def test_filters_apply_to_stored_findings_as_to_fresh_ones(filled):
+    reader, th = StoreReader(filled), Thresholds()
+    end = time.time_ns()
+    window = Window(end - HOUR, end)
+    ev.find_for(reader, window, Filters(), th, relative=True)  # stores the unfiltered findings
+    everything = fnd.find(reader, window, Filters(), th)
+    subjects = {(k, v) for f in everything for k, v in f["subject"].items() if k in ("input_type", "callee")}
+    assert subjects
+    for key, value in sorted(subjects):
+        filters = Filters(**{key: value})
+        stored = ev.find_for(reader, window, filters, th, relative=True)
+        assert stored.stored
+        assert stored.findings == [f for f in everything if fnd.matches(f, filters)], value
+        assert stored.findings, value
+
+
+def test_absolute_windows_always_run_the_detectors(filled):
+    reader, th = StoreReader(filled), Thresholds()
+    end = time.time_ns()
+    ev.find_for(reader, Window(end - HOUR, end), Filters(), th, relative=True)
+    absolute = ev.find_for(reader, Window(end - HOUR, end), Filters(), th, relative=False)
+    assert not absolute.stored and _rows(filled) == 1
+
+
+def test_other_thresholds_do_not_share_an_evaluation(filled):
+    reader = StoreReader(filled)
+    end = time.time_ns()
+    window = Window(end - HOUR, end)
+    ev.find_for(reader, window, Filters(), Thresholds(), relative=True)
+    strict = dataclasses.replace(Thresholds(), min_samples=10_000)
+    assert ev.thresholds_key(strict) != ev.thresholds_key(Thresholds())
+    other = ev.find_for(reader, window, Filters(), strict, relative=True)
+    assert not other.stored and _rows(filled) == 2
+
+
+def test_old_evaluations_are_deleted_when_a_new_one_is_stored(engine):
+    key = ev.thresholds_key(Thresholds())
+    end = time.time_ns()
+    ev.store(engine, Window(end - (ev.KEEP_S + 60) * S - HOUR, end - (ev.KEEP_S + 60) * S), key, [], 1)
+    ev.store(engine, Window(end - 60 * S - HOUR, end - 60 * S), key, [], 2)
+    assert _rows(engine) == 2
+    ev.store(engine, Window(end - HOUR, end), key, [{"kind": "x"}], 3)
+    with engine.connect() as conn:
+        kept = conn.execute(select(FindingEvaluation.evaluated_ns).order_by(FindingEvaluation.end_ns)).scalars().all()
+    assert kept == [2, 3]
+
+
+def test_the_schedule_evaluates_each_range_once_a_period(filled):
+    schedule = ev.EvaluationSchedule(filled, (3600, 86400), every_s=60, thresholds=Thresholds())
+    assert schedule.maybe_run(now=1000.0) == 2 and _rows(filled) == 2
+    assert schedule.maybe_run(now=1030.0) == 0  # not due
+    # Another process's schedule finds fresh evaluations and leaves them.
+    assert ev.EvaluationSchedule(filled, (3600, 86400), every_s=60, thresholds=Thresholds()).maybe_run() == 0
+    assert _rows(filled) == 2
+    # Off: never evaluates.
+    assert ev.EvaluationSchedule(filled, (3600,), every_s=0).maybe_run() == 0
+
+
+def test_the_settler_thread_evaluates_ahead(filled):
+    settler = Settler(filled, 5.0, interval=0.05, findings=((3600,), 60.0)).start()
+    try:
+        deadline = time.monotonic() + 60
+        while _rows(filled) == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        settler.stop(final=False)
+    assert _rows(filled) == 1
+    with filled.connect() as conn:
+        row = conn.execute(select(FindingEvaluation.range_s, FindingEvaluation.start_ns,
+                                  FindingEvaluation.end_ns)).one()
+    assert row.range_s == 3600 and row.end_ns - row.start_ns == HOUR
+    assert abs(row.end_ns - time.time_ns()) < 120 * S
+
+
+def test_the_settler_process_evaluates_ahead(filled, db_url):
+    settler = SettlerProcess(db_url, 5.0, interval=0.05, findings=((3600, 86400), 60.0)).start()
+    try:
+        deadline = time.monotonic() + 90
+        while _rows(filled) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        settler.stop()
+    assert _rows(filled) == 2
+
+
+def test_the_api_says_which_window_answered(filled, db_url):
+    app = create_app(Settings(database_url=db_url))
+    client = app.test_client()
+    first = client.get("/api/v1/anomalies?range=1h")
+    assert first.status_code == 200 and first.get_json()
+    second = client.get("/api/v1/anomalies", query_string={"range": "1h", "input_type": "image"})
+    assert second.status_code == 200
+    # The second is the first's evaluation, filtered: same window, same evaluation time.
+    assert second.headers["X-Modalscope-Window"] == first.headers["X-Modalscope-Window"]
+    assert second.headers["X-Modalscope-Evaluated-At"] == first.headers["X-Modalscope-Evaluated-At"]
+    assert second.get_json() == [f for f in first.get_json() if f["subject"].get("input_type") == "image"]
+    start, end = first.headers["X-Modalscope-Window"].split("/")
+    assert parse_time(end, "end") - parse_time(start, "start") == HOUR
+    # An absolute window is that window, evaluated now.
+    absolute = client.get("/api/v1/anomalies", query_string={"start": start, "end": end})
+    assert absolute.headers["X-Modalscope-Window"] == first.headers["X-Modalscope-Window"]
+    assert absolute.headers["X-Modalscope-Evaluated-At"] != first.headers["X-Modalscope-Evaluated-At"]
+    assert _rows(filled) == 1

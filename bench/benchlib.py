@@ -148,6 +148,7 @@ def machine_info(database_url: str | None = None) -> dict:
         "python": platform.python_version(),
         "sqlite": sqlite3.sqlite_version,
         "load_average_1m": round(os.getloadavg()[0], 2),
+        "python_loop_ms": python_loop_ms(),
     }
     if database_url and is_postgres(database_url):
         try:
@@ -160,11 +161,26 @@ def machine_info(database_url: str | None = None) -> dict:
     return info
 
 
+def python_loop_ms() -> float:
+    """Milliseconds CPython takes for a fixed loop (5 M additions, best of 3): how fast this
+    machine runs our kind of code, so results from different machines can be compared
+    (the sessions' machines differed about twofold; BENCHMARKS.md)."""
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        total = 0
+        for i in range(5_000_000):
+            total += i
+        best = min(best, time.perf_counter() - t)
+    return round(best * 1000, 1)
+
+
 def machine_line(info: dict) -> str:
     pg = f", PostgreSQL {info['postgresql']}" if info.get("postgresql") else ""
     return (f"{info['date_utc']}: {info['cores']} cores ({info['cpu']}), {info['memory_gib']} GiB, "
             f"Linux {info['kernel']}, Python {info['python']}, SQLite {info['sqlite']}{pg}; "
-            f"load average {info['load_average_1m']} at start")
+            f"load average {info['load_average_1m']} at start; CPython reference loop "
+            f"{info.get('python_loop_ms')} ms (bench/benchlib.python_loop_ms)")
 
 
 # -- statistics and output -----------------------------------------------------------------

@@ -19,6 +19,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib
 
 NOW = 1_764_504_030 * 1_000_000_000  # fixed: the same data in every run
 
@@ -62,6 +63,9 @@ def main() -> int:
               f"{timings['raw_spans']} raw spans read", flush=True)
     print("per detector (last run, s):", json.dumps({k: round(v, 3) for k, v in runs[-1]["per_detector_s"].items()}))
     print(f"median total: {statistics.median(r['total_s'] for r in runs):.3f} s (target < 2 s)")
+    import benchlib
+
+    print(benchlib.machine_line(benchlib.machine_info()))
     kinds = sorted({f["kind"] for f in found})
     print("kinds found:", ", ".join(kinds))
     engine.dispose()

@@ -168,3 +168,16 @@ def test_icicle_widens_parents_to_hold_their_children():
 def test_every_figure_serialises():
     for fig in (figures.pair_heatmap(_heat()), figures.waterfall(_trace()), figures.icicle(_trace())):
         json.loads(fig.to_json())
+
+
+def test_the_template_is_set_as_plotly_would_set_it():
+    """base_layout sets plotly_white without re-validating it: the same JSON as the public way."""
+    import plotly.graph_objects as go
+
+    from modalscope.app.figures import base_layout
+
+    ours = base_layout(go.Figure(), height=300).to_plotly_json()["layout"]
+    public = go.Figure().update_layout(template="plotly_white").to_plotly_json()["layout"]
+    assert ours["template"] == public["template"]
+    assert ours["template"]["layout"]["plot_bgcolor"] == "white"
+    assert ours["height"] == 300

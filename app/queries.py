@@ -967,6 +967,14 @@ def cache_series(reader: StoreReader, window: Window, group_by: str | None = Non
     return _rates_buckets(_cache_lookups(reader, window, group_by, cache, rollups), window.start_ns, step_minutes)
 
 
+def cache_rates_and_series(reader: StoreReader, window: Window, group_by: str | None = None,
+                           cache: str | None = None, step_minutes: int = 1) -> tuple[list[dict], list[dict]]:
+    """``cache_rates`` and ``cache_series`` from one read of the lookups (the Cache page
+    shows both; reading them twice cost it a third of its time)."""
+    lookups = _cache_lookups(reader, window, group_by, cache, True)
+    return _rates_table(lookups), _rates_buckets(lookups, window.start_ns, step_minutes)
+
+
 # -- triage compare --------------------------------------------------------------------
 COMPARE_MAX_SPANS = 100_000  # subject spans read per window (newest first)
 COMPARE_MAX_VALUES = 50  # keys with more distinct values are skipped (ids, free text)

@@ -75,8 +75,8 @@ def _fill(state):
     group_by, error = group_by_of(state)
     reader = c.reader()
     cache = state.get("cache") or None
-    rows = queries.cache_rates(reader, res.window, group_by, cache)
-    series = queries.cache_series(reader, res.window, group_by, cache, st.step_minutes(res.window, 60))
+    rows, series = queries.cache_rates_and_series(reader, res.window, group_by, cache,
+                                                  st.step_minutes(res.window, 60))
     note = c.banner(error)
     if not rows:
         return (figures.cache_hit_rate_figure([]), figures.cache_share_figure([]),

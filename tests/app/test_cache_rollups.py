@@ -134,6 +134,15 @@ def test_rollup_answers_equal_raw_answers(store, window):
     assert {r["group"] for r in queries.cache_rates(store, ALIGNED, "zone", "kv", rollups=False)} == {"z1", "z2"}
 
 
+def test_the_pages_one_read_answers_as_the_two_functions(store):
+    for group_by, cache in FROM_ROLLUPS[:4] + FROM_RAW[:3]:
+        for step in (1, 5):
+            rows, series = queries.cache_rates_and_series(store, RAGGED, group_by, cache, step)
+            assert rows == queries.cache_rates(store, RAGGED, group_by, cache), (group_by, cache)
+            assert series == queries.cache_series(store, RAGGED, group_by, cache, step), (group_by, cache, step)
+            assert rows and series
+
+
 @pytest.mark.parametrize("group_by,cache", FROM_ROLLUPS)
 def test_rollups_answer_whole_minutes_and_raw_spans_only_the_edges(store, monkeypatch, group_by, cache):
     calls = RawCalls(store, monkeypatch)

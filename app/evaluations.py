@@ -132,12 +132,14 @@ class EvaluationSchedule:
     request) stored one recently enough. ``every_s`` 0 turns it off."""
 
     def __init__(self, engine: Engine, ranges_s: tuple[int, ...], every_s: float,
-                 thresholds: d.Thresholds | None = None) -> None:
+                 thresholds: d.Thresholds | None = None, *, first_delay_s: float = 0.0) -> None:
+        """``first_delay_s``: the first evaluation waits that long; receivers started together
+        pass a random one, so their schedules fall out of step and one evaluation serves all."""
         self.engine = engine
         self.ranges_s = ranges_s
         self.every_s = every_s
         self.thresholds = thresholds
-        self._next = 0.0
+        self._next = time.monotonic() + first_delay_s if first_delay_s else 0.0
 
     def maybe_run(self, now: float | None = None) -> int:
         """Evaluate what is due; returns how many ranges were evaluated."""

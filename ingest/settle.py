@@ -587,9 +587,12 @@ def evaluation_schedule(engine: Engine, findings: tuple[tuple[int, ...], float] 
     ``findings`` is (ranges in seconds, every how many seconds), None or every 0 for none."""
     if not findings or not findings[1] or not findings[0]:
         return None
+    import random
+
     from ..app.evaluations import EvaluationSchedule
 
-    return EvaluationSchedule(engine, tuple(findings[0]), float(findings[1]))
+    every = float(findings[1])
+    return EvaluationSchedule(engine, tuple(findings[0]), every, first_delay_s=random.uniform(0, min(every / 4, 15)))
 
 
 class SettlerProcess:

@@ -334,8 +334,8 @@ def evaluation_note(ev) -> str:
     def hm(ns: int) -> str:
         return rfc3339(ns)[11:19]
 
-    who = "evaluated by the worker" if ev.stored else "evaluated"
-    return (f"{who} at {hm(ev.evaluated_ns)} UTC over {rfc3339(ev.start_ns)[:16].replace('T', ' ')} → "
+    when = f"evaluated at {hm(ev.evaluated_ns)} UTC" + (" (a stored evaluation)" if ev.stored else "")
+    return (f"{when} over {rfc3339(ev.start_ns)[:16].replace('T', ' ')} → "
             f"{rfc3339(ev.end_ns)[:16].replace('T', ' ')} UTC")
 
 

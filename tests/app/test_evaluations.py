@@ -168,3 +168,14 @@ def test_the_api_says_which_window_answered(filled, db_url):
     assert absolute.headers["X-Modalscope-Window"] == first.headers["X-Modalscope-Window"]
     assert absolute.headers["X-Modalscope-Evaluated-At"] != first.headers["X-Modalscope-Evaluated-At"]
     assert _rows(filled) == 1
+
+
+def test_the_page_note_says_which_window_and_when():
+    from modalscope.app.components import evaluation_note
+
+    start, end = parse_time("2026-11-30T10:00:00Z", "s"), parse_time("2026-11-30T11:00:00Z", "e")
+    at = parse_time("2026-11-30T11:00:07Z", "at")
+    stored = ev.Evaluation([], start, end, at, stored=True)
+    assert evaluation_note(stored) == ("evaluated at 11:00:07 UTC (a stored evaluation) over "
+                                       "2026-11-30 10:00 → 2026-11-30 11:00 UTC")
+    assert "stored" not in evaluation_note(dataclasses.replace(stored, stored=False))

@@ -549,13 +549,23 @@ class StoreReader:
         with self.engine.connect() as conn:
             return [(svc, name, m) for svc, name, m in conn.execute(stmt) if m is not None]
 
+    def series_ids(self, kind: str) -> dict[str, list[int]]:
+        """service -> ids of its ``kind`` series (one query for callers that read many services)."""
+        out: dict[str, list[int]] = {}
+        with self.engine.connect() as conn:
+            for sid, service in conn.execute(select(Series.id, Series.service).where(Series.kind == kind)):
+                out.setdefault(service, []).append(sid)
+        return out
+
     def series_rollup_rows(self, kind: str, service: str, start_ns: int, end_ns: int,
-                           dims: tuple[str, ...]) -> list[tuple]:
+                           dims: tuple[str, ...], series_ids: list[int] | None = None) -> list[tuple]:
         """Like ``rollup_rows`` for one service's ``kind`` series, read through the
-        ``(series_id, minute)`` index (a short window of a few series)."""
+        ``(series_id, minute)`` index (a short window of a few series); ``series_ids``:
+        that service's ids when the caller has them (``series_ids``)."""
         first, last = minute_range(start_ns, end_ns)
         with self.engine.connect() as conn:
-            ids = list(conn.execute(select(Series.id).where(Series.kind == kind, Series.service == service)).scalars())
+            ids = series_ids if series_ids is not None else list(
+                conn.execute(select(Series.id).where(Series.kind == kind, Series.service == service)).scalars())
             if not ids:
                 return []
             stmt = (select(Rollup.minute, Rollup.count, Rollup.error_count, Rollup.sum_ns, Rollup.sketch,
@@ -600,7 +610,9 @@ class StoreReader:
                 conds = list(window)
             conds.append(or_(Span.kind.in_(kinds), wanted) if kinds else wanted)
             if service is not None:
-                conds.append(Span.service == service)
+                # "|| ''" keeps the planner on the window: with a plain equality it took the
+                # service's duration index and read every span the service ever sent.
+                conds.append(Span.service.concat("") == service)
             stmt = (select(Span.trace_id, Span.service, Span.name, Span.kind, Span.stage, Span.start_ns,
                            Span.duration_ns, Span.status, Span.instance, attrs)
                     .where(*conds).order_by(Span.start_ns, Span.id))

@@ -112,10 +112,7 @@ def traces():
 def _thresholds():
     from .detectors import Thresholds
 
-    ext = current_app.extensions["modalscope"]
-    if "thresholds" not in ext:
-        ext["thresholds"] = Thresholds.from_env()
-    return ext["thresholds"]
+    return Thresholds.kept_in(current_app.extensions["modalscope"])
 
 
 @bp.get("/anomalies")

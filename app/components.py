@@ -311,10 +311,7 @@ def thresholds():
 
     from .detectors import Thresholds
 
-    ext = current_app.extensions["modalscope"]
-    if "thresholds" not in ext:
-        ext["thresholds"] = Thresholds.from_env()
-    return ext["thresholds"]
+    return Thresholds.kept_in(current_app.extensions["modalscope"])
 
 
 def find_findings(res, state: Mapping[str, Any]):

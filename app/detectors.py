@@ -94,6 +94,14 @@ class Thresholds:
     max_spans: int = 400_000
 
     @classmethod
+    def kept_in(cls, store: dict) -> "Thresholds":
+        """The thresholds from the environment, read once and kept in ``store`` (an app's
+        ``extensions["modalscope"]``: the API, the pages and the embeds share them)."""
+        if "thresholds" not in store:
+            store["thresholds"] = cls.from_env()
+        return store["thresholds"]
+
+    @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Thresholds":
         from ..settings import DOCUMENTED, SettingsError
 

@@ -66,10 +66,7 @@ def _settings():
 def _thresholds():
     from .detectors import Thresholds
 
-    ext = _ext()
-    if "thresholds" not in ext:
-        ext["thresholds"] = Thresholds.from_env()
-    return ext["thresholds"]
+    return Thresholds.kept_in(_ext())
 
 
 def _cache_control() -> str:

@@ -29,8 +29,6 @@ from ..models.reader import Filters, StoreReader
 from . import detectors as d
 from .params import Window
 
-SPAN_KEYS = ("cache.name", "gpu.cuda_graph", "batch.size")
-
 
 def _sketch_frame(rows: list[tuple], dims: tuple[str, ...], with_sum: bool) -> pd.DataFrame:
     """(minute, count, errors, sum, sketch, *dims) rows as a frame, each row's sketch as

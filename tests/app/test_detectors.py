@@ -360,3 +360,13 @@ def test_attribute_spans_reads_the_wanted_spans_in_start_order(engine, stored, m
         assert (r[1], r[2], r[3], r[6], r[8]) == ("svc-a", s.name, s.kind, 5 * MS, "i-1")
         assert (r[9] != "") == ("cache.name" in s.attributes)
     assert reader.attribute_spans(hi + 3600 * 10**9, hi + 7200 * 10**9, ("cache.name",), kinds=(2,)) == []
+
+
+def test_thresholds_are_read_once_per_app(monkeypatch):
+    from modalscope.app.detectors import Thresholds
+
+    store: dict = {}
+    first = Thresholds.kept_in(store)
+    monkeypatch.setenv("MODALSCOPE_DETECT_MIN_SAMPLES", "999")
+    assert Thresholds.kept_in(store) is first and first.min_samples == Thresholds().min_samples
+    assert Thresholds.kept_in({}).min_samples == 999

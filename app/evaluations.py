@@ -65,9 +65,8 @@ def latest(engine: Engine, range_s: int, key: str, not_before_end_ns: int) -> Ev
     or after ``not_before_end_ns``, or None."""
     fe = FindingEvaluation
     q = (select(fe.findings, fe.start_ns, fe.end_ns, fe.evaluated_ns)
-         .where(FindingEvaluation.range_s == range_s, FindingEvaluation.thresholds_key == key,
-                FindingEvaluation.end_ns >= not_before_end_ns)
-         .order_by(FindingEvaluation.end_ns.desc()).limit(1))
+         .where(fe.range_s == range_s, fe.thresholds_key == key, fe.end_ns >= not_before_end_ns)
+         .order_by(fe.end_ns.desc()).limit(1))
     with engine.connect() as conn:
         row = conn.execute(q).first()
     if row is None:
@@ -78,12 +77,11 @@ def latest(engine: Engine, range_s: int, key: str, not_before_end_ns: int) -> Ev
 def store(engine: Engine, window: Window, key: str, found: list[dict], evaluated_ns: int) -> None:
     """Keep ``found`` (unfiltered) as the evaluation of ``window``; drop evaluations of the
     same range older than ``KEEP_S``."""
-    range_s = round(window.seconds)
+    range_s, fe = round(window.seconds), FindingEvaluation
     with engine.begin() as conn:
-        conn.execute(delete(FindingEvaluation).where(FindingEvaluation.range_s == range_s,
-                                                     FindingEvaluation.thresholds_key == key,
-                                                     FindingEvaluation.end_ns < window.end_ns - KEEP_S * NS))
-        conn.execute(FindingEvaluation.__table__.insert().values(
+        conn.execute(delete(fe).where(fe.range_s == range_s, fe.thresholds_key == key,
+                                      fe.end_ns < window.end_ns - KEEP_S * NS))
+        conn.execute(fe.__table__.insert().values(
             range_s=range_s, thresholds_key=key, start_ns=window.start_ns, end_ns=window.end_ns,
             evaluated_ns=evaluated_ns, findings=orjson.dumps(found).decode()))
 

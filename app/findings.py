@@ -137,9 +137,10 @@ def _window_of(f: dict) -> Window:
     return Window(parse_time(f["start"], "start"), parse_time(f["end"], "end"))
 
 
-#: The attribute a finding of each attribute kind is about (its exemplars carry it).
-_EXEMPLAR_KEYS = {"cache_penetration": ("cache.name",), "batching_failure": ("batch.size",),
-                  "cuda_graph_fallback": ("gpu.cuda_graph",)}
+#: The attribute a finding of each attribute kind is about (its exemplars carry it), and
+#: whether its subject's service narrows the read (a cache's lookups come from any service).
+_EXEMPLAR_KEYS = {"cache_penetration": ("cache.name", False), "batching_failure": ("batch.size", True),
+                  "cuda_graph_fallback": ("gpu.cuda_graph", True)}
 EXEMPLAR_WINDOW_NS = 5 * d.NS_MIN  # exemplar look-ups read the finding's first minutes first
 
 
@@ -159,12 +160,12 @@ def _exemplar_rows(reader: StoreReader, f: dict, w: Window) -> list[dict]:
         # Only the spans describe_from_spans looks at: the finding's own convention key (and
         # service), or for fusion the SERVER/CONSUMER spans without their attributes. Reading
         # every span with any key and parsing its JSON cost 0.1-0.25 s a finding.
-        keys, service = _EXEMPLAR_KEYS.get(f["kind"], ()), s.get("service")
         if f["kind"] == "fusion_sync_wait":
             rows = reader.attribute_spans(w.start_ns, w.end_ns, (), kinds=d.KIND_SERVER_CODES)
         else:
-            rows = reader.attribute_spans(w.start_ns, w.end_ns, keys,
-                                          service=service if f["kind"] != "cache_penetration" else None)
+            key, by_service = _EXEMPLAR_KEYS[f["kind"]]
+            rows = reader.attribute_spans(w.start_ns, w.end_ns, (key,),
+                                          service=s.get("service") if by_service else None)
         d.describe_from_spans(f, _spans_frame(rows))
         return [{"trace_id": t} for t in f["exemplar_trace_ids"]]
     if f["kind"] == "preprocessing_bound":

@@ -100,23 +100,30 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def tree_peak_rss(pid: int) -> dict:
+def tree_peak_rss(pid: int, receivers: set[int] | frozenset[int] = frozenset()) -> dict:
     """Peak RSS of a receiver and its children: ``{"receiver_mb", "settler_mb", "children"}``.
 
-    The settler is the ``multiprocessing`` spawn child (``spawn_main`` in its command line);
-    multiprocessing's resource tracker is listed but not counted as the settler.
+    The settler is the ``multiprocessing`` spawn child (``spawn_main`` in its command line)
+    that is not one of ``receivers`` (the extra receiver processes of ``--processes N``);
+    multiprocessing's resource tracker is listed but not counted. ``receiver_mb`` is the
+    largest receiver process's peak, ``receivers_total_mb`` the sum over all of them.
     """
     children = []
     settler = None
+    peaks = [peak_rss_mb(pid)]
     for child in descendants(pid):
         cmd = cmdline(child)
-        role = "resource tracker" if "resource_tracker" in cmd else ("settler" if "spawn_main" in cmd else "child")
+        role = ("resource tracker" if "resource_tracker" in cmd else "receiver" if child in receivers
+                else "settler" if "spawn_main" in cmd else "child")
         mb = peak_rss_mb(child)
         children.append({"pid": child, "role": role, "peak_mb": None if mb is None else round(mb, 1)})
         if role == "settler" and mb is not None:
             settler = max(settler or 0.0, mb)
-    mb = peak_rss_mb(pid)
-    return {"receiver_mb": None if mb is None else round(mb, 1),
+        if role == "receiver":
+            peaks.append(mb)
+    known = [m for m in peaks if m is not None]
+    return {"receiver_mb": round(max(known), 1) if known else None,
+            "receivers_total_mb": round(sum(known), 1) if known else None,
             "settler_mb": None if settler is None else round(settler, 1), "children": children}
 
 
@@ -325,8 +332,10 @@ class Receiver:
     """
 
     def __init__(self, database_url: str, *, settle_seconds: float = 1.0, env: dict | None = None,
-                 pyspy: str | None = None, stop_timeout: float = 120.0) -> None:
+                 pyspy: str | None = None, stop_timeout: float = 120.0, processes: int = 1) -> None:
         self.database_url = database_url
+        self.processes = processes
+        self.receiver_pids: set[int] = set()  # the extra receiver processes, from their log lines
         self.http_port, self.grpc_port = free_port(), free_port()
         self.settle_seconds = settle_seconds
         self.extra_env = env or {}
@@ -349,6 +358,9 @@ class Receiver:
         assert self.proc is not None and self.proc.stdout is not None
         for line in self.proc.stdout:
             self.output.append(line.rstrip())
+            extra = re.search(r"otlp_http\[(\d+)\]: OTLP/HTTP listening", line)
+            if extra:
+                self.receiver_pids.add(int(extra.group(1)))
             if "OTLP/HTTP on" in line:
                 self._ready.set()
 
@@ -358,7 +370,7 @@ class Receiver:
                "MODALSCOPE_SETTLE_SECONDS": str(self.settle_seconds), "MODALSCOPE_BIND": "127.0.0.1",
                **self.extra_env}
         env.pop("MODALSCOPE_INGEST_TOKEN", None)
-        cmd = [sys.executable, "-m", "modalscope", "ingest", "otlp"]
+        cmd = [sys.executable, "-m", "modalscope", "ingest", "otlp", "--processes", str(self.processes)]
         if self.pyspy:
             cmd = ["py-spy", "record", "--format", "raw", "-o", self.pyspy, "--", *cmd]
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -384,7 +396,7 @@ class Receiver:
         return self.proc.pid
 
     def peak_rss(self) -> dict:
-        return tree_peak_rss(self.receiver_pid)
+        return tree_peak_rss(self.receiver_pid, self.receiver_pids)
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:

@@ -324,7 +324,7 @@ def _receiver_run(transport: str, payloads: list[bytes], url: str, args) -> dict
     from modalscope.models.schema import ensure_schema
 
     ensure_schema(url)  # created before the receiver starts: not part of the timing
-    with bl.Receiver(url, settle_seconds=args.settle_seconds, pyspy=args.pyspy) as rx:
+    with bl.Receiver(url, settle_seconds=args.settle_seconds, pyspy=args.pyspy, processes=args.processes) as rx:
         sender = HttpSender(rx.http_url) if transport == "http" else GrpcSender(rx.grpc_target)
         try:
             t0 = time.perf_counter()
@@ -484,6 +484,8 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=120, help="requests a run (default 120)")
     ap.add_argument("--spans-per-request", type=int, default=5000, help="spans a request (default 5000)")
     ap.add_argument("--clients", type=int, default=4, help="client threads for http/grpc (default 4)")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="receiver processes sharing the ports (modalscope ingest otlp --processes; default 1)")
     ap.add_argument("--repeat", type=int, default=3, help="runs; the median of each column is printed (default 3)")
     ap.add_argument("--database-url", default=None,
                     help="a PostgreSQL server URL (postgresql://postgres@127.0.0.1:5432); default: SQLite files")

@@ -193,11 +193,13 @@ def _address(host: str, port: int) -> str:
 
 
 def serve_grpc(pipeline: IngestPipeline, settings: Settings, host: str, port: int,
-               max_workers: int = 16, *, commit_timeout: float = COMMIT_TIMEOUT) -> grpc.Server:
+               max_workers: int = 16, *, commit_timeout: float = COMMIT_TIMEOUT,
+               reuse_port: bool = False) -> grpc.Server:
     """Start the OTLP/gRPC receiver on ``host:port`` and return the started server.
 
     ``port`` 0 binds any free port; the bound port is set as ``server.port``. A taken port
     raises :class:`PortInUse` naming it; ``server.stop(grace)`` stops the receiver.
+    ``reuse_port``: share the port with other receiver processes of ours (SO_REUSEPORT).
     """
     cap = int(settings.max_request_bytes)
     server = grpc.server(
@@ -205,8 +207,8 @@ def serve_grpc(pipeline: IngestPipeline, settings: Settings, host: str, port: in
         options=[
             ("grpc.max_receive_message_length", cap),
             # grpc sets SO_REUSEPORT by default on Linux, so a second receiver would silently
-            # share a port already in use instead of failing: turn it off.
-            ("grpc.so_reuseport", 0),
+            # share a port already in use instead of failing: off unless we share on purpose.
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
         ],
     )
     service = _TraceService(pipeline, settings, commit_timeout, max_busy=max_workers - RESERVED_WORKERS)

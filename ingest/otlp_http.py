@@ -475,11 +475,13 @@ class HTTPReceiver:
         self.shutdown()
 
 
-def _listen(host: str, port: int, what: str) -> socket.socket:
+def _listen(host: str, port: int, what: str, reuse_port: bool = False) -> socket.socket:
     family = select_address_family(host, port)
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:  # receiver processes sharing one port (ingest/receivers.py)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(get_sockaddr(host, int(port), family))
         sock.listen(128)
     except OSError as exc:
@@ -492,13 +494,14 @@ def _listen(host: str, port: int, what: str) -> socket.socket:
 
 
 def serve_http(app, host: str, port: int, *, what: str = "OTLP/HTTP",
-               poll_interval: float = 0.1) -> HTTPReceiver:
+               poll_interval: float = 0.1, reuse_port: bool = False) -> HTTPReceiver:
     """Serve ``app`` on ``host:port`` (``port`` 0: any free port, see ``.port``), threaded.
 
     The socket is bound here, not by Werkzeug (which prints and calls ``sys.exit`` when it
-    cannot bind), so a taken port raises :class:`PortInUse` naming it.
+    cannot bind), so a taken port raises :class:`PortInUse` naming it. ``reuse_port``: bind
+    with SO_REUSEPORT, so other receiver processes of ours can share the port.
     """
-    sock = _listen(host, port, what)
+    sock = _listen(host, port, what, reuse_port)
     try:
         # Werkzeug duplicates the descriptor; ours is closed right after.
         server = make_server(host, int(port), app, threaded=True, request_handler=_RequestHandler,

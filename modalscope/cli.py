@@ -123,10 +123,6 @@ def cmd_retag(args) -> int:
 
 
 _STOP = threading.Event()
-#: Seconds a stopping receiver waits for requests it took to be committed and answered.
-SHUTDOWN_GRACE = 20.0
-
-
 def install_stop_handlers() -> None:
     """From here on, SIGINT and SIGTERM ask the running servers to stop cleanly.
 
@@ -147,52 +143,45 @@ def _wait_for_signal() -> None:
 
 
 def start_receivers(settings, engine, rules=None, settle="process"):
-    """Start the pipeline and both OTLP receivers; returns a stop() callable."""
-    from .ingest.otlp_grpc import serve_grpc
-    from .ingest.otlp_http import IngestGate, create_ingest_app, serve_http
-    from .ingest.pipeline import IngestPipeline
+    """Start the pipeline and both OTLP receivers of this process; returns a stop() callable."""
+    from .ingest.receivers import start_receivers as start
 
-    pipeline = IngestPipeline(engine, settings, rules, settle=settle).start()
-    gate = IngestGate()
-    http_server = grpc_server = None
-    try:
-        http_server = serve_http(create_ingest_app(pipeline, settings, gate=gate), settings.bind,
-                                 settings.otlp_http_port)
-        grpc_server = serve_grpc(pipeline, settings, settings.bind, settings.otlp_grpc_port)
-    except BaseException:
-        if http_server is not None:
-            http_server.shutdown()
-        pipeline.close()
-        raise
-
-    def stop() -> None:
-        # Drain: take nothing new, answer every request already taken once its spans are
-        # committed (the writer still runs), then write whatever is left and stop.
-        grpc_stopped = grpc_server.stop(grace=SHUTDOWN_GRACE)
-        gate.draining = True
-        http_server.shutdown()
-        if not gate.drain(SHUTDOWN_GRACE):
-            log.warning("stopping with %d OTLP/HTTP request(s) still waiting for the store", gate.inflight)
-        grpc_stopped.wait(SHUTDOWN_GRACE)
-        pipeline.close()
-
-    return stop
+    return start(settings, engine, rules, settle=settle).stop
 
 
 def cmd_ingest_otlp(args) -> int:
+    from .ingest.receivers import ReceiverProcesses, ReceiverStartError, start_receivers as start, with_ports
+
     settings = _settings()
     rules = _rules(settings)
+    if args.processes < 1:
+        raise CommandError(f"--processes {args.processes}: need at least 1")
     engine = _open_store(settings)
     install_stop_handlers()
-    stop = start_receivers(settings, engine, rules)
-    print(f"OTLP/HTTP on http://{settings.bind}:{settings.otlp_http_port}/v1/traces, "
-          f"OTLP/gRPC on {settings.bind}:{settings.otlp_grpc_port}; "
-          f"store {engine.url.render_as_string()}; Ctrl-C stops", flush=True)
+    shared = args.processes > 1
+    receivers = start(settings, engine, rules, reuse_port=shared)
+    others = None
     try:
-        _wait_for_signal()
+        if shared:
+            try:
+                others = ReceiverProcesses(with_ports(settings, receivers.http_port, receivers.grpc_port),
+                                           args.processes - 1).start()
+            except ReceiverStartError as exc:
+                raise CommandError(f"a receiver process could not start: {exc}") from None
+        print(f"OTLP/HTTP on http://{settings.bind}:{receivers.http_port}/v1/traces, "
+              f"OTLP/gRPC on {settings.bind}:{receivers.grpc_port}"
+              f"{f' ({args.processes} processes)' if shared else ''}; "
+              f"store {engine.url.render_as_string()}; Ctrl-C stops", flush=True)
+        while not _STOP.wait(1.0):
+            if others is not None:
+                others.check()
     finally:
         print("stopping: writing what was received ...", file=sys.stderr, flush=True)
-        stop()
+        if others is not None:
+            others.stop(wait=False)  # all processes drain at once
+        receivers.stop()
+        if others is not None:
+            others.join()
         engine.dispose()
     return 0
 
@@ -240,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("ingest", help="receive or pull spans")
     isub = s.add_subparsers(dest="source", required=True, metavar="SOURCE")
     o = isub.add_parser("otlp", help="OTLP/HTTP (:4318) and OTLP/gRPC (:4317) receivers")
+    o.add_argument("--processes", type=int, default=1, metavar="N",
+                   help="receiver processes sharing both ports (SO_REUSEPORT): one decodes on one core; "
+                        "default 1")
     o.set_defaults(func=cmd_ingest_otlp)
     add_cloud_parsers(sub, isub)
 

@@ -132,3 +132,123 @@ def test_several_receivers_one_store_lose_and_duplicate_nothing(db_url, tmp_path
     assert traces == filled.traces and pending == 0
     assert got == expected
     assert sum(r["count"] for r in got["input_types"]) == filled.traces
+
+
+# -- receiver processes sharing one port (--processes) -------------------------------------
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as fh:
+                kids = [int(k) for k in fh.read().split()]
+        except OSError:
+            kids = []
+        out.extend(kids)
+        todo.extend(kids)
+    return out
+
+
+def _listening_inodes(port: int) -> set[str]:
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as fh:
+            for line in fh.readlines()[1:]:
+                f = line.split()
+                if f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                    inodes.add(f[9])
+    return inodes
+
+
+def _owners(pids: list[int], inodes: set[str]) -> set[int]:
+    owners = set()
+    for p in pids:
+        try:
+            fds = os.listdir(f"/proc/{p}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{p}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                owners.add(p)
+    return owners
+
+
+def _cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def test_receiver_processes_share_both_ports_and_store_everything_once(db_url, tmp_path, monkeypatch):
+    """`ingest otlp --processes 2`: two processes listen on each port, both take requests
+    (the kernel spreads connections), every span is stored once, and Ctrl-C stops them all."""
+    import grpc
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
+
+    for k in list(os.environ):
+        if k.startswith("OTEL_"):
+            monkeypatch.delenv(k)
+    http_port, grpc_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODALSCOPE_")}
+    env.update({"MODALSCOPE_DATABASE_URL": db_url, "MODALSCOPE_SETTLE_SECONDS": "0.3",
+                "MODALSCOPE_OTLP_HTTP_PORT": str(http_port), "MODALSCOPE_OTLP_GRPC_PORT": str(grpc_port)})
+    proc = _start(["ingest", "otlp", "--processes", "2"], env)
+    try:
+        ready = proc.stdout.readline()  # printed once every process listens
+        assert "(2 processes)" in ready, ready + proc.stderr.read()
+        family = [proc.pid, *_descendants(proc.pid)]
+        http_owners = _owners(family, _listening_inodes(http_port))
+        grpc_owners = _owners(family, _listening_inodes(grpc_port))
+        assert len(http_owners) == 2 and http_owners == grpc_owners and proc.pid in http_owners
+        before = {p: _cpu_ticks(p) for p in http_owners}
+
+        payloads = list(demo.export_requests(CONFIG))
+        assert len(payloads) > 20
+        for n, payload in enumerate(payloads):
+            if n % 2:  # a fresh connection each time, so the kernel picks a process each time
+                _post(http_port, payload)
+            else:
+                with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                    TraceServiceStub(channel).Export(ExportTraceServiceRequest.FromString(payload), timeout=30)
+        busy = {p: _cpu_ticks(p) - before[p] for p in http_owners}
+        # Each process decoded and wrote part of the traffic (an idle one gains a tick or two).
+        assert all(ticks >= 5 for ticks in busy.values()), busy
+
+        code, _, err = _stop(proc)
+        assert code == 0, err
+        assert "Traceback" not in err
+        assert not [p for p in http_owners - {proc.pid} if os.path.exists(f"/proc/{p}")], \
+            "a receiver process outlived the command"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    engine = make_engine(db_url, write=True)
+    try:
+        settle(engine, force=True)
+        with engine.connect() as conn:
+            spans = conn.execute(select(func.count()).select_from(Span)).scalar_one()
+            distinct = conn.execute(select(func.count()).select_from(
+                select(Span.trace_id, Span.span_id).distinct().subquery())).scalar_one()
+            traces = conn.execute(select(func.count()).select_from(Trace)).scalar_one()
+    finally:
+        engine.dispose()
+    expected_spans = sum(len(s.spans) for p in payloads for rs in ExportTraceServiceRequest.FromString(p).resource_spans
+                         for s in rs.scope_spans)
+    assert spans == distinct == expected_spans
+    assert traces == len({s.trace_id for p in payloads for rs in ExportTraceServiceRequest.FromString(p).resource_spans
+                          for ss in rs.scope_spans for s in ss.spans})
+
+
+def test_receiver_processes_refuse_a_bad_count(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODALSCOPE_")}
+    env["MODALSCOPE_DATABASE_URL"] = f"sqlite:///{tmp_path / 'x.db'}"
+    proc = _start(["ingest", "otlp", "--processes", "0"], env)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert err.strip().splitlines()[-1] == "modalscope: error: --processes 0: need at least 1"

@@ -428,6 +428,9 @@ def exemplar_traces(reader: StoreReader, window: Window, filters: Filters = Filt
         return [_trace_summary(r) for r in rows]
 
     if subject == "pair":
+        found = _slowest_calls(reader, window, filters, min_ns, max_ns, limit)
+        if found is not None:
+            return _exemplar_rows(reader, found)
         callers = () if filters.caller else tuple(reader.services_of("pair", filters))
         sq = SpanQuery(window.start_ns, window.end_ns, kind=KIND_CLIENT, service=filters.caller,
                        input_type=filters.input_type, min_ns=min_ns, max_ns=max_ns, services=callers,
@@ -445,18 +448,7 @@ def exemplar_traces(reader: StoreReader, window: Window, filters: Filters = Filt
         exhausted = len(rows) < page
         rows = [r for r in rows if r["trace_id"] not in found]
         if subject == "pair" and rows:
-            pairs_of = _pair_of_candidates(reader, rows)
-            keep = []
-            for r in rows:
-                pair = pairs_of.get(r["trace_id"] + r["span_id"])
-                if pair is None:
-                    continue
-                if filters.callee and pair[1] != filters.callee:
-                    continue
-                if filters.service and filters.service not in pair:
-                    continue
-                keep.append(r)
-            rows = keep
+            rows = _calls_of_pair(reader, rows, filters)
         for r in rows:
             if r["trace_id"] not in found and len(found) < limit:
                 found[r["trace_id"]] = r
@@ -465,6 +457,63 @@ def exemplar_traces(reader: StoreReader, window: Window, filters: Filters = Filt
         # Each page re-reads the ones before it (OFFSET): grow pages so a search that needs
         # many rows (one trace holding many of the slowest spans) takes a few reads, not many.
         page = min(page * 4, EXEMPLAR_SCAN_LIMIT - offset)
+    return _exemplar_rows(reader, found)
+
+
+def _calls_of_pair(reader: StoreReader, rows: list[dict], filters: Filters) -> list[dict]:
+    """The CLIENT span rows whose pair (as settling pairs them) matches ``filters``."""
+    pairs_of = _pair_of_candidates(reader, rows)
+    keep = []
+    for r in rows:
+        pair = pairs_of.get(r["trace_id"] + r["span_id"])
+        if pair is None:
+            continue
+        if filters.caller and pair[0] != filters.caller:
+            continue
+        if filters.callee and pair[1] != filters.callee:
+            continue
+        if filters.service and filters.service not in pair:
+            continue
+        keep.append(r)
+    return keep
+
+
+def _slowest_calls(reader: StoreReader, window: Window, filters: Filters, min_ns: int | None,
+                   max_ns: int | None, limit: int) -> dict[str, dict] | None:
+    """trace id -> its slowest call of the pair, for the ``limit`` traces with the slowest
+    calls: the settled calls from ``pair_calls`` (an index walk a pair series) and the
+    calls of traces still pending, checked as the raw-span search checks them. None when
+    ``pair_calls`` does not cover the window (an upgraded store) or settling is far behind:
+    then the raw spans are searched."""
+    if window.start_ns < reader.pair_calls_complete_from():
+        return None
+    callers = [filters.caller] if filters.caller else reader.services_of("pair", filters)
+    pending = reader.pending_calls(window.start_ns, window.end_ns, callers, input_type=filters.input_type,
+                                   min_ns=min_ns, max_ns=max_ns)
+    if pending is None:
+        return None
+    pending = _calls_of_pair(reader, pending, filters) if pending else []
+    n = max(20, limit * 3)
+    while True:
+        settled, more = reader.slow_calls(filters, window.start_ns, window.end_ns, min_ns=min_ns, max_ns=max_ns,
+                                          limit=n)
+        found: dict[str, dict] = {}
+        seen: set[int] = set()
+        for r in sorted(settled + pending, key=lambda r: (-r["duration_ns"], r["start_ns"], r["_id"])):
+            if r["_id"] in seen:  # a re-opened trace: its call is both settled and pending
+                continue
+            seen.add(r["_id"])
+            if r["trace_id"] not in found:
+                found[r["trace_id"]] = r
+                if len(found) >= limit:
+                    return found
+        if not more:
+            return found
+        n *= 4  # many of the slowest calls share traces: read deeper
+
+
+def _exemplar_rows(reader: StoreReader, found: dict[str, dict]) -> list[dict]:
+    """API rows for exemplar spans (trace id -> span row): the trace's summary and the span."""
     trace_rows = reader.trace_rows(found)
     out = []
     for tid, span in found.items():

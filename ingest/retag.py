@@ -7,7 +7,7 @@ from typing import Callable
 
 from sqlalchemy import Engine, bindparam, delete, select, update
 
-from ..models import HourlyRollup, Rollup, Span, Trace
+from ..models import PAIR_CALLS_CURSOR, Cursor, HourlyRollup, PairCall, Rollup, Span, Trace
 from .records import SpanRecord
 from .settle import settle
 from .stages import StageRules
@@ -19,7 +19,7 @@ def retag(engine: Engine, rules: StageRules, progress: Callable[[int], None] | N
     """Returns (spans whose stage changed, traces re-settled).
 
     Stages are rewritten in id order, a chunk a transaction. The rollups are then rebuilt
-    from scratch: they are deleted and every trace re-settled, in one transaction for the
+    from scratch (and ``pair_calls`` with them): they are deleted and every trace re-settled, in one transaction for the
     reset so no reader ever sees half the old and half the new numbers mixed in a row.
     """
     changed = 0
@@ -50,6 +50,9 @@ def retag(engine: Engine, rules: StageRules, progress: Callable[[int], None] | N
     with engine.begin() as conn:
         conn.execute(delete(Rollup))
         conn.execute(delete(HourlyRollup))
+        # Every trace is settled again below, so pair_calls becomes complete for all of them.
+        conn.execute(delete(PairCall))
+        conn.execute(delete(Cursor).where(Cursor.name == PAIR_CALLS_CURSOR))
         conn.execute(update(Trace).values(pending=True, contributions=None))
     traces = settle(engine, force=True)
     return changed, traces

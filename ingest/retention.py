@@ -17,7 +17,7 @@ from typing import Callable
 
 from sqlalchemy import Engine, delete, select
 
-from ..models import MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, Rollup, Span, Trace
+from ..models import MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, PairCall, Rollup, Span, Trace
 
 log = logging.getLogger(__name__)
 
@@ -69,14 +69,16 @@ def cutoffs(policy: RetentionPolicy, now_ns: int) -> dict[str, int | None]:
 
 def _batched(engine: Engine, select_keys, delete_keys, batch: int, pause: float,
              should_stop: Callable[[], bool], progress: Callable[[int], None] | None) -> int:
-    """Repeat "select up to ``batch`` keys, delete them" in short transactions until none is left."""
+    """Repeat "select up to ``batch`` keys, delete them" in short transactions until none is
+    left; ``delete_keys(keys)`` gives the statements that delete them."""
     done = 0
     while True:  # one batch at least, then as long as nobody asks to stop
         with engine.begin() as conn:
             keys = [tuple(r) if len(r) > 1 else r[0] for r in conn.execute(select_keys.limit(batch))]
             if not keys:
                 break
-            conn.execute(delete_keys(keys))
+            for stmt in delete_keys(keys):
+                conn.execute(stmt)
         done += len(keys)
         if progress is not None:
             progress(len(keys))
@@ -102,12 +104,13 @@ def prune(engine: Engine, policy: RetentionPolicy, *, now_ns: int | None = None,
         out.traces = _batched(
             engine,
             select(Trace.trace_id).where(Trace.start_ns < c, Trace.pending.is_(False)).order_by(Trace.start_ns),
-            lambda ids: delete(Trace).where(Trace.trace_id.in_(ids)),
+            lambda ids: [delete(Trace).where(Trace.trace_id.in_(ids))],
             batch, pause, should_stop, progress)
         out.spans = _batched(
             engine,
             select(Span.id).where(Span.start_ns < c).order_by(Span.start_ns),
-            lambda ids: delete(Span).where(Span.id.in_(ids)),
+            # a span's pair_calls row shares its id (the primary key of both)
+            lambda ids: [delete(PairCall).where(PairCall.span_row.in_(ids)), delete(Span).where(Span.id.in_(ids))],
             batch, pause, should_stop, progress)
     if cut["minute"] is not None:
         # Record the boundary first: readers answer windows before it from hourly rows
@@ -116,14 +119,14 @@ def prune(engine: Engine, policy: RetentionPolicy, *, now_ns: int | None = None,
         out.minute_rollups = _batched(
             engine,
             select(Rollup.minute, Rollup.series_id).where(Rollup.minute < cut["minute"]).order_by(Rollup.minute),
-            lambda keys: delete(Rollup).where(tuple_(Rollup.minute, Rollup.series_id).in_(keys)),
+            lambda keys: [delete(Rollup).where(tuple_(Rollup.minute, Rollup.series_id).in_(keys))],
             batch, pause, should_stop, progress)
     if cut["hour"] is not None:
         out.hourly_rollups = _batched(
             engine,
             select(HourlyRollup.hour, HourlyRollup.series_id).where(HourlyRollup.hour < cut["hour"])
             .order_by(HourlyRollup.hour),
-            lambda keys: delete(HourlyRollup).where(tuple_(HourlyRollup.hour, HourlyRollup.series_id).in_(keys)),
+            lambda keys: [delete(HourlyRollup).where(tuple_(HourlyRollup.hour, HourlyRollup.series_id).in_(keys))],
             batch, pause, should_stop, progress)
     if out.total():
         log.info("retention: deleted %d spans, %d traces, %d minute and %d hourly rollup rows",

@@ -38,9 +38,9 @@ import numpy as np
 from sqlalchemy import Connection, Engine, bindparam, case, delete, literal, or_, select, tuple_
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from ..models import HourlyRollup, Rollup, Series, Span, Trace
+from ..models import HourlyRollup, PairCall, Rollup, Series, Span, Trace
 from ..models import sketch
-from ..models.dialect import contains_text, insert_ignore, json_member, supports_skip_locked
+from ..models.dialect import contains_text, insert_ignore, json_member, supports_skip_locked, upsert
 from .records import KIND_CLIENT, KIND_CONSUMER, KIND_SERVER, STATUS_ERROR, SpanRecord
 from .settle_fast import convention_contributions, summarize_rows
 from .traces import find_root, input_type_of, self_times, service_pairs, trace_duration_ns, trace_error
@@ -331,7 +331,8 @@ def load_trace_rows(conn: Connection, trace_ids: Sequence[str]) -> list[tuple]:
             Span.stage, Span.start_ns, Span.duration_ns, Span.status, attrs, Span.instance,
             json_member(conn, Span.attributes, "batch.size", scalar_types=True),
             json_member(conn, Span.attributes, "gpu.cuda_graph"),
-            case((is_cache, Span.resource), else_=literal("")))  # cache lookups' groups (cache_untagged)
+            case((is_cache, Span.resource), else_=literal("")),  # cache lookups' groups (cache_untagged)
+            Span.id)  # pair_calls rows
     rows: list[tuple] = []
     for i in range(0, len(trace_ids), 500):
         chunk = trace_ids[i : i + 500]
@@ -443,10 +444,23 @@ def _apply_summary(conn: Connection, summary, claimed: dict[str, bytes | None], 
               "contributions": new_blobs[summary.trace_ids[i]]}
              for i in keep_idx.tolist()],
         )
+        _write_calls(conn, summary, keep_idx, series_of_key)
     empty = sorted(t for t in claimed if t not in index)
     if empty:  # a trace row whose spans were all deleted by retention
         conn.execute(delete(Trace).where(Trace.trace_id.in_(empty)))
     return resolved
+
+
+def _write_calls(conn: Connection, summary, keep_idx: np.ndarray, series_of_key: np.ndarray) -> None:
+    """Upsert a ``pair_calls`` row per call of the settled traces. A re-settle rewrites its
+    calls' rows (a late child may name another callee); a call never loses its pair."""
+    mask = np.isin(summary.call_trace, keep_idx) & (summary.call_row >= 0)
+    if not mask.any():
+        return
+    rows = [{"span_row": r, "series_id": sid, "start_ns": st, "duration_ns": d}
+            for r, sid, st, d in zip(summary.call_row[mask].tolist(), series_of_key[summary.call_key[mask]].tolist(),
+                                     summary.call_start[mask].tolist(), summary.call_dur[mask].tolist())]
+    conn.execute(upsert(conn, PairCall.__table__, ["span_row"], ["series_id", "start_ns", "duration_ns"]), rows)
 
 
 def settle_batch(conn: Connection, trace_ids: Sequence[str] | None, *, due_before_ns: int | None,

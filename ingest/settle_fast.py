@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -27,8 +27,8 @@ NS_PER_MINUTE = 60_000_000_000
 # ``gpu.cuda_graph`` as the database extracts them (``convention_columns`` says what they
 # hold), so spans that carry only those never have their attributes parsed in Python.
 # RESOURCE is the resource JSON of cache lookups (spans mentioning ``"cache.name"``), ''
-# for the others.
-TID, SID, PARENT, SERVICE, NAME, KIND, STAGE, START, DUR, STATUS, ATTRS, INSTANCE, BATCH, GRAPH, RESOURCE = range(15)
+# for the others. ROW (optional) is the span's ``spans.id``, for the ``pair_calls`` rows.
+TID, SID, PARENT, SERVICE, NAME, KIND, STAGE, START, DUR, STATUS, ATTRS, INSTANCE, BATCH, GRAPH, RESOURCE, ROW = range(16)
 
 # Convention rollups (DESIGN.md "Span conventions"), what the attribute-based detectors read:
 #
@@ -181,6 +181,13 @@ class BatchSummary:
     c_value: np.ndarray
     c_err: np.ndarray
     keys: list[tuple[str, ...]]  # series keys, indexed by c_key
+    # Calls (CLIENT spans with a pair), one entry each: trace index, pair series key index,
+    # the span's row id (-1 when the rows carry none), start, duration.
+    call_trace: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    call_key: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    call_row: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    call_start: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    call_dur: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 def _union_lengths(group: np.ndarray, s: np.ndarray, e: np.ndarray, n_groups: int) -> np.ndarray:
@@ -351,14 +358,19 @@ def summarize_rows(rows: Sequence[tuple]) -> BatchSummary:
         parts_v.append(dur)
         parts_e.append((status == STATUS_ERROR).astype(np.int64))
     # pair: (input type, caller, callee) per client span with a callee
+    calls = {}
     if callee_of:
         idx = np.fromiter(callee_of.keys(), dtype=np.int64, count=len(callee_of))
+        pair_keys = np.array([key_id(("pair", "", "", "", input_type[t_codes[i]], services[i], callee_of[i]))
+                              for i in idx.tolist()], dtype=np.int64)
         parts_t.append(t_codes[idx])
-        parts_k.append(np.array([key_id(("pair", "", "", "", input_type[t_codes[i]], services[i], callee_of[i]))
-                                 for i in idx.tolist()], dtype=np.int64))
+        parts_k.append(pair_keys)
         parts_m.append(start[idx] // NS_PER_MINUTE)
         parts_v.append(dur[idx])
         parts_e.append((status[idx] == STATUS_ERROR).astype(np.int64))
+        row_ids = np.asarray(cols[ROW], dtype=np.int64)[idx] if len(cols) > ROW else np.full(len(idx), -1)
+        calls = dict(call_trace=t_codes[idx], call_key=pair_keys, call_start=start[idx], call_dur=dur[idx],
+                     call_row=row_ids)
     # trace: (root service, input type) per trace
     if n_tr:
         parts_t.append(np.arange(n_tr, dtype=np.int64))
@@ -458,7 +470,7 @@ def summarize_rows(rows: Sequence[tuple]) -> BatchSummary:
         trace_ids=list(t_uniques), root_service=root_service, root_name=root_name,
         start_ns=tr_start, duration_ns=tr_dur, span_count=span_count, error=error, input_type=input_type,
         c_trace=cat(parts_t), c_key=cat(parts_k), c_minute=cat(parts_m), c_value=cat(parts_v),
-        c_err=cat(parts_e), keys=keys,
+        c_err=cat(parts_e), keys=keys, **calls,
     )
 
 

@@ -164,6 +164,24 @@ class HourlyRollup(Base):
 
 # The cursor row whose ``position`` is the oldest minute retention keeps minute rollups for.
 MINUTE_BOUNDARY_CURSOR = "retention:minute_rollups"
+# The cursor row whose ``position`` is the span start (ns) from which ``pair_calls`` is
+# complete: a store upgraded to it holds no rows for the spans settled before; absent = 0.
+PAIR_CALLS_CURSOR = "pair_calls:complete_from"
+
+
+class PairCall(Base):
+    """One call of a service pair: a settled CLIENT span and the ``pair`` series it counts
+    in, so a pair's slowest calls are an index walk rather than a search through every
+    CLIENT span of the caller. Written by the settler with the rollups."""
+
+    __tablename__ = "pair_calls"
+    # (named: the convention's name would pass PostgreSQL's 63-character limit)
+    __table_args__ = (Index("ix_pair_calls_walk", "series_id", "duration_ns", "start_ns"),)
+
+    span_row: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=False)  # spans.id
+    series_id: Mapped[int] = mapped_column(Integer)
+    start_ns: Mapped[int] = mapped_column(BigInteger)
+    duration_ns: Mapped[int] = mapped_column(BigInteger)
 
 
 class Cursor(Base):
@@ -196,5 +214,5 @@ class FindingEvaluation(Base):
     findings: Mapped[str] = mapped_column(Text)  # JSON list
 
 
-__all__ = ["MINUTE_BOUNDARY_CURSOR", "Base", "Span", "Trace", "Series", "Rollup", "HourlyRollup", "Cursor",
-           "FindingEvaluation", "NAMING_CONVENTION"]
+__all__ = ["MINUTE_BOUNDARY_CURSOR", "PAIR_CALLS_CURSOR", "Base", "Span", "Trace", "Series", "Rollup",
+           "HourlyRollup", "Cursor", "FindingEvaluation", "PairCall", "NAMING_CONVENTION"]

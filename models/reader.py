@@ -15,7 +15,7 @@ import json as _json
 from sqlalchemy import Engine, and_, func, literal, or_, select
 from sqlalchemy.orm import aliased
 
-from . import MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, Rollup, Series, Span, Trace
+from . import MINUTE_BOUNDARY_CURSOR, PAIR_CALLS_CURSOR, Cursor, HourlyRollup, PairCall, Rollup, Series, Span, Trace
 from .dialect import contains_text_in
 from .sketch import Histogram, merge_blobs
 
@@ -405,6 +405,80 @@ class StoreReader:
                 for r in conn.execute(stmt).mappings():
                     if r["parent_span_id"] in by_trace.get(r["trace_id"], ()):
                         out.append(dict(r))
+        return out
+
+    # -- a pair's calls (pair_calls, written by the settler) ----------------------------
+    def pair_calls_complete_from(self) -> int:
+        """The span start (ns) from which ``pair_calls`` holds every settled call: 0 for a
+        store created with it, later for one upgraded to it (see migration 0005)."""
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(Cursor.position).where(Cursor.name == PAIR_CALLS_CURSOR)).scalar() or 0)
+
+    def slow_calls(self, filters: Filters, start_ns: int, end_ns: int, *, min_ns: int | None = None,
+                   max_ns: int | None = None, limit: int = 20) -> tuple[list[dict], bool]:
+        """Settled calls of the pair series matching ``filters`` (caller, callee, service,
+        input type) starting in the window, slowest first (then earliest): the span rows
+        (candidate columns and ``_id``), at most ``limit``. Each series walks the
+        ``(series_id, duration_ns, start_ns)`` index slowest first; the walks are merged.
+        The flag says whether more rows may exist beyond ``limit``."""
+        with self.engine.connect() as conn:
+            series_ids = conn.execute(select(Series.id).where(self._series_filter("pair", filters))).scalars().all()
+            picked: list[tuple[int, int, int]] = []
+            more = False
+            for sid in series_ids:
+                conds = [PairCall.series_id == sid, PairCall.start_ns >= start_ns, PairCall.start_ns < end_ns]
+                if min_ns is not None:
+                    conds.append(PairCall.duration_ns >= min_ns)
+                if max_ns is not None:
+                    conds.append(PairCall.duration_ns <= max_ns)
+                got = conn.execute(
+                    select(PairCall.duration_ns, PairCall.start_ns, PairCall.span_row).where(*conds)
+                    .order_by(PairCall.duration_ns.desc(), PairCall.start_ns, PairCall.span_row).limit(limit)
+                ).all()
+                more = more or len(got) == limit  # that series may have more
+                picked.extend(tuple(r) for r in got)
+            # The slowest `limit` of all are among each series' slowest `limit`: exact.
+            picked.sort(key=lambda r: (-r[0], r[1], r[2]))
+            more = more or len(picked) > limit
+            picked = picked[:limit]
+            cols = [Span.__table__.c[c] for c in _CANDIDATE_COLUMNS] + [Span.id.label("_id")]
+            by_id: dict[int, dict] = {}
+            ids = [r[2] for r in picked]
+            for i in range(0, len(ids), 500):
+                for r in conn.execute(select(*cols).where(Span.id.in_(ids[i : i + 500]))).mappings():
+                    by_id[r["_id"]] = dict(r)
+        # A row retention deleted between the two reads has no span: skipped.
+        return [by_id[r[2]] for r in picked if r[2] in by_id], more
+
+    def pending_calls(self, start_ns: int, end_ns: int, services: Iterable[str] = (), *,
+                      input_type: str | None = None, min_ns: int | None = None, max_ns: int | None = None,
+                      max_traces: int = 2000) -> list[dict] | None:
+        """CLIENT spans starting in the window of traces not settled yet (their calls are
+        not in ``pair_calls``), of ``services`` when given, of traces whose row has
+        ``input_type`` when given; None when more than ``max_traces`` traces are pending (a
+        backlog: search the raw spans instead)."""
+        services = list(services)
+        with self.engine.connect() as conn:
+            tids = conn.execute(select(Trace.trace_id).where(Trace.pending.is_(True)).limit(max_traces + 1)
+                                ).scalars().all()
+            if len(tids) > max_traces:
+                return None
+            cols = [Span.__table__.c[c] for c in _CANDIDATE_COLUMNS] + [Span.id.label("_id")]
+            out: list[dict] = []
+            for i in range(0, len(tids), 300):
+                conds = [Span.trace_id.in_(tids[i : i + 300]), Span.kind == KIND_CLIENT_CODE,
+                         Span.start_ns >= start_ns, Span.start_ns < end_ns]
+                if services:
+                    conds.append(Span.service.in_(services))
+                if min_ns is not None:
+                    conds.append(Span.duration_ns >= min_ns)
+                if max_ns is not None:
+                    conds.append(Span.duration_ns <= max_ns)
+                stmt = select(*cols)
+                if input_type:
+                    stmt = stmt.join(Trace, Trace.trace_id == Span.trace_id)
+                    conds.append(Trace.input_type == input_type)
+                out.extend(dict(r) for r in conn.execute(stmt.where(*conds)).mappings())
         return out
 
     def slow_traces(self, start_ns: int, end_ns: int, *, input_type: str | None = None,

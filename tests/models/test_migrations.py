@@ -65,3 +65,44 @@ def test_upgrading_a_0001_store_fills_hourly_rollups_from_its_minutes(empty_db_u
             for k, c in zip(keys.tolist(), counts.tolist()):
                 want[k] = want.get(k, 0) + c
         assert buckets == want
+
+
+@pytest.mark.parametrize("empty_db_url", ["sqlite", "postgresql"], indirect=True)
+def test_upgrading_a_store_with_spans_marks_where_pair_calls_begin(empty_db_url):
+    """0005 adds pair_calls without re-settling old traces: windows before the newest stored
+    span are searched in the raw spans (same answers); `retag` fills the table for all."""
+    import random
+    import time
+
+    from modalscope.app import queries
+    from modalscope.app.params import Window
+    from modalscope.ingest.retag import retag
+    from modalscope.ingest.writer import write_spans
+    from modalscope.models.reader import Filters, StoreReader
+    from tests.app.conftest import side_calls_trace
+    from tests.factories import rules
+
+    upgrade(empty_db_url, "0004")
+    engine = make_engine(empty_db_url, write=True)
+    try:
+        rng = random.Random(8)
+        base = (time.time_ns() // 60_000_000_000 - 20) * 60_000_000_000
+        traces = [side_calls_trace(rng, base + i * 7_000_000_000, db_ms=5 + i, llm_ms=90) for i in range(10)]
+        write_spans(engine, [s for t in traces for s in t])  # the 0004 columns: the writer's own
+        upgrade(empty_db_url)
+        check(empty_db_url)
+        from modalscope.ingest.settle import settle
+
+        settle(engine, force=True)  # the old spans settle after the upgrade: rows written, cursor stays
+        reader = StoreReader(engine)
+        newest = max(s.start_ns for t in traces for s in t)
+        assert reader.pair_calls_complete_from() == newest + 1
+        window = Window(base - 60_000_000_000, base + 600_000_000_000)
+        f = Filters(caller="gateway", callee="userdb")
+        before = queries.exemplar_traces(reader, window, f, limit=4)
+        assert [r["span_ms"] for r in before] == [14.0, 13.0, 12.0, 11.0]
+        changed, settled = retag(engine, rules())
+        assert settled == 10 and reader.pair_calls_complete_from() == 0
+        assert queries.exemplar_traces(reader, window, f, limit=4) == before
+    finally:
+        engine.dispose()

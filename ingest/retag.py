@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Callable
 
-from sqlalchemy import Engine, bindparam, delete, select, update
+from sqlalchemy import Engine, bindparam, delete, func, select, update
 
 from ..models import PAIR_CALLS_CURSOR, Cursor, HourlyRollup, PairCall, Rollup, Span, Trace
 from .records import SpanRecord
@@ -15,8 +15,10 @@ from .stages import StageRules
 CHUNK = 5000
 
 
-def retag(engine: Engine, rules: StageRules, progress: Callable[[int], None] | None = None) -> tuple[int, int]:
-    """Returns (spans whose stage changed, traces re-settled).
+def retag(engine: Engine, rules: StageRules, progress: Callable[[int], None] | None = None,
+          settle_progress: Callable[[int, int], None] | None = None) -> tuple[int, int]:
+    """Returns (spans whose stage changed, traces re-settled). ``progress(spans)`` follows the
+    stage pass, ``settle_progress(traces, total)`` the re-settle.
 
     Stages are rewritten in id order, a chunk a transaction. The rollups are then rebuilt
     from scratch (and ``pair_calls`` with them): they are deleted and every trace re-settled, in one transaction for the
@@ -54,5 +56,10 @@ def retag(engine: Engine, rules: StageRules, progress: Callable[[int], None] | N
         conn.execute(delete(PairCall))
         conn.execute(delete(Cursor).where(Cursor.name == PAIR_CALLS_CURSOR))
         conn.execute(update(Trace).values(pending=True, contributions=None))
-    traces = settle(engine, force=True)
+    if settle_progress is None:
+        return changed, settle(engine, force=True)
+    with engine.connect() as conn:
+        total = conn.execute(select(func.count()).select_from(Trace).where(Trace.pending.is_(True))).scalar_one()
+    settle_progress(0, total)
+    traces = settle(engine, force=True, progress=lambda n: settle_progress(n, total))
     return changed, traces

@@ -114,8 +114,20 @@ def cmd_retag(args) -> int:
     engine = _open_store(settings, create=False)
     try:
         bar = _progress(None, "retagging", unit=" spans", unit_scale=True)
-        changed, traces = retag(engine, rules, progress=bar.update)
-        bar.close()
+        bars = {}
+
+        def settling(n: int, total: int) -> None:
+            if "settle" not in bars:
+                bar.close()
+                bars["settle"] = _progress(total, "re-settling", unit=" traces", unit_scale=True)
+            bars["settle"].update(n)
+
+        try:
+            changed, traces = retag(engine, rules, progress=bar.update, settle_progress=settling)
+        finally:
+            bar.close()
+            if "settle" in bars:
+                bars["settle"].close()
     finally:
         engine.dispose()
     print(f"retagged: {changed} spans changed stage; {traces} traces re-settled")

@@ -649,26 +649,29 @@ def stage_series(reader: StoreReader, window: Window, filters: Filters = Filters
 def vit_layers(reader: StoreReader, window: Window, filters: Filters = Filters()) -> list[dict]:
     """ViT layer breakdown from spans carrying ``mm.layer`` (patch_embed/attention/mlp).
 
-    Which operations are layers is read from the newest raw spans of the window
-    (``StoreReader.attribute_ops``: a bounded scan); their counts, time and percentiles
-    come from the ``op`` rollups over the whole window. ``share`` is the layer's time over
-    the encoder stage's self time in the window (per DESIGN.md, ViT MLP ~36 %, attention ~18 %).
+    Counts, time and percentiles come from the ``layer`` rollups the settler writes (one
+    series per operation, stage, input type and layer). ``share`` is the layer's time over
+    the encoder stage's self time in the window (per DESIGN.md, ViT MLP ~36 %, attention
+    ~18 %). A store settled before ``layer`` rollups existed (no such series at all) is
+    read as before: the layer operations from the newest raw spans, their numbers from the
+    ``op`` rollups (``modalscope retag`` writes the rollups for its old spans).
     """
-    ops = reader.attribute_ops("mm.layer", window.start_ns, window.end_ns)
-    if filters.service:
-        ops = [o for o in ops if o[0] == filters.service]
-    if not ops:
-        return []
-    layer_of = {(s, n): str(v) for s, n, v in ops}
-    groups = reader.op_histograms(window.start_ns, window.end_ns, layer_of, input_type=filters.input_type)
     merged: dict[str, list] = {}
-    for key, g in groups.items():
-        layer = layer_of[key]
+    if reader.series_ids("layer"):
+        groups = reader.rollups(RollupQuery("layer", window.start_ns, window.end_ns,
+                                            Filters(service=filters.service, input_type=filters.input_type),
+                                            ("callee", "name")))
+        parts = [(g.key[0], g.key[1], g) for g in groups]
+    else:
+        parts = _layers_from_raw_spans(reader, window, filters)
+    for layer, name, g in parts:
         m = merged.setdefault(layer, [0, 0, Histogram(), set()])
         m[0] += g.count
         m[1] += g.sum_ns
         m[2].merge(g.histogram)
-        m[3].add(key[1])
+        m[3].add(name)
+    if not merged:
+        return []
     enc = reader.rollups(RollupQuery("tstage", window.start_ns, window.end_ns,
                                      Filters(service=None, input_type=filters.input_type, stage="encoder"), ()))
     enc_total = sum(g.sum_ns for g in enc)
@@ -683,6 +686,19 @@ def vit_layers(reader: StoreReader, window: Window, filters: Filters = Filters()
                     "share": round(total / enc_total, 6) if enc_total else None})
     out.sort(key=lambda r: (order.get(r["layer"], 99), r["layer"]))
     return out
+
+
+def _layers_from_raw_spans(reader: StoreReader, window: Window, filters: Filters) -> list[tuple]:
+    """(layer, span name, op histogram group) with the layer operations read from the newest
+    raw spans of the window (a bounded scan), for stores without ``layer`` rollups."""
+    ops = reader.attribute_ops("mm.layer", window.start_ns, window.end_ns)
+    if filters.service:
+        ops = [o for o in ops if o[0] == filters.service]
+    if not ops:
+        return []
+    layer_of = {(s, n): str(v) for s, n, v in ops}
+    groups = reader.op_histograms(window.start_ns, window.end_ns, layer_of, input_type=filters.input_type)
+    return [(layer_of[key], key[1], g) for key, g in groups.items()]
 
 
 # -- one trace -------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from ..models import HourlyRollup, PairCall, Rollup, Series, Span, Trace
 from ..models import sketch
 from ..models.dialect import contains_text, insert_ignore, json_member, supports_skip_locked, upsert
 from .records import KIND_CLIENT, KIND_CONSUMER, KIND_SERVER, STATUS_ERROR, SpanRecord
-from .settle_fast import convention_contributions, summarize_rows
+from .settle_fast import LAYER_KEY, convention_contributions, summarize_rows
 from .traces import find_root, input_type_of, self_times, service_pairs, trace_duration_ns, trace_error
 
 log = logging.getLogger(__name__)
@@ -149,6 +149,12 @@ def summarize_trace(trace_id: str, spans: list[SpanRecord]) -> SettledTrace:
             series_key("op", s.service, s.name, s.stage or "other", input_type),
             s.start_ns // NS_PER_MINUTE, s.end_ns - s.start_ns, int(s.status == STATUS_ERROR),
         ))
+        layer = s.attributes.get(LAYER_KEY) if s.attributes else None
+        if isinstance(layer, str):
+            contribs.append((
+                series_key("layer", s.service, s.name, s.stage or "other", input_type, callee=layer),
+                s.start_ns // NS_PER_MINUTE, s.end_ns - s.start_ns, int(s.status == STATUS_ERROR),
+            ))
     by_id = {s.span_id: s for s in spans}
     for span_id, (caller, callee) in service_pairs(spans).items():
         s = by_id[span_id]
@@ -332,7 +338,8 @@ def load_trace_rows(conn: Connection, trace_ids: Sequence[str]) -> list[tuple]:
             json_member(conn, Span.attributes, "batch.size", scalar_types=True),
             json_member(conn, Span.attributes, "gpu.cuda_graph"),
             case((is_cache, Span.resource), else_=literal("")),  # cache lookups' groups (cache_untagged)
-            Span.id)  # pair_calls rows
+            Span.id,  # pair_calls rows
+            json_member(conn, Span.attributes, LAYER_KEY, strings_only=True))  # layer series
     rows: list[tuple] = []
     for i in range(0, len(trace_ids), 500):
         chunk = trace_ids[i : i + 500]

@@ -27,8 +27,10 @@ NS_PER_MINUTE = 60_000_000_000
 # ``gpu.cuda_graph`` as the database extracts them (``convention_columns`` says what they
 # hold), so spans that carry only those never have their attributes parsed in Python.
 # RESOURCE is the resource JSON of cache lookups (spans mentioning ``"cache.name"``), ''
-# for the others. ROW (optional) is the span's ``spans.id``, for the ``pair_calls`` rows.
-TID, SID, PARENT, SERVICE, NAME, KIND, STAGE, START, DUR, STATUS, ATTRS, INSTANCE, BATCH, GRAPH, RESOURCE, ROW = range(16)
+# for the others. ROW (optional) is the span's ``spans.id``, for the ``pair_calls`` rows;
+# LAYER (optional) its ``mm.layer`` when that is a string (the ``layer`` series).
+TID, SID, PARENT, SERVICE, NAME, KIND, STAGE, START, DUR, STATUS, ATTRS, INSTANCE, BATCH, GRAPH, RESOURCE, ROW, \
+    LAYER = range(17)
 
 # Convention rollups (DESIGN.md "Span conventions"), what the attribute-based detectors read:
 #
@@ -57,6 +59,10 @@ TID, SID, PARENT, SERVICE, NAME, KIND, STAGE, START, DUR, STATUS, ATTRS, INSTANC
 #   first and last encoder service to finish; minute = the first encoder start's.
 # * ``inst`` (service, name = service.instance.id): a trace's first SERVER/CONSUMER span on
 #   each instance; its duration (new instances are found from these).
+# * ``layer`` (service, name, stage, input type, callee = the layer): a span whose
+#   ``mm.layer`` is a string (ViT patch_embed / attention / mlp); its duration; error = its
+#   status. The Stages page's layer breakdown reads these instead of raw spans.
+LAYER_KEY = "mm.layer"
 CONVENTION_KEYS = ("cache.name", "batch.size", "gpu.cuda_graph")
 CACHE_MAX_TAGS = 8
 CACHE_TAG_MAX_LEN = 64
@@ -357,6 +363,19 @@ def summarize_rows(rows: Sequence[tuple]) -> BatchSummary:
         parts_m.append(start // NS_PER_MINUTE)
         parts_v.append(dur)
         parts_e.append((status == STATUS_ERROR).astype(np.int64))
+        if len(cols) > LAYER:  # layer: the op's key with the layer as callee
+            layers = cols[LAYER]
+            idx = np.flatnonzero(np.fromiter((v is not None for v in layers), dtype=bool, count=n))
+            if len(idx):
+                combo = pd.MultiIndex.from_arrays([op_codes[idx], np.asarray(layers, dtype=object)[idx]])
+                codes, uniques = pd.factorize(combo)
+                lkeys = np.array([key_id(("layer",) + keys[op_key[oc]][1:6] + (lv,)) for oc, lv in uniques],
+                                 dtype=np.int64)
+                parts_t.append(t_codes[idx])
+                parts_k.append(lkeys[codes])
+                parts_m.append(start[idx] // NS_PER_MINUTE)
+                parts_v.append(dur[idx])
+                parts_e.append((status[idx] == STATUS_ERROR).astype(np.int64))
     # pair: (input type, caller, callee) per client span with a callee
     calls = {}
     if callee_of:

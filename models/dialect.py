@@ -107,20 +107,22 @@ def contains_text_in(dialect_name: str, column, needle: str):
     return column.contains(needle, autoescape=True)
 
 
-def json_member(conn: Connection, column, key: str, scalar_types: bool = False):
+def json_member(conn: Connection, column, key: str, scalar_types: bool = False, strings_only: bool = False):
     """The value of top-level ``key`` in a JSON-object text column, NULL when absent or JSON
     null; other values as the engine gives them (SQLite: its SQL type, objects as JSON text;
-    PostgreSQL: text). ``scalar_types``: only numbers and strings, anything else NULL.
-    The JSON is parsed only in rows whose text mentions the key."""
+    PostgreSQL: text). ``scalar_types``: only numbers and strings, anything else NULL;
+    ``strings_only``: only strings. The JSON is parsed only in rows whose text mentions the key."""
     mentioned = contains_text(conn, column, f'"{key}"')  # keys here are plain names
     if conn.dialect.name == "sqlite":
         path = '$."' + key + '"'
         value = func.json_extract(column, path)
-        if scalar_types:
-            mentioned = and_(mentioned, func.json_type(column, path).in_(("integer", "real", "text")))
+        if scalar_types or strings_only:
+            types = ("text",) if strings_only else ("integer", "real", "text")
+            mentioned = and_(mentioned, func.json_type(column, path).in_(types))
     else:
         doc = cast(column, postgresql.JSONB)
         value = doc[key].astext
-        if scalar_types:
-            mentioned = and_(mentioned, func.jsonb_typeof(doc[key]).in_(("number", "string")))
+        if scalar_types or strings_only:
+            types = ("string",) if strings_only else ("number", "string")
+            mentioned = and_(mentioned, func.jsonb_typeof(doc[key]).in_(types))
     return case((mentioned, value), else_=literal(None))

@@ -173,6 +173,19 @@ def test_stage_breakdown_series_and_vit_layers(store):
     assert queries.vit_layers(store.reader, store.window, Filters(service="llm")) == []
 
 
+def test_vit_layers_from_layer_rollups_equal_the_raw_span_reading(store, monkeypatch):
+    """The ``layer`` rollups give what the older reading (layer operations from raw spans,
+    numbers from ``op`` rollups) gives, for every filter the Stages page passes."""
+    cases = [Filters(), Filters(input_type="image"), Filters(input_type="multi_image"),
+             Filters(service="vision-encoder"), Filters(service="llm")]
+    from_rollups = [queries.vit_layers(store.reader, store.window, f) for f in cases]
+    assert store.reader.series_ids("layer")
+    real = store.reader.series_ids
+    monkeypatch.setattr(store.reader, "series_ids", lambda kind: {} if kind == "layer" else real(kind))
+    assert [queries.vit_layers(store.reader, store.window, f) for f in cases] == from_rollups
+    assert from_rollups[0] and from_rollups[1] and from_rollups[-1] == []
+
+
 def test_trace_view_depth_critical_path_and_ranks(store):
     t = store.images[0]
     view = queries.trace_view(store.reader, t[0].trace_id, store.window)

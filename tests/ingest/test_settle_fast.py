@@ -7,6 +7,7 @@ from collections import Counter
 
 import numpy as np
 import orjson
+from sqlalchemy import select
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -60,6 +61,8 @@ def random_trace(rng: random.Random, tid: str) -> list[SpanRecord]:
             attrs["batch.size"] = rng.choice([1, 1, 4, 2.5, "8", "x", True, 0, -3])
         if rng.random() < 0.2:
             attrs["gpu.cuda_graph"] = rng.choice(["fallback", "captured", "other"])
+        if rng.random() < 0.2:  # ViT layers; only a string names one
+            attrs["mm.layer"] = rng.choice(["patch_embed", "attention", "mlp", "", 3, None, ["mlp"]])
         kind = rng.choice([1, 2, 3, 3, 4, 5])
         if kind == 3 and rng.random() < 0.5:
             attrs[rng.choice(["peer.service", "server.address", "net.peer.name"])] = rng.choice(SERVICES + [""])
@@ -75,15 +78,17 @@ def random_trace(rng: random.Random, tid: str) -> list[SpanRecord]:
     return sorted(uniq.values(), key=lambda s: (s.start_ns, s.span_id))
 
 
-def as_rows(spans):
-    """Rows as ``load_trace_rows`` gives them (the resource only on cache lookups)."""
+def as_rows(spans, first_row: int = 1):
+    """Rows as ``load_trace_rows`` gives them (the resource only on cache lookups; row ids
+    from ``first_row``)."""
     out = []
-    for s in spans:
+    for row_id, s in enumerate(spans, first_row):
         attrs = orjson.dumps(s.attributes).decode() if s.attributes else "{}"
         out.append((s.trace_id, s.span_id, s.parent_span_id, s.service, s.name, s.kind, s.stage, s.start_ns,
                     s.end_ns - s.start_ns, s.status, attrs, s.resource.get("service.instance.id"),
                     *convention_columns(s.attributes),
-                    orjson.dumps(s.resource).decode() if '"cache.name"' in attrs else ""))
+                    orjson.dumps(s.resource).decode() if '"cache.name"' in attrs else "", row_id,
+                    s.attributes.get("mm.layer") if isinstance(s.attributes.get("mm.layer"), str) else None))
     return out
 
 
@@ -92,8 +97,17 @@ def as_rows(spans):
 def test_batch_equals_reference(seed, n_traces):
     rng = random.Random(seed)
     traces = [random_trace(rng, f"{rng.getrandbits(128) | 1:032x}") for _ in range(n_traces)]
-    rows = [r for t in sorted(traces, key=lambda t: t[0].trace_id) for r in as_rows(t)]
+    rows = []
+    for t in sorted(traces, key=lambda t: t[0].trace_id):
+        rows += as_rows(t, len(rows) + 1)
     batch = summarize_rows(rows)
+    # Calls: exactly the pair contributions, each with its span's row id.
+    pair_rows = Counter((batch.keys[k], int(v)) for k, v in zip(batch.c_key, batch.c_value)
+                        if batch.keys[k][0] == "pair")
+    call_rows = Counter((batch.keys[k], int(d)) for k, d in zip(batch.call_key, batch.call_dur))
+    assert call_rows == pair_rows
+    for r, d, st in zip(batch.call_row.tolist(), batch.call_dur.tolist(), batch.call_start.tolist()):
+        assert rows[r - 1][8] == d and rows[r - 1][7] == st
     assert sorted(batch.trace_ids) == sorted(t[0].trace_id for t in traces)
     for t in traces:
         ref = summarize_trace(t[0].trace_id, t)
@@ -121,12 +135,14 @@ def test_database_extracts_convention_columns_like_python(engine):
     """The loader's SQL (json_extract / ->>) gives what ``convention_columns`` says, on both
     databases, for odd shapes too: so the batch path and the reference agree on stored spans."""
     from modalscope.ingest.settle import load_trace_rows
-    from modalscope.ingest.settle_fast import BATCH, GRAPH
+    from modalscope.ingest.settle_fast import BATCH, GRAPH, LAYER, ROW
     from modalscope.ingest.writer import write_spans
+    from modalscope.models import Span
 
     spans, expected = [], {}
     tid = "ab" * 16
     shapes = [{"batch.size": v} for v in ODD_VALUES] + [{"gpu.cuda_graph": v} for v in ODD_VALUES] + [
+        {"mm.layer": v} for v in ODD_VALUES + ["mlp", "attention"]] + [
         {"batch.size": 4, "gpu.cuda_graph": "fallback", "cache.name": "kv"}, {}]
     for i, extra in enumerate(shapes):
         attrs = {"other": "y", **extra}
@@ -137,8 +153,12 @@ def test_database_extracts_convention_columns_like_python(engine):
     write_spans(engine, spans)
     with engine.connect() as conn:
         rows = load_trace_rows(conn, [tid])
+        ids = dict(conn.execute(select(Span.span_id, Span.id)).all())
     assert len(rows) == len(spans)
+    layers = {s.span_id: s.attributes.get("mm.layer") for s in spans}
     for r in rows:
+        assert r[ROW] == ids[r[1]]
+        assert r[LAYER] == (layers[r[1]] if isinstance(layers[r[1]], str) else None), (r[LAYER], layers[r[1]])
         want_b, want_g = expected[r[1]]
         got_size = _batch_sizes([r[BATCH]])[0]
         want_size = _batch_sizes([want_b])[0]

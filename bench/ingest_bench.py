@@ -257,7 +257,9 @@ class HttpSender:
 
 class GrpcSender:
     """``TraceService/Export`` through opentelemetry-proto's ``TraceServiceStub``, one channel
-    a thread; retries UNAVAILABLE after the RetryInfo delay."""
+    a thread, each with its own connection (as separate exporters have: grpc would otherwise
+    share one connection among a process's channels to the same target); retries
+    UNAVAILABLE after the RetryInfo delay."""
 
     def __init__(self, target: str) -> None:
         self.target = target
@@ -273,7 +275,8 @@ class GrpcSender:
             from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
 
             channel = grpc.insecure_channel(self.target, options=[("grpc.max_send_message_length", -1),
-                                                                  ("grpc.max_receive_message_length", -1)])
+                                                                  ("grpc.max_receive_message_length", -1),
+                                                                  ("grpc.use_local_subchannel_pool", 1)])
             with self._lock:
                 self._channels.append(channel)
             stub = self._local.stub = TraceServiceStub(channel)

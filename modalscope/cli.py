@@ -135,6 +135,8 @@ def cmd_retag(args) -> int:
 
 
 _STOP = threading.Event()
+
+
 def install_stop_handlers() -> None:
     """From here on, SIGINT and SIGTERM ask the running servers to stop cleanly.
 

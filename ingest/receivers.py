@@ -80,9 +80,13 @@ class ReceiverProcesses:
 
     Each runs :func:`run_receiver_process`: its own engine, pipeline (no settler) and both
     receivers bound with SO_REUSEPORT. ``start`` returns once every one listens, or raises
-    the first one's error (and stops the others). ``stop`` closes the control pipes: each
+    the first one's error (and stops the others). ``check`` (called every second by the
+    command) replaces a process that died — at most once every ``RESTART_EVERY`` seconds a
+    slot, so one that cannot start does not spin. ``stop`` closes the control pipes: each
     process drains as ``modalscope ingest otlp`` does on Ctrl-C, then exits.
     """
+
+    RESTART_EVERY = 10.0
 
     def __init__(self, settings: Settings, count: int) -> None:
         self.settings = settings
@@ -90,33 +94,43 @@ class ReceiverProcesses:
         self._ctx = multiprocessing.get_context("spawn")  # gRPC does not survive fork
         self._procs: list = []
         self._pipes: list = []
-        self._reported_dead: set[int] = set()
+        self._restart_at: list[float] = []
+        self.restarts = 0
+
+    def _spawn(self, slot: int):
+        ours, theirs = self._ctx.Pipe()
+        proc = self._ctx.Process(target=run_receiver_process, args=(self.settings, theirs),
+                                 name=f"modalscope-receiver-{slot + 2}", daemon=True)
+        proc.start()
+        theirs.close()
+        return proc, ours
+
+    @staticmethod
+    def _wait_ready(proc, pipe, deadline: float) -> None:
+        message = None
+        while message is None:
+            if pipe.poll(0.2):
+                try:
+                    message = pipe.recv()
+                except EOFError:
+                    message = ("error", f"receiver process exited with status {proc.exitcode}")
+            elif not proc.is_alive() and not pipe.poll(0):
+                message = ("error", f"receiver process exited with status {proc.exitcode}")
+            elif time.monotonic() > deadline:
+                message = ("error", f"receiver process did not start within {START_TIMEOUT:.0f} s")
+        if message[0] != "ready":
+            raise ReceiverStartError(message[1])
 
     def start(self) -> "ReceiverProcesses":
-        for i in range(self.count):
-            ours, theirs = self._ctx.Pipe()
-            proc = self._ctx.Process(target=run_receiver_process, args=(self.settings, theirs),
-                                     name=f"modalscope-receiver-{i + 2}", daemon=True)
-            proc.start()
-            theirs.close()
+        for slot in range(self.count):
+            proc, pipe = self._spawn(slot)
             self._procs.append(proc)
-            self._pipes.append(ours)
+            self._pipes.append(pipe)
+            self._restart_at.append(0.0)
         deadline = time.monotonic() + START_TIMEOUT
         try:
             for proc, pipe in zip(self._procs, self._pipes):
-                message = None
-                while message is None:
-                    if pipe.poll(0.2):
-                        try:
-                            message = pipe.recv()
-                        except EOFError:
-                            message = ("error", f"receiver process exited with status {proc.exitcode}")
-                    elif not proc.is_alive() and not pipe.poll(0):
-                        message = ("error", f"receiver process exited with status {proc.exitcode}")
-                    elif time.monotonic() > deadline:
-                        message = ("error", f"receiver process did not start within {START_TIMEOUT:.0f} s")
-                if message[0] != "ready":
-                    raise ReceiverStartError(message[1])
+                self._wait_ready(proc, pipe, deadline)
         except BaseException:
             self.stop()
             raise
@@ -127,12 +141,27 @@ class ReceiverProcesses:
         return [p.pid for p in self._procs]
 
     def check(self) -> None:
-        """Log (once) a receiver process that exited: the kernel stops sending it connections."""
-        for proc in self._procs:
-            if not proc.is_alive() and proc.pid not in self._reported_dead:
-                self._reported_dead.add(proc.pid)
-                log.warning("receiver process %d exited with status %s; %d of %d still receive",
-                            proc.pid, proc.exitcode, sum(p.is_alive() for p in self._procs) + 1, self.count + 1)
+        """Replace a receiver process that died (the kernel stopped sending it connections
+        when its sockets closed; what it had acknowledged was committed)."""
+        for slot, proc in enumerate(self._procs):
+            if proc.is_alive() or time.monotonic() < self._restart_at[slot]:
+                continue
+            self._restart_at[slot] = time.monotonic() + self.RESTART_EVERY
+            log.warning("receiver process %d exited with status %s; starting another", proc.pid, proc.exitcode)
+            try:
+                self._pipes[slot].close()
+            except OSError:
+                pass
+            new, pipe = self._spawn(slot)
+            self._procs[slot], self._pipes[slot] = new, pipe
+            try:
+                self._wait_ready(new, pipe, time.monotonic() + START_TIMEOUT)
+            except ReceiverStartError as exc:
+                log.warning("the replacement receiver process could not start (retried in %.0f s): %s",
+                            self.RESTART_EVERY, exc)
+                continue
+            self.restarts += 1
+            log.info("receiver process %d took over from %d", new.pid, proc.pid)
 
     def stop(self, wait: bool = True) -> None:
         """Ask every process to drain and exit; ``wait=False`` returns at once (then :meth:`join`)."""

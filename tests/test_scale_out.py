@@ -252,3 +252,54 @@ def test_receiver_processes_refuse_a_bad_count(tmp_path):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 2
     assert err.strip().splitlines()[-1] == "modalscope: error: --processes 0: need at least 1"
+
+
+def test_a_receiver_process_that_dies_is_replaced(tmp_path, monkeypatch):
+    """Killing one of `--processes 2`'s receivers (SIGKILL: no drain) loses nothing it had
+    acknowledged; another process takes over both ports, and traffic after it is stored."""
+    import signal
+
+    for k in list(os.environ):
+        if k.startswith("OTEL_"):
+            monkeypatch.delenv(k)
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    http_port, grpc_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODALSCOPE_")}
+    env.update({"MODALSCOPE_DATABASE_URL": url, "MODALSCOPE_SETTLE_SECONDS": "0.3",
+                "MODALSCOPE_OTLP_HTTP_PORT": str(http_port), "MODALSCOPE_OTLP_GRPC_PORT": str(grpc_port)})
+    proc = _start(["ingest", "otlp", "--processes", "2"], env)
+    payloads = list(demo.export_requests(CONFIG))
+    try:
+        assert "(2 processes)" in proc.stdout.readline()
+        owners = _owners([proc.pid, *_descendants(proc.pid)], _listening_inodes(http_port))
+        (child,) = owners - {proc.pid}
+        half = len(payloads) // 2
+        for payload in payloads[:half]:
+            _post(http_port, payload)
+        os.kill(child, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while True:
+            family = [proc.pid, *_descendants(proc.pid)]
+            http_owners = _owners(family, _listening_inodes(http_port))
+            grpc_owners = _owners(family, _listening_inodes(grpc_port))
+            if len(http_owners) == 2 and child not in http_owners and http_owners == grpc_owners:
+                break
+            assert time.monotonic() < deadline, f"no replacement: {http_owners} {grpc_owners}"
+            time.sleep(0.2)
+        for payload in payloads[half:]:
+            _post(http_port, payload)
+        code, _, err = _stop(proc)
+        assert code == 0, err
+        assert "starting another" in err and "took over" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    engine = make_engine(url, write=True)
+    try:
+        with engine.connect() as conn:
+            spans = conn.execute(select(func.count()).select_from(Span)).scalar_one()
+    finally:
+        engine.dispose()
+    assert spans == sum(len(s.spans) for p in payloads for rs in ExportTraceServiceRequest.FromString(p).resource_spans
+                        for s in rs.scope_spans)

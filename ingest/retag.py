@@ -20,9 +20,10 @@ def retag(engine: Engine, rules: StageRules, progress: Callable[[int], None] | N
     """Returns (spans whose stage changed, traces re-settled). ``progress(spans)`` follows the
     stage pass, ``settle_progress(traces, total)`` the re-settle.
 
-    Stages are rewritten in id order, a chunk a transaction. The rollups are then rebuilt
-    from scratch (and ``pair_calls`` with them): they are deleted and every trace re-settled, in one transaction for the
-    reset so no reader ever sees half the old and half the new numbers mixed in a row.
+    Stages are rewritten in id order, a chunk a transaction. The rollups (and ``pair_calls``)
+    are then rebuilt from scratch: they are deleted and every trace re-settled, in one
+    transaction for the reset so no reader ever sees half the old and half the new numbers
+    mixed in a row.
     """
     changed = 0
     last_id = 0

@@ -71,7 +71,7 @@ HOUR_NS = 3_600_000_000_000
 MINUTE_NS = 60_000_000_000
 SPANS_PER_TRACE = 27.3  # the demo's average (217,724 spans in 7,983 traces)
 WINDOWS = (("1h", 1), ("24h", 24), ("7d", 168))
-COPY_TABLES = ("series", "spans", "pair_calls", "traces", "rollups", "rollups_hourly", "cursors")
+COPY_TABLES = ("series", "spans", "pair_calls", "traces", "rollups", "rollups_15m", "rollups_hourly", "cursors")
 PCT = {"pairs": (("p50_ms", 0.5), ("p90_ms", 0.9), ("p99_ms", 0.99)),
        "input_types": (("p50_ms", 0.5), ("p95_ms", 0.95), ("p99_ms", 0.99)),
        "stages": (("p50_ms", 0.5), ("p95_ms", 0.95), ("p99_ms", 0.99))}

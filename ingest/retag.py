@@ -7,7 +7,7 @@ from typing import Callable
 
 from sqlalchemy import Engine, bindparam, delete, func, select, update
 
-from ..models import PAIR_CALLS_CURSOR, Cursor, HourlyRollup, PairCall, Rollup, Span, Trace
+from ..models import PAIR_CALLS_CURSOR, Cursor, HourlyRollup, PairCall, QuarterRollup, Rollup, Span, Trace
 from .records import SpanRecord
 from .settle import settle
 from .stages import StageRules
@@ -52,6 +52,7 @@ def retag(engine: Engine, rules: StageRules, progress: Callable[[int], None] | N
             progress(len(rows))
     with engine.begin() as conn:
         conn.execute(delete(Rollup))
+        conn.execute(delete(QuarterRollup))
         conn.execute(delete(HourlyRollup))
         # Every trace is settled again below, so pair_calls becomes complete for all of them.
         conn.execute(delete(PairCall))

@@ -17,7 +17,7 @@ from typing import Callable
 
 from sqlalchemy import Engine, delete, select
 
-from ..models import MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, PairCall, Rollup, Span, Trace
+from ..models import MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, PairCall, QuarterRollup, Rollup, Span, Trace
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +46,11 @@ class PruneResult:
     spans: int = 0
     traces: int = 0
     minute_rollups: int = 0
+    quarter_rollups: int = 0
     hourly_rollups: int = 0
 
     def total(self) -> int:
-        return self.spans + self.traces + self.minute_rollups + self.hourly_rollups
+        return self.spans + self.traces + self.minute_rollups + self.quarter_rollups + self.hourly_rollups
 
 
 def cutoffs(policy: RetentionPolicy, now_ns: int) -> dict[str, int | None]:
@@ -120,6 +121,13 @@ def prune(engine: Engine, policy: RetentionPolicy, *, now_ns: int | None = None,
             engine,
             select(Rollup.minute, Rollup.series_id).where(Rollup.minute < cut["minute"]).order_by(Rollup.minute),
             lambda keys: [delete(Rollup).where(tuple_(Rollup.minute, Rollup.series_id).in_(keys))],
+            batch, pause, should_stop, progress)
+        # Quarter hours live as long as minutes (a chart reads them only where minutes are kept).
+        out.quarter_rollups = _batched(
+            engine,
+            select(QuarterRollup.quarter, QuarterRollup.series_id).where(QuarterRollup.quarter < cut["minute"] // 15)
+            .order_by(QuarterRollup.quarter),
+            lambda keys: [delete(QuarterRollup).where(tuple_(QuarterRollup.quarter, QuarterRollup.series_id).in_(keys))],
             batch, pause, should_stop, progress)
     if cut["hour"] is not None:
         out.hourly_rollups = _batched(

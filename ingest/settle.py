@@ -38,7 +38,7 @@ import numpy as np
 from sqlalchemy import Connection, Engine, bindparam, case, delete, literal, or_, select, tuple_
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from ..models import HourlyRollup, PairCall, Rollup, Series, Span, Trace
+from ..models import HourlyRollup, PairCall, QuarterRollup, Rollup, Series, Span, Trace
 from ..models import sketch
 from ..models.dialect import contains_text, insert_ignore, json_member, supports_skip_locked, upsert
 from .records import KIND_CLIENT, KIND_CONSUMER, KIND_SERVER, STATUS_ERROR, SpanRecord
@@ -232,14 +232,15 @@ def _unpack(blob: bytes | None) -> np.ndarray:
 
 def apply_contributions(conn: Connection, series: np.ndarray, minutes: np.ndarray,
                         values: np.ndarray, errs: np.ndarray, signs: np.ndarray) -> int:
-    """Add (sign +1) or subtract (-1) histogram entries to the minute rollups and to the
+    """Add (sign +1) or subtract (-1) histogram entries to the minute, quarter-hour and
     hourly rollups, in the caller's transaction; returns minute rows touched.
 
-    Both tiers take the same deltas, so an hour is always exactly the sum of its minutes,
+    Every tier takes the same deltas, so an hour (a quarter) is always exactly the sum of its minutes,
     a late span's re-settle included (minute rows past MODALSCOPE_MINUTE_ROLLUP_DAYS are
     gone by then, and a delta for a missing row with nothing to add creates nothing).
     """
     touched = _apply_tier(conn, Rollup, "minute", series, minutes, values, errs, signs)
+    _apply_tier(conn, QuarterRollup, "quarter", series, minutes // 15, values, errs, signs)
     _apply_tier(conn, HourlyRollup, "hour", series, minutes // 60, values, errs, signs)
     return touched
 

@@ -15,7 +15,8 @@ import json as _json
 from sqlalchemy import Engine, and_, func, literal, or_, select
 from sqlalchemy.orm import aliased
 
-from . import MINUTE_BOUNDARY_CURSOR, PAIR_CALLS_CURSOR, Cursor, HourlyRollup, PairCall, Rollup, Series, Span, Trace
+from . import (MINUTE_BOUNDARY_CURSOR, PAIR_CALLS_CURSOR, Cursor, HourlyRollup, PairCall, QuarterRollup, Rollup,
+               Series, Span, Trace)
 from .dialect import contains_text_in
 from .sketch import Histogram, merge_blobs
 
@@ -165,6 +166,29 @@ class StoreReader:
                                             self._series_filter(q.kind, q.filters),
                                             [getattr(Series, d) for d in q.group_by])
 
+    def _quarter_rows(self, q: RollupQuery) -> list[tuple] | None:
+        """``(minute, ...)`` rows covering the window: quarter-hour rows (minute = the
+        quarter's first) for its whole quarters, minute rows at its edges; None when the
+        window reaches before the minutes retention keeps (quarters go with them)."""
+        first, last = minute_range(q.start_ns, q.end_ns)
+        where = self._series_filter(q.kind, q.filters)
+        cols = [getattr(Series, d) for d in q.group_by]
+        rows: list[tuple] = []
+        with self.engine.connect() as conn:
+            kept = self._minutes_kept_from(conn)
+            if kept is not None and first < kept:
+                return None
+            q0, q1 = -(-first // 15), last // 15
+            if q1 <= q0:
+                return self._series_rows(conn, Rollup, Rollup.minute, first, last, where, cols)
+            if first < q0 * 15:
+                rows.extend(self._series_rows(conn, Rollup, Rollup.minute, first, q0 * 15, where, cols))
+            rows.extend(self._series_rows(conn, QuarterRollup, QuarterRollup.quarter, q0, q1, where, cols,
+                                          time_expr=QuarterRollup.quarter * 15))
+            if q1 * 15 < last:
+                rows.extend(self._series_rows(conn, Rollup, Rollup.minute, q1 * 15, last, where, cols))
+        return rows
+
     def _tiered_rows(self, kind: str, filters: Filters, start_ns: int, end_ns: int, cols: list) -> list[tuple]:
         """``(minute, count, error_count, sum_ns, sketch, *cols)`` rows covering the window:
         minute rows at the edges, hourly rows (minute = the hour's first) in between."""
@@ -228,6 +252,12 @@ class StoreReader:
             # Whole-hour steps on an hour-aligned grid: whole hours come from the hourly tier.
             rows = self._tiered_rows(q.kind, q.filters, q.start_ns, q.end_ns, [getattr(Series, d) for d in q.group_by])
             return _merge((tuple(r[5:]) + (r[0] - r[0] % step,), r[1], r[2], r[3], r[4]) for r in rows)
+        if step % 15 == 0:
+            # Steps of whole quarter hours on a quarter-aligned grid: whole quarters from the
+            # quarter-hour tier, the window's ragged edges from minutes.
+            rows = self._quarter_rows(q)
+            if rows is not None:
+                return _merge((tuple(r[5:]) + (r[0] - r[0] % step,), r[1], r[2], r[3], r[4]) for r in rows)
         first, rows = self._minute_rows(q)
         return _merge((tuple(r[5:]) + (r[0] - (r[0] - first) % step,), r[1], r[2], r[3], r[4]) for r in rows)
 

@@ -31,7 +31,7 @@ from modalscope.ingest.records import KIND_CLIENT, KIND_SERVER, STATUS_ERROR
 from modalscope.ingest.settle import settle
 from modalscope.ingest.stages import default_rules
 from modalscope.ingest.traces import input_type_of, service_pairs
-from modalscope.models import HourlyRollup, Rollup, Series, Span, Trace
+from modalscope.models import HourlyRollup, QuarterRollup, Rollup, Series, Span, Trace
 from modalscope.models.engine import make_engine
 from modalscope.settings import Settings
 from tests.test_cli import run
@@ -430,7 +430,7 @@ def test_two_runs_with_one_seed_store_identical_data(engine, db_url):
         app.extensions["modalscope"]["engine"].dispose()
     assert {(r["caller"], r["callee"]) for r in rows} == EXPECTED_PAIRS
     with engine.begin() as conn:
-        for table in (Rollup, HourlyRollup, Trace, Span):  # series ids stay (the settler caches them)
+        for table in (Rollup, QuarterRollup, HourlyRollup, Trace, Span):  # series ids stay (the settler caches them)
             conn.execute(delete(table))
     second = demo.fill(engine, TINY)
     settle(engine, force=True)

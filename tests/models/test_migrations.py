@@ -54,17 +54,21 @@ def test_upgrading_a_0001_store_fills_hourly_rollups_from_its_minutes(empty_db_u
         with engine.connect() as conn:
             hours = {h: (c, e, dict(zip(*[a.tolist() for a in decode(b)])))
                      for h, c, e, b in conn.execute(text("SELECT hour, count, error_count, sketch FROM rollups_hourly"))}
+            quarters = {q: (c, e, dict(zip(*[a.tolist() for a in decode(b)])))
+                        for q, c, e, b in conn.execute(text("SELECT quarter, count, error_count, sketch FROM rollups_15m"))}
     finally:
         engine.dispose()
     assert sorted(hours) == [10, 11, 12]
-    for hour, (count, errs, buckets) in hours.items():
-        mine = [v for m, v in minutes.items() if m // 60 == hour]
-        assert count == sum(v[0] for v in mine) and errs == len(mine)
-        want: dict = {}
-        for _, keys, counts in mine:
-            for k, c in zip(keys.tolist(), counts.tolist()):
-                want[k] = want.get(k, 0) + c
-        assert buckets == want
+    assert sorted(quarters) == [40, 43, 44, 48]  # 0006 fills quarter hours from the minutes too
+    for tier, per in ((hours, 60), (quarters, 15)):
+        for t, (count, errs, buckets) in tier.items():
+            mine = [v for m, v in minutes.items() if m // per == t]
+            assert count == sum(v[0] for v in mine) and errs == len(mine)
+            want: dict = {}
+            for _, keys, counts in mine:
+                for k, c in zip(keys.tolist(), counts.tolist()):
+                    want[k] = want.get(k, 0) + c
+            assert buckets == want
 
 
 @pytest.mark.parametrize("empty_db_url", ["sqlite", "postgresql"], indirect=True)

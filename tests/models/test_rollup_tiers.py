@@ -11,7 +11,7 @@ from sqlalchemy import func, select, text
 
 from modalscope.ingest.settle import settle
 from modalscope.ingest.writer import write_spans
-from modalscope.models import HourlyRollup, Rollup
+from modalscope.models import HourlyRollup, QuarterRollup, Rollup
 from modalscope.models.reader import Filters, RollupQuery, StoreReader, TierPlan, minute_range, tier_plan
 from modalscope.models.sketch import decode, merge_blobs
 from tests.factories import multimodal_trace
@@ -64,12 +64,12 @@ def _fill(engine, hours: float = 3.0, n: int = 120, seed: int = 3):
     return base, base + int(hours * HOUR), traces
 
 
-def _hours_from_minutes(engine) -> dict:
+def _hours_from_minutes(engine, per: int = 60) -> dict:
     out: dict = {}
     with engine.connect() as conn:
         for minute, sid, count, errs, total, blob in conn.execute(select(
                 Rollup.minute, Rollup.series_id, Rollup.count, Rollup.error_count, Rollup.sum_ns, Rollup.sketch)):
-            a = out.setdefault((minute // 60, sid), [0, 0, 0, []])
+            a = out.setdefault((minute // per, sid), [0, 0, 0, []])
             a[0] += count
             a[1] += errs
             a[2] += total
@@ -84,16 +84,54 @@ def _hours(engine) -> dict:
             HourlyRollup.sum_ns, HourlyRollup.sketch))}
 
 
+def _quarters(engine) -> dict:
+    with engine.connect() as conn:
+        return {(q, sid): (c, e, t, merge_blobs([b]).counts.tolist()) for q, sid, c, e, t, b in conn.execute(select(
+            QuarterRollup.quarter, QuarterRollup.series_id, QuarterRollup.count, QuarterRollup.error_count,
+            QuarterRollup.sum_ns, QuarterRollup.sketch))}
+
+
 def test_each_hour_is_the_exact_sum_of_its_minutes_even_after_a_late_span(engine):
     _, _, traces = _fill(engine)
     assert _hours(engine) == _hours_from_minutes(engine)
-    assert len(_hours(engine)) > 0
-    # A late span of a settled trace: the trace re-settles, both tiers take the correction.
+    assert _quarters(engine) == _hours_from_minutes(engine, per=15)
+    assert len(_hours(engine)) > 0 and len(_quarters(engine)) > len(_hours(engine))
+    # A late span of a settled trace: the trace re-settles, every tier takes the correction.
     late = traces[5][-1]
     moved = dataclasses.replace(late, span_id="00000000000000ff", name="late.step")
     write_spans(engine, [moved])
     settle(engine, force=True)
     assert _hours(engine) == _hours_from_minutes(engine)
+    assert _quarters(engine) == _hours_from_minutes(engine, per=15)
+
+
+def test_quarter_hour_steps_read_quarter_rows_and_give_the_minute_answer(engine, monkeypatch):
+    """15- and 30-minute steps: whole quarters from rollups_15m, the window's edges from
+    minutes, on a quarter-aligned grid — the same groups the minute rows give."""
+    start, end, _ = _fill(engine)
+    reader = StoreReader(engine)
+    for kind, group_by in (("op", ("service", "name")), ("tstage", ("stage",)), ("pair", ("caller", "callee"))):
+        q = RollupQuery(kind, start - 7 * MIN, end + 11 * MIN, Filters(), group_by=group_by)
+        by_minute = reader.rollups(RollupQuery(kind, q.start_ns, q.end_ns, q.filters, group_by, by_minute=True))
+        for step in (15, 30):
+            want: dict = {}
+            for g in by_minute:
+                key = g.key[:-1] + (g.key[-1] - g.key[-1] % step,)
+                a = want.setdefault(key, [0, 0, 0, np.zeros_like(g.histogram.counts)])
+                a[0] += g.count
+                a[1] += g.error_count
+                a[2] += g.sum_ns
+                a[3] = a[3] + g.histogram.counts
+            got = {g.key: (g.count, g.error_count, g.sum_ns, g.histogram.counts.tolist())
+                   for g in reader.rollup_steps(q, step)}
+            assert got == {k: (c, e, t, h.tolist()) for k, (c, e, t, h) in want.items()}
+            assert all(k[-1] % step == 0 for k in got) and len(got) > 4
+    # The quarter rows are what is read: without them the whole quarters are missing.
+    seen = []
+    real = reader._series_rows
+    monkeypatch.setattr(reader, "_series_rows", lambda conn, model, *a, **k: seen.append(model) or real(conn, model, *a, **k))
+    reader.rollup_steps(RollupQuery("op", start, end, Filters(), ("service",)), 15)
+    assert QuarterRollup in seen
 
 
 def test_long_windows_read_hourly_rows_and_give_the_minute_answer(engine):

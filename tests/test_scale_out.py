@@ -70,12 +70,28 @@ def _answers(reader: StoreReader) -> dict:
             "stages": queries.stages(reader, w, Filters())}
 
 
-def test_several_receivers_one_store_lose_and_duplicate_nothing(db_url, tmp_path, monkeypatch):
+def _receiver_env(monkeypatch, db_url: str, **ports: int) -> dict:
+    """The environment of a `modalscope ingest otlp` under test: no OTEL_ or MODALSCOPE_
+    settings from outside, this store, quick settling, and ``http``/``grpc`` ports if given."""
     for k in list(os.environ):
         if k.startswith("OTEL_"):
             monkeypatch.delenv(k)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MODALSCOPE_")}
     env.update({"MODALSCOPE_DATABASE_URL": db_url, "MODALSCOPE_SETTLE_SECONDS": "0.3"})
+    if "http" in ports:
+        env["MODALSCOPE_OTLP_HTTP_PORT"] = str(ports["http"])
+    if "grpc" in ports:
+        env["MODALSCOPE_OTLP_GRPC_PORT"] = str(ports["grpc"])
+    return env
+
+
+def _spans_in(payloads: list[bytes]) -> int:
+    return sum(len(ss.spans) for p in payloads for rs in ExportTraceServiceRequest.FromString(p).resource_spans
+               for ss in rs.scope_spans)
+
+
+def test_several_receivers_one_store_lose_and_duplicate_nothing(db_url, tmp_path, monkeypatch):
+    env = _receiver_env(monkeypatch, db_url)
     procs, ports = [], []
     try:
         for _ in range(RECEIVERS):
@@ -189,13 +205,8 @@ def test_receiver_processes_share_both_ports_and_store_everything_once(db_url, t
     import grpc
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
 
-    for k in list(os.environ):
-        if k.startswith("OTEL_"):
-            monkeypatch.delenv(k)
     http_port, grpc_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MODALSCOPE_")}
-    env.update({"MODALSCOPE_DATABASE_URL": db_url, "MODALSCOPE_SETTLE_SECONDS": "0.3",
-                "MODALSCOPE_OTLP_HTTP_PORT": str(http_port), "MODALSCOPE_OTLP_GRPC_PORT": str(grpc_port)})
+    env = _receiver_env(monkeypatch, db_url, http=http_port, grpc=grpc_port)
     proc = _start(["ingest", "otlp", "--processes", "2"], env)
     try:
         ready = proc.stdout.readline()  # printed once every process listens
@@ -238,9 +249,7 @@ def test_receiver_processes_share_both_ports_and_store_everything_once(db_url, t
             traces = conn.execute(select(func.count()).select_from(Trace)).scalar_one()
     finally:
         engine.dispose()
-    expected_spans = sum(len(s.spans) for p in payloads for rs in ExportTraceServiceRequest.FromString(p).resource_spans
-                         for s in rs.scope_spans)
-    assert spans == distinct == expected_spans
+    assert spans == distinct == _spans_in(payloads)
     assert traces == len({s.trace_id for p in payloads for rs in ExportTraceServiceRequest.FromString(p).resource_spans
                           for ss in rs.scope_spans for s in ss.spans})
 
@@ -259,14 +268,9 @@ def test_a_receiver_process_that_dies_is_replaced(tmp_path, monkeypatch):
     acknowledged; another process takes over both ports, and traffic after it is stored."""
     import signal
 
-    for k in list(os.environ):
-        if k.startswith("OTEL_"):
-            monkeypatch.delenv(k)
     url = f"sqlite:///{tmp_path / 'store.db'}"
     http_port, grpc_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MODALSCOPE_")}
-    env.update({"MODALSCOPE_DATABASE_URL": url, "MODALSCOPE_SETTLE_SECONDS": "0.3",
-                "MODALSCOPE_OTLP_HTTP_PORT": str(http_port), "MODALSCOPE_OTLP_GRPC_PORT": str(grpc_port)})
+    env = _receiver_env(monkeypatch, url, http=http_port, grpc=grpc_port)
     proc = _start(["ingest", "otlp", "--processes", "2"], env)
     payloads = list(demo.export_requests(CONFIG))
     try:
@@ -301,5 +305,4 @@ def test_a_receiver_process_that_dies_is_replaced(tmp_path, monkeypatch):
             spans = conn.execute(select(func.count()).select_from(Span)).scalar_one()
     finally:
         engine.dispose()
-    assert spans == sum(len(s.spans) for p in payloads for rs in ExportTraceServiceRequest.FromString(p).resource_spans
-                        for s in rs.scope_spans)
+    assert spans == _spans_in(payloads)

@@ -8,7 +8,7 @@ raw spans here: ``rollups`` returns merged histograms.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 import json as _json
 
@@ -62,39 +62,78 @@ def minute_range(start_ns: int, end_ns: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class TierPlan:
-    """Which rollup rows answer a window: minute rows for the ragged edges, hourly rows for
-    the whole hours between (minutes ``[m0, m1)`` and ``[m2, m3)``, hours ``[h0, h1)``)."""
+    """Which rollup rows answer a window: minute rows for the ragged edges, quarter-hour
+    rows for the whole quarters of those edges, hourly rows for the whole hours between
+    (minute ranges ``[m0, m1)``, quarter ranges ``[q0, q1)``, hours ``[h0, h1)``)."""
 
     minute_ranges: tuple[tuple[int, int], ...]
     hours: tuple[int, int]
+    quarter_ranges: tuple[tuple[int, int], ...] = ()
 
 
-def tier_plan(start_ns: int, end_ns: int, minutes_kept_from: int | None = None) -> TierPlan:
-    """Pure: split the window's minutes ``minute_range(start, end)`` into edge minutes and
-    whole hours. ``minutes_kept_from`` is the oldest minute whose minute rows are still
-    kept (MODALSCOPE_MINUTE_ROLLUP_DAYS); an edge older than that is answered by its
-    whole hour instead, so old windows are rounded outwards to hours."""
+def _split_quarters(first: int, last: int) -> tuple[list[tuple[int, int]], tuple[int, int] | None]:
+    """Minutes ``[first, last)`` as (edge minute ranges, whole quarters ``[q0, q1)`` or None)."""
+    q0, q1 = -(-first // 15), last // 15
+    if q1 <= q0:
+        return [(first, last)], None
+    edges = []
+    if first < q0 * 15:
+        edges.append((first, q0 * 15))
+    if q1 * 15 < last:
+        edges.append((q1 * 15, last))
+    return edges, (q0, q1)
+
+
+def tier_plan(start_ns: int, end_ns: int, minutes_kept_from: int | None = None, *, hours: bool = True) -> TierPlan:
+    """Pure: split the window's minutes ``minute_range(start, end)`` into whole hours, whole
+    quarter hours at the edges and edge minutes: a day ending at 13:07 reads 23 hours, at
+    most 6 quarters and 28 minutes a series instead of up to 118 minutes. ``hours=False``
+    stops at quarters (15- and 30-minute chart steps). ``minutes_kept_from`` is the oldest
+    minute whose minute rows are still kept (MODALSCOPE_MINUTE_ROLLUP_DAYS; quarter rows go
+    with them); an edge older than that is answered by its whole hour instead, so old
+    windows are rounded outwards to hours."""
     first, last = minute_range(start_ns, end_ns)
     if last <= first:
         return TierPlan((), (0, 0))
     h0 = -(-first // 60)  # first whole hour
     h1 = last // 60  # hours [h0, h1) lie wholly inside
-    if h1 <= h0:
-        if minutes_kept_from is not None and first < minutes_kept_from:
+    edges: list[tuple[int, int]] = []
+    if not hours or h1 <= h0:
+        if hours and minutes_kept_from is not None and first < minutes_kept_from:
             return TierPlan((), (first // 60, (last - 1) // 60 + 1))
-        return TierPlan(((first, last),), (0, 0))
-    ranges = []
-    if first < h0 * 60:
-        if minutes_kept_from is not None and first < minutes_kept_from:
-            h0 -= 1
-        else:
-            ranges.append((first, h0 * 60))
-    if h1 * 60 < last:
-        if minutes_kept_from is not None and h1 * 60 < minutes_kept_from:
-            h1 += 1
-        else:
-            ranges.append((h1 * 60, last))
-    return TierPlan(tuple(ranges), (h0, h1))
+        edges.append((first, last))
+        h0 = h1 = 0
+    else:
+        if first < h0 * 60:
+            if minutes_kept_from is not None and first < minutes_kept_from:
+                h0 -= 1
+            else:
+                edges.append((first, h0 * 60))
+        if h1 * 60 < last:
+            if minutes_kept_from is not None and h1 * 60 < minutes_kept_from:
+                h1 += 1
+            else:
+                edges.append((h1 * 60, last))
+    minutes: list[tuple[int, int]] = []
+    quarters: list[tuple[int, int]] = []
+    for a, b in edges:
+        m, q = _split_quarters(a, b)
+        minutes.extend(m)
+        if q is not None:
+            quarters.append(q)
+    return TierPlan(tuple(minutes), (h0, h1), tuple(quarters))
+
+
+def plan_tiers(plan: TierPlan) -> list[tuple[type, Any, int, int, Any]]:
+    """``(model, time column, t0, t1, minute expression)`` per rollup table range of a plan;
+    the expression gives each row's first minute."""
+    tiers: list[tuple[type, Any, int, int, Any]] = [(Rollup, Rollup.minute, m0, m1, Rollup.minute)
+                                                    for m0, m1 in plan.minute_ranges]
+    tiers += [(QuarterRollup, QuarterRollup.quarter, q0, q1, QuarterRollup.quarter * 15) for q0, q1 in plan.quarter_ranges]
+    h0, h1 = plan.hours
+    if h1 > h0:
+        tiers.append((HourlyRollup, HourlyRollup.hour, h0, h1, HourlyRollup.hour * 60))
+    return tiers
 
 
 def _merge(rows) -> list[RollupGroup]:
@@ -139,70 +178,53 @@ class StoreReader:
             conds.append(Series.input_type == f.input_type)
         return and_(*conds)
 
-    def _series_rows(self, conn, model, time_col, t0: int, t1: int, where, cols: list,
-                     time_expr=None) -> list[tuple]:
-        """``(time, count, error_count, sum_ns, sketch, *cols)`` rows of ``model`` for the
-        series matching ``where``, time in [t0, t1): the series first, then their rows through
-        the ``(series_id, time)`` index. A join lets SQLite walk the time range of every
-        series of every kind instead (a day: 331k rows read for 33k wanted)."""
+    def _series_rows(self, conn, where, cols: list, tiers) -> list[tuple]:
+        """``(minute, count, error_count, sum_ns, sketch, *cols)`` rows of the series matching
+        ``where`` from each ``(model, time column, t0, t1, minute expression)`` tier: the series
+        first, then their rows through the ``(series_id, time)`` index. A join lets SQLite walk
+        the time range of every series of every kind instead (a day: 331k rows read for 33k
+        wanted)."""
         series = conn.execute(select(Series.id, *cols).where(where)).fetchall()
         if not series:
             return []
         dims = {r[0]: tuple(r[1:]) for r in series}
         ids = list(dims)
         rows: list[tuple] = []
-        for i in range(0, len(ids), 500):
-            stmt = select(time_col if time_expr is None else time_expr, model.count, model.error_count,
-                          model.sum_ns, model.sketch, model.series_id).where(
-                model.series_id.in_(ids[i : i + 500]), time_col >= t0, time_col < t1)
-            rows.extend(r[:5] + dims[r[5]] for r in _raw_rows(conn, stmt))
+        for model, time_col, t0, t1, minute_expr in tiers:
+            for i in range(0, len(ids), 500):
+                stmt = select(minute_expr, model.count, model.error_count, model.sum_ns, model.sketch,
+                              model.series_id).where(model.series_id.in_(ids[i : i + 500]), time_col >= t0, time_col < t1)
+                rows.extend(r[:5] + dims[r[5]] for r in _raw_rows(conn, stmt))
         return rows
 
     def _minute_rows(self, q: RollupQuery) -> tuple[int, list[tuple]]:
         """(first minute, minute rows of the query's series) for its window."""
         first, last = minute_range(q.start_ns, q.end_ns)
         with self.engine.connect() as conn:
-            return first, self._series_rows(conn, Rollup, Rollup.minute, first, last,
-                                            self._series_filter(q.kind, q.filters),
-                                            [getattr(Series, d) for d in q.group_by])
+            return first, self._series_rows(conn, self._series_filter(q.kind, q.filters),
+                                            [getattr(Series, d) for d in q.group_by],
+                                            [(Rollup, Rollup.minute, first, last, Rollup.minute)])
 
     def _quarter_rows(self, q: RollupQuery) -> list[tuple] | None:
         """``(minute, ...)`` rows covering the window: quarter-hour rows (minute = the
         quarter's first) for its whole quarters, minute rows at its edges; None when the
         window reaches before the minutes retention keeps (quarters go with them)."""
-        first, last = minute_range(q.start_ns, q.end_ns)
-        where = self._series_filter(q.kind, q.filters)
-        cols = [getattr(Series, d) for d in q.group_by]
-        rows: list[tuple] = []
+        first, _ = minute_range(q.start_ns, q.end_ns)
         with self.engine.connect() as conn:
             kept = self._minutes_kept_from(conn)
             if kept is not None and first < kept:
                 return None
-            q0, q1 = -(-first // 15), last // 15
-            if q1 <= q0:
-                return self._series_rows(conn, Rollup, Rollup.minute, first, last, where, cols)
-            if first < q0 * 15:
-                rows.extend(self._series_rows(conn, Rollup, Rollup.minute, first, q0 * 15, where, cols))
-            rows.extend(self._series_rows(conn, QuarterRollup, QuarterRollup.quarter, q0, q1, where, cols,
-                                          time_expr=QuarterRollup.quarter * 15))
-            if q1 * 15 < last:
-                rows.extend(self._series_rows(conn, Rollup, Rollup.minute, q1 * 15, last, where, cols))
-        return rows
+            plan = tier_plan(q.start_ns, q.end_ns, hours=False)
+            return self._series_rows(conn, self._series_filter(q.kind, q.filters),
+                                     [getattr(Series, d) for d in q.group_by], plan_tiers(plan))
 
     def _tiered_rows(self, kind: str, filters: Filters, start_ns: int, end_ns: int, cols: list) -> list[tuple]:
         """``(minute, count, error_count, sum_ns, sketch, *cols)`` rows covering the window:
-        minute rows at the edges, hourly rows (minute = the hour's first) in between."""
-        where = self._series_filter(kind, filters)
-        rows: list[tuple] = []
+        minute and quarter-hour rows at the edges, hourly rows (minute = the hour's first) in
+        between."""
         with self.engine.connect() as conn:
             plan = tier_plan(start_ns, end_ns, self._minutes_kept_from(conn))
-            for m0, m1 in plan.minute_ranges:
-                rows.extend(self._series_rows(conn, Rollup, Rollup.minute, m0, m1, where, cols))
-            h0, h1 = plan.hours
-            if h1 > h0:
-                rows.extend(self._series_rows(conn, HourlyRollup, HourlyRollup.hour, h0, h1, where, cols,
-                                              time_expr=HourlyRollup.hour * 60))
-        return rows
+            return self._series_rows(conn, self._series_filter(kind, filters), cols, plan_tiers(plan))
 
     def rollups(self, q: RollupQuery) -> list[RollupGroup]:
         """Merge rollup rows per group (and minute, with by_minute).
@@ -296,10 +318,7 @@ class StoreReader:
         rows: list[tuple] = []
         with self.engine.connect() as conn:
             plan = tier_plan(start_ns, end_ns, self._minutes_kept_from(conn))
-            tiers = [(Rollup, Rollup.minute, m0, m1) for m0, m1 in plan.minute_ranges]
-            if plan.hours[1] > plan.hours[0]:
-                tiers.append((HourlyRollup, HourlyRollup.hour, *plan.hours))
-            for table, time_col, t0, t1 in tiers:
+            for table, time_col, t0, t1, _ in plan_tiers(plan):
                 for i in range(0, len(wanted), 200):
                     chunk = wanted[i : i + 200]
                     conds = [Series.kind == "op", tuple_(Series.service, Series.name).in_(chunk),
@@ -635,9 +654,9 @@ class StoreReader:
         """
         first, last = minute_range(start_ns, end_ns)
         with self.engine.connect() as conn:
-            return self._series_rows(conn, Rollup, Rollup.minute, first, last,
-                                     self._series_filter(kind, filters or Filters()),
-                                     [getattr(Series, d) for d in dims])
+            return self._series_rows(conn, self._series_filter(kind, filters or Filters()),
+                                     [getattr(Series, d) for d in dims],
+                                     [(Rollup, Rollup.minute, first, last, Rollup.minute)])
 
     def first_minutes(self, kind: str, start_ns: int, end_ns: int) -> list[tuple[str, str, int]]:
         """``(service, name, first minute)`` of every ``kind`` series with a rollup row in the

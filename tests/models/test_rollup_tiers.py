@@ -21,33 +21,58 @@ HOUR = 60 * MIN
 
 
 # -- the pure plan ----------------------------------------------------------------------
-def test_plan_splits_a_window_into_edge_minutes_and_whole_hours():
+def _covered(plan: TierPlan) -> list[int]:
+    """Every minute a plan reads, once per row that covers it."""
+    covered = []
+    for m0, m1 in plan.minute_ranges:
+        covered += range(m0, m1)
+    for q0, q1 in plan.quarter_ranges:
+        covered += range(q0 * 15, q1 * 15)
+    covered += range(plan.hours[0] * 60, plan.hours[1] * 60)
+    return sorted(covered)
+
+
+def test_plan_splits_a_window_into_edge_minutes_quarters_and_whole_hours():
     start = 10 * HOUR + 17 * MIN  # 10:17 .. 13:05
     end = 13 * HOUR + 5 * MIN
     plan = tier_plan(start, end)
     assert plan.hours == (11, 13)
-    assert plan.minute_ranges == ((617, 660), (780, 785))
-    covered = set()
-    for m0, m1 in plan.minute_ranges:
-        covered |= set(range(m0, m1))
-    for h in range(*plan.hours):
-        covered |= set(range(h * 60, h * 60 + 60))
+    assert plan.quarter_ranges == ((42, 44),)  # 10:30 .. 11:00
+    assert plan.minute_ranges == ((617, 630), (780, 785))
     first, last = minute_range(start, end)
-    assert covered == set(range(first, last))  # every minute once, nothing outside
+    assert _covered(plan) == list(range(first, last))  # every minute once, nothing outside
 
 
-def test_plan_for_a_window_inside_one_hour_reads_minutes_only():
-    assert tier_plan(10 * HOUR + 5 * MIN, 10 * HOUR + 50 * MIN) == TierPlan(((605, 650),), (0, 0))
+def test_plan_covers_every_window_exactly_once():
+    rng = random.Random(11)
+    for _ in range(2000):
+        start = rng.randrange(0, 3 * 24 * HOUR)
+        end = start + rng.choice([0, 1, MIN, 14 * MIN, rng.randrange(0, 2 * HOUR), rng.randrange(0, 30 * HOUR)])
+        first, last = minute_range(start, end)
+        for hours in (True, False):
+            plan = tier_plan(start, end, hours=hours)
+            assert _covered(plan) == list(range(first, max(first, last)))
+            # A whole quarter is never read as minutes.
+            assert all(-(-m0 // 15) * 15 + 15 > m1 for m0, m1 in plan.minute_ranges)
+            if not hours:
+                assert plan.hours == (0, 0)
+
+
+def test_plan_for_a_window_inside_one_hour_reads_minutes_and_quarters():
+    assert tier_plan(10 * HOUR + 5 * MIN, 10 * HOUR + 50 * MIN) == TierPlan(((605, 615), (645, 650)), (0, 0),
+                                                                            ((41, 43),))
+    assert tier_plan(10 * HOUR + 5 * MIN, 10 * HOUR + 14 * MIN) == TierPlan(((605, 614),), (0, 0))
     assert tier_plan(10 * HOUR, 11 * HOUR) == TierPlan((), (10, 11))
+    assert tier_plan(10 * HOUR, 11 * HOUR, hours=False) == TierPlan((), (0, 0), ((40, 44),))
     assert tier_plan(5 * HOUR, 5 * HOUR) == TierPlan((), (0, 0))
 
 
 def test_plan_rounds_edges_past_minute_retention_out_to_their_hours():
     start, end = 10 * HOUR + 17 * MIN, 13 * HOUR + 5 * MIN
-    # Minutes kept from 12:00: the early edge (10:17) becomes the whole 10:00 hour.
+    # Minutes (and quarters) kept from 12:00: the early edge (10:17) becomes the whole 10:00 hour.
     plan = tier_plan(start, end, minutes_kept_from=12 * 60)
     assert plan.hours == (10, 13)
-    assert plan.minute_ranges == ((780, 785),)
+    assert plan.minute_ranges == ((780, 785),) and plan.quarter_ranges == ()
     # Nothing kept at minute resolution any more: both edges round out.
     assert tier_plan(start, end, minutes_kept_from=14 * 60) == TierPlan((), (10, 14))
     assert tier_plan(10 * HOUR + 5 * MIN, 10 * HOUR + 9 * MIN, minutes_kept_from=11 * 60) == TierPlan((), (10, 11))
@@ -129,7 +154,8 @@ def test_quarter_hour_steps_read_quarter_rows_and_give_the_minute_answer(engine,
     # The quarter rows are what is read: without them the whole quarters are missing.
     seen = []
     real = reader._series_rows
-    monkeypatch.setattr(reader, "_series_rows", lambda conn, model, *a, **k: seen.append(model) or real(conn, model, *a, **k))
+    monkeypatch.setattr(reader, "_series_rows",
+                        lambda conn, where, cols, tiers: seen.extend(t[0] for t in tiers) or real(conn, where, cols, tiers))
     reader.rollup_steps(RollupQuery("op", start, end, Filters(), ("service",)), 15)
     assert QuarterRollup in seen
 

@@ -181,3 +181,34 @@ def test_the_template_is_set_as_plotly_would_set_it():
     assert ours["template"] == public["template"]
     assert ours["template"]["layout"]["plot_bgcolor"] == "white"
     assert ours["height"] == 300
+
+
+def test_dict_built_figures_validate_and_match_the_validated_build(monkeypatch):
+    """stage_stack and stage_timeseries skip plotly's validation for speed: built once with
+    validation on, the same inputs give the same JSON (so every property they write is a
+    valid one), and the two-panel layout is the one make_subplots lays out."""
+    import json
+
+    from plotly.subplots import make_subplots
+
+    rows = [{"input_type": it, "stage": st, "traces": 5, "p50_ms": 10.0 * i, "p99_ms": None if i == 2 else 900.0 * i,
+             "mean_ms": 1.0, "total_ms": 5.0}
+            for it in ("image", "<b>x</b>") for i, st in enumerate(("inference", "encoder", "weird\u202estage"))]
+    bd = {"stages": rows, "traces": {"image": {"count": 5, "p50_ms": 250.0, "p99_ms": 8000.0}}}
+    series = [{"t": f"2026-11-30T14:{m:02d}:00.000Z", "stage": s, "count": 3, "value_ms": 5.0 * m}
+              for m in range(0, 60, 15) for s in ("network", "encoder", "<i>odd</i>")]
+    fast = [json.loads(figures.stage_stack(bd).to_json()), json.loads(figures.stage_timeseries(series).to_json())]
+    monkeypatch.setattr(figures, "VALIDATE", True)
+    checked = [json.loads(figures.stage_stack(bd).to_json()), json.loads(figures.stage_timeseries(series).to_json())]
+    assert fast == checked
+    layout = fast[0]["layout"]
+    grid = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.04,
+                         subplot_titles=("P50 per stage", "P99 per stage (where does the P99 time go?)")).to_plotly_json()
+    for axis in ("xaxis", "yaxis", "xaxis2", "yaxis2"):
+        assert {k: layout[axis][k] for k in grid["layout"][axis]} == grid["layout"][axis]
+        assert layout[axis]["gridcolor"] == figures.GRID
+    assert [{k: a[k] for k in g} for a, g in zip(layout["annotations"], grid["layout"]["annotations"])] \
+        == grid["layout"]["annotations"]
+    assert layout["template"]["layout"]["plot_bgcolor"] == "white"
+    # Untrusted names still arrive escaped.
+    assert "&lt;b&gt;x&lt;/b&gt;" in fast[0]["data"][0]["x"] and "<b>" not in json.dumps(fast)

@@ -478,6 +478,10 @@ def _calls_of_pair(reader: StoreReader, rows: list[dict], filters: Filters) -> l
     return keep
 
 
+def _call_order(r: dict) -> tuple[int, int, int]:
+    return -r["duration_ns"], r["start_ns"], r["_id"]
+
+
 def _slowest_calls(reader: StoreReader, window: Window, filters: Filters, min_ns: int | None,
                    max_ns: int | None, limit: int) -> dict[str, dict] | None:
     """trace id -> its slowest call of the pair, for the ``limit`` traces with the slowest
@@ -488,18 +492,32 @@ def _slowest_calls(reader: StoreReader, window: Window, filters: Filters, min_ns
     if window.start_ns < reader.pair_calls_complete_from():
         return None
     callers = [filters.caller] if filters.caller else reader.services_of("pair", filters)
-    pending = reader.pending_calls(window.start_ns, window.end_ns, callers, input_type=filters.input_type,
-                                   min_ns=min_ns, max_ns=max_ns)
-    if pending is None:
-        return None
-    pending = _calls_of_pair(reader, pending, filters) if pending else []
     n = max(20, limit * 3)
+    pending_floor: int | None = -1  # the floor the pending calls below were read with
+    pending: list[dict] = []
     while True:
         settled, more = reader.slow_calls(filters, window.start_ns, window.end_ns, min_ns=min_ns, max_ns=max_ns,
                                           limit=n)
+        # A pending call slower than none of the n slowest settled ones cannot be among the
+        # n slowest of all: read only those at least as slow (with a backlog, most are not).
+        floor = settled[-1]["duration_ns"] if more and settled else None
+        if pending_floor == -1 or (pending_floor is not None and (floor is None or floor < pending_floor)):
+            bounds = [b for b in (floor, min_ns) if b is not None]
+            lower = max(bounds) if bounds else None
+            got = reader.pending_calls(window.start_ns, window.end_ns, callers, input_type=filters.input_type,
+                                       min_ns=lower, max_ns=max_ns, may_call=filters.callee)
+            if got is None:
+                return None
+            pending = _calls_of_pair(reader, got, filters) if got else []
+            pending_floor = floor
         found: dict[str, dict] = {}
         seen: set[int] = set()
-        for r in sorted(settled + pending, key=lambda r: (-r["duration_ns"], r["start_ns"], r["_id"])):
+        # With more settled calls unread, only what sorts before the last one read is known
+        # to be in its final order.
+        last = _call_order(settled[-1]) if more and settled else None
+        for r in sorted(settled + pending, key=_call_order):
+            if last is not None and _call_order(r) > last:
+                break
             if r["_id"] in seen:  # a re-opened trace: its call is both settled and pending
                 continue
             seen.add(r["_id"])

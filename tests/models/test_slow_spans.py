@@ -56,6 +56,24 @@ def test_long_window_pages_equal_the_sorted_window(engine):
             [(s.trace_id, s.span_id) for s in mine]
 
 
+def test_traces_waiting_to_settle_do_not_make_long_windows_look_short(engine):
+    """A trace row is written when its first span arrives and starts at 0 until the trace
+    settles: those rows must not stretch the stored range, or every long window (with ingest
+    running, always) would be sorted instead of walked."""
+    from modalscope.models import Trace
+    from modalscope.models.reader import TRACE_WALK_SHARE
+
+    start, end, _ = _store(engine)
+    reader = StoreReader(engine)
+    assert reader._long_window(Trace, end - 5 * HOUR, end, TRACE_WALK_SHARE)
+    rng = random.Random(3)
+    write_spans(engine, multimodal_trace(rng, end + HOUR // 2, images=1))  # not settled
+    with engine.connect() as conn:
+        assert conn.execute(Trace.__table__.select().where(Trace.pending.is_(True), Trace.start_ns == 0)).first()
+    assert reader._long_window(Trace, end - 5 * HOUR, end, TRACE_WALK_SHARE)
+    assert not reader._long_window(Trace, end - HOUR // 40, end, TRACE_WALK_SHARE)
+
+
 def test_exemplar_traces_agree_between_short_and_long_windows(engine):
     start, end, _ = _store(engine)
     reader = StoreReader(engine)

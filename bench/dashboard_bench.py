@@ -36,14 +36,16 @@ rows with pandas (``groupby().quantile()``: numpy's default linear definition), 
 same way (``--baseline-runs``), and compared with ours: speed-up, and the largest relative
 error of any P50/P90/P95/P99 of any group (counts must match exactly):
 
-* ``/input-types``: the ``traces`` table (a trace per row, its start in the window, its
-  duration = its root span's), grouped by input type;
+* ``/input-types``: the raw spans of every trace with a span in the window (not the
+  settler's ``traces`` table): start and duration from the root span, the input type by
+  DESIGN.md's rule re-stated here (``input_type_from_spans``), the traces starting in the
+  window grouped by input type;
 * ``/pairs``: CLIENT spans starting in the window joined to their SERVER/CONSUMER children;
   the callee is the earliest child in another service, else the span's ``peer.service`` /
   ``server.address`` / ``net.peer.name``, else the caller when a child is in its own service
   (``ingest/traces.service_pairs``); the call's duration is the CLIENT span's;
-* ``/stages``: spans starting in the window joined to their trace's input type, span
-  durations grouped by (input type, stage).
+* ``/stages``: spans starting in the window with their trace's input type (from its raw
+  spans the same way), span durations grouped by (input type, stage).
 
 Output: a Markdown table (call | ms per window | exact ms | speed-up | max rel err) and,
 with ``--json FILE``, everything measured. ``--no-baseline`` skips the pandas part.
@@ -486,26 +488,105 @@ def _quantile_rows(df, keys: tuple[str, ...], kind: str, extra: Callable | None 
     return out
 
 
-def exact_input_types(engine, window) -> dict[tuple, dict]:
+INPUT_TYPE_NAMES = ("text", "image", "multi_image", "audio", "unknown")
+
+
+def _number(value) -> float | None:
+    """A count attribute as a number ("2" counts; booleans, junk and non-finite do not)."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _named_input_type(attrs: dict) -> str | None:
+    value = attrs.get("mm.input_type")
+    if isinstance(value, str) and value.strip().lower() in INPUT_TYPE_NAMES:
+        return value.strip().lower()
+    return None
+
+
+def input_type_from_spans(root: dict | None, named: list[tuple[int, dict]]) -> str:
+    """A trace's input type from its raw spans, re-stated from DESIGN.md ("Input types")
+    rather than taken from the settler: an explicit ``mm.input_type`` (the root's, then the
+    earliest span's), else the root's counts, else ``unknown``. ``named``: (start, attributes)
+    of the trace's spans that mention ``mm.input_type``."""
+    if root is not None and _named_input_type(root):
+        return _named_input_type(root)
+    for _, attrs in sorted(named, key=lambda e: e[0]):
+        if _named_input_type(attrs):
+            return _named_input_type(attrs)
+    if root is None:
+        return "unknown"
+    audio, images = _number(root.get("mm.audio_count")), _number(root.get("mm.image_count"))
+    if audio is not None and audio > 0:
+        return "audio"
+    if images is not None:
+        return "multi_image" if images >= 2 else "image" if images >= 1 else "text"
+    if audio is not None or "mm.prompt_chars" in root or any(k.startswith("gen_ai.") for k in root):
+        return "text"
+    return "unknown"
+
+
+def _raw_traces(conn, traces_sql: str, params: dict):
+    """trace_id -> (start_ns, duration_ns, input type) from the raw spans of the traces that
+    ``traces_sql`` (a SELECT of trace ids) names: the root (no parent; the earliest if several)
+    gives start and duration, a trace without one its spans' extent."""
     import pandas as pd
     from sqlalchemy import text
 
-    sql = text("SELECT input_type, duration_ns FROM traces WHERE start_ns >= :a AND start_ns < :b")
+    spans = pd.read_sql(text(
+        "SELECT trace_id, parent_span_id, start_ns, duration_ns, "
+        "CASE WHEN parent_span_id IS NULL OR parent_span_id = '' OR attributes LIKE '%mm.input_type%' "
+        "THEN attributes ELSE '' END AS attributes "
+        f"FROM spans WHERE trace_id IN ({traces_sql})"), conn, params=params)
+    spans["is_root"] = spans["parent_span_id"].isna() | (spans["parent_span_id"] == "")
+    spans["end_ns"] = spans["start_ns"] + spans["duration_ns"]
+    roots = spans[spans["is_root"]].sort_values(["trace_id", "start_ns"]).drop_duplicates("trace_id")
+    extent = spans.groupby("trace_id").agg(first=("start_ns", "min"), last=("end_ns", "max"))
+    named: dict[str, list[tuple[int, dict]]] = {}
+    for tid, start, attrs in spans.loc[spans["attributes"].str.contains("mm.input_type", regex=False),
+                                       ["trace_id", "start_ns", "attributes"]].itertuples(index=False):
+        named.setdefault(tid, []).append((start, json.loads(attrs)))
+    out = {}
+    root_of = {r.trace_id: r for r in roots.itertuples(index=False)}
+    for tid, first, last in extent.itertuples():
+        root = root_of.get(tid)
+        attrs = json.loads(root.attributes) if root is not None and root.attributes else ({} if root is not None else None)
+        start, duration = (root.start_ns, root.duration_ns) if root is not None else (first, max(0, last - first))
+        out[tid] = (start, duration, input_type_from_spans(attrs, named.get(tid, [])))
+    return out
+
+
+def exact_input_types(engine, window) -> dict[tuple, dict]:
+    """Per input type, trace latency percentiles from the raw spans (not the traces table)."""
+    import pandas as pd
+
+    # Traces belong to a window by their root's start (a root-less trace by its first span:
+    # it is found through any span starting in the window, then filtered by its start).
+    params = {"a": window.start_ns, "b": window.end_ns}
     with engine.connect() as conn:
-        df = pd.read_sql(sql, conn, params={"a": window.start_ns, "b": window.end_ns})
+        facts = _raw_traces(conn, "SELECT trace_id FROM spans WHERE start_ns >= :a AND start_ns < :b", params)
+    df = pd.DataFrame([(it, d) for s, d, it in facts.values() if window.start_ns <= s < window.end_ns],
+                      columns=["input_type", "duration_ns"])
     return _quantile_rows(df, KEYS["input_types"], "input_types")
 
 
 def exact_stages(engine, window) -> dict[tuple, dict]:
+    """Per input type and stage, span latency percentiles; a span's input type is its trace's,
+    from that trace's raw spans."""
     import pandas as pd
     from sqlalchemy import text
 
-    sql = text("SELECT t.input_type AS input_type, s.stage AS stage, s.duration_ns AS duration_ns "
-               "FROM spans s LEFT JOIN traces t ON t.trace_id = s.trace_id "
-               "WHERE s.start_ns >= :a AND s.start_ns < :b")
+    params = {"a": window.start_ns, "b": window.end_ns}
     with engine.connect() as conn:
-        df = pd.read_sql(sql, conn, params={"a": window.start_ns, "b": window.end_ns})
-    df["input_type"] = df["input_type"].fillna("unknown")
+        df = pd.read_sql(text("SELECT trace_id, stage, duration_ns FROM spans WHERE start_ns >= :a AND start_ns < :b"),
+                         conn, params=params)
+        facts = _raw_traces(conn, "SELECT trace_id FROM spans WHERE start_ns >= :a AND start_ns < :b", params)
+    df["input_type"] = df["trace_id"].map({t: f[2] for t, f in facts.items()}).fillna("unknown")
     df["stage"] = df["stage"].fillna("other").replace("", "other")
     return _quantile_rows(df, KEYS["stages"], "stages")
 

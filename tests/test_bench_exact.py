@@ -1,0 +1,82 @@
+"""The benchmark's exact answers come from the raw spans alone (bench/dashboard_bench.py):
+its input-type rule, re-stated from DESIGN.md, must agree with the settler's, and its
+per-input-type counts with the traces the settler wrote."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+import time
+from pathlib import Path
+
+from hypothesis import given, settings, strategies as st
+from sqlalchemy import func, select
+
+from modalscope.app.params import Window
+from modalscope.ingest import demo
+from modalscope.ingest.records import SpanRecord
+from modalscope.ingest.settle import settle
+from modalscope.ingest.traces import input_type_of
+from modalscope.models import Trace
+
+MIN = 60_000_000_000
+
+
+def _bench():
+    path = Path(__file__).resolve().parent.parent / "bench" / "dashboard_bench.py"
+    spec = importlib.util.spec_from_file_location("dashboard_bench_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+BENCH = _bench()
+COUNTS = st.sampled_from([None, 0, 1, 2, 3, "2", " 1 ", "x", True, 0.5, 2.5, math.inf, float("nan"), [1]])
+NAMES = st.sampled_from([None, "image", " IMAGE ", "multi_image", "audio", "text", "unknown", "bogus", "", 3])
+
+
+def _attrs(draw_counts, draw_name, prompt, gen_ai):
+    a = {}
+    for key, value in (("mm.audio_count", draw_counts[0]), ("mm.image_count", draw_counts[1]),
+                       ("mm.input_type", draw_name)):
+        if value is not None:
+            a[key] = value
+    if prompt:
+        a["mm.prompt_chars"] = 10
+    if gen_ai:
+        a["gen_ai.request.model"] = "m"
+    return a
+
+
+@settings(max_examples=400, deadline=None)
+@given(root=st.none() | st.tuples(st.tuples(COUNTS, COUNTS), NAMES, st.booleans(), st.booleans()),
+       others=st.lists(st.tuples(st.integers(0, 5), NAMES), max_size=4))
+def test_the_benchs_input_type_rule_agrees_with_the_settlers(root, others):
+    tid = "ab" * 16
+    spans, named = [], []
+    if root is not None:
+        attrs = _attrs(*root)
+        spans.append(SpanRecord(tid, "0" * 15 + "1", None, "gw", "POST", 2, 100, 900, 0, attributes=attrs))
+    for i, (start, name) in enumerate(others):
+        attrs = {} if name is None else {"mm.input_type": name}
+        spans.append(SpanRecord(tid, f"{i + 2:016x}", "0" * 15 + "1", "svc", "op", 1, 100 + start, 500, 0,
+                                attributes=attrs))
+        if "mm.input_type" in attrs:
+            named.append((100 + start, attrs))
+    root_attrs = spans[0].attributes if root is not None else None
+    assert BENCH.input_type_from_spans(root_attrs, named) == input_type_of(spans)
+
+
+def test_exact_input_types_from_raw_spans_count_the_settled_traces(engine):
+    config = demo.DemoConfig(now_ns=(time.time_ns() // MIN - 5) * MIN, seed=7, hours=0.25, rate=1.0)
+    demo.fill(engine, config)
+    settle(engine, force=True)
+    window = Window(config.start_ns + 3 * MIN, config.end_ns - 2 * MIN)
+    exact = BENCH.exact_input_types(engine, window)
+    with engine.connect() as conn:
+        want = dict(conn.execute(select(Trace.input_type, func.count()).where(
+            Trace.start_ns >= window.start_ns, Trace.start_ns < window.end_ns).group_by(Trace.input_type)).all())
+    assert {k[0]: v["count"] for k, v in exact.items()} == want
+    assert len(want) >= 3

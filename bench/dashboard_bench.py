@@ -548,7 +548,7 @@ def _raw_traces(conn, traces_sql: str, params: dict):
     roots = spans[spans["is_root"]].sort_values(["trace_id", "start_ns"]).drop_duplicates("trace_id")
     extent = spans.groupby("trace_id").agg(first=("start_ns", "min"), last=("end_ns", "max"))
     named: dict[str, list[tuple[int, dict]]] = {}
-    for tid, start, attrs in spans.loc[spans["attributes"].str.contains("mm.input_type", regex=False),
+    for tid, start, attrs in spans.loc[spans["attributes"].str.contains("mm.input_type", regex=False, na=False),
                                        ["trace_id", "start_ns", "attributes"]].itertuples(index=False):
         named.setdefault(tid, []).append((start, json.loads(attrs)))
     out = {}

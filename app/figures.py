@@ -86,19 +86,28 @@ def _use_template(fig: go.Figure, name: str = "plotly_white") -> None:
         layout._validate = True
 
 
-def base_layout(fig: go.Figure, *, height: int = 360, **kw) -> go.Figure:
-    _use_template(fig)
-    settings = dict(
+def _base_settings(height: int) -> dict:
+    """The theme's layout for every chart (``base_layout`` and ``dict_figure``)."""
+    return dict(
         font=dict(family=FONT, size=12, color=INK),
         margin=dict(l=64, r=24, t=36, b=48),
         height=height,
         hoverlabel=dict(font=dict(family=FONT, size=12)),
         legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0, font=dict(size=11)),
     )
+
+
+def _axis_style() -> dict:
+    return {"gridcolor": GRID, "zeroline": False, "linecolor": GRID}
+
+
+def base_layout(fig: go.Figure, *, height: int = 360, **kw) -> go.Figure:
+    _use_template(fig)
+    settings = _base_settings(height)
     settings.update(kw)
     fig.update_layout(**settings)
-    fig.update_xaxes(gridcolor=GRID, zeroline=False, linecolor=GRID)
-    fig.update_yaxes(gridcolor=GRID, zeroline=False, linecolor=GRID)
+    fig.update_xaxes(**_axis_style())
+    fig.update_yaxes(**_axis_style())
     return fig
 
 
@@ -108,20 +117,12 @@ def base_layout(fig: go.Figure, *, height: int = 360, **kw) -> go.Figure:
 VALIDATE = False
 
 
-def _axis_style(**kw) -> dict:
-    return {"gridcolor": GRID, "zeroline": False, "linecolor": GRID, **kw}
-
-
 def dict_figure(data: list[dict], layout: dict, *, height: int = 360,
                 axes: Sequence[str] = ("xaxis", "yaxis")) -> go.Figure:
     """A figure from trace and layout dicts, styled as ``base_layout`` styles one (same
     template, font, margins, legend, and grid on each of ``axes``), built without
     re-validating what the builder wrote."""
-    import plotly.io as pio
-
-    full = dict(font=dict(family=FONT, size=12, color=INK), margin=dict(l=64, r=24, t=36, b=48), height=height,
-                hoverlabel=dict(font=dict(family=FONT, size=12)),
-                legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0, font=dict(size=11)))
+    full = _base_settings(height)
     for axis in axes:
         full[axis] = _axis_style()
     for key, value in layout.items():

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import time
 
-import pytest
 import requests
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from sqlalchemy import func, select
@@ -90,6 +89,17 @@ def _spans_in(payloads: list[bytes]) -> int:
                for ss in rs.scope_spans)
 
 
+def _stored_counts(engine) -> tuple[int, int, int, int]:
+    """(span rows, distinct (trace, span) ids, trace rows, traces still pending) in a store."""
+    with engine.connect() as conn:
+        spans = conn.execute(select(func.count()).select_from(Span)).scalar_one()
+        distinct = conn.execute(select(func.count()).select_from(
+            select(Span.trace_id, Span.span_id).distinct().subquery())).scalar_one()
+        traces = conn.execute(select(func.count()).select_from(Trace)).scalar_one()
+        pending = conn.execute(select(func.count()).select_from(Trace).where(Trace.pending.is_(True))).scalar_one()
+    return spans, distinct, traces, pending
+
+
 def test_several_receivers_one_store_lose_and_duplicate_nothing(db_url, tmp_path, monkeypatch):
     env = _receiver_env(monkeypatch, db_url)
     procs, ports = [], []
@@ -123,12 +133,7 @@ def test_several_receivers_one_store_lose_and_duplicate_nothing(db_url, tmp_path
     engine = make_engine(db_url, write=True)
     try:
         settle(engine, force=True)  # whatever was not yet due when the receivers stopped
-        with engine.connect() as conn:
-            spans = conn.execute(select(func.count()).select_from(Span)).scalar_one()
-            distinct = conn.execute(select(func.count()).select_from(
-                select(Span.trace_id, Span.span_id).distinct().subquery())).scalar_one()
-            traces = conn.execute(select(func.count()).select_from(Trace)).scalar_one()
-            pending = conn.execute(select(func.count()).select_from(Trace).where(Trace.pending.is_(True))).scalar_one()
+        spans, distinct, traces, pending = _stored_counts(engine)
         got = _answers(StoreReader(engine))
     finally:
         engine.dispose()
@@ -242,11 +247,7 @@ def test_receiver_processes_share_both_ports_and_store_everything_once(db_url, t
     engine = make_engine(db_url, write=True)
     try:
         settle(engine, force=True)
-        with engine.connect() as conn:
-            spans = conn.execute(select(func.count()).select_from(Span)).scalar_one()
-            distinct = conn.execute(select(func.count()).select_from(
-                select(Span.trace_id, Span.span_id).distinct().subquery())).scalar_one()
-            traces = conn.execute(select(func.count()).select_from(Trace)).scalar_one()
+        spans, distinct, traces, _ = _stored_counts(engine)
     finally:
         engine.dispose()
     assert spans == distinct == _spans_in(payloads)
@@ -301,8 +302,7 @@ def test_a_receiver_process_that_dies_is_replaced(tmp_path, monkeypatch):
             proc.wait()
     engine = make_engine(url, write=True)
     try:
-        with engine.connect() as conn:
-            spans = conn.execute(select(func.count()).select_from(Span)).scalar_one()
+        spans = _stored_counts(engine)[0]
     finally:
         engine.dispose()
     assert spans == _spans_in(payloads)

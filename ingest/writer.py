@@ -23,6 +23,7 @@ from typing import Sequence
 import orjson
 from sqlalchemy import Engine
 
+from ..models.buckets import duration_bucket
 from ..models.dialect import insert_spans, mark_traces_pending
 from .errors import storage_unavailable
 from .records import SpanRecord
@@ -62,8 +63,8 @@ def _json(value) -> str:
 
 
 SPAN_COLUMNS = ("trace_id", "span_id", "parent_span_id", "service", "name", "kind", "stage", "start_ns",
-                "duration_ns", "status", "status_message", "source", "instance", "scope", "attributes",
-                "resource", "events")
+                "duration_ns", "duration_bucket", "status", "status_message", "source", "instance", "scope",
+                "attributes", "resource", "events")
 
 
 def span_rows(records: Sequence[SpanRecord]) -> list[tuple]:
@@ -71,6 +72,7 @@ def span_rows(records: Sequence[SpanRecord]) -> list[tuple]:
     rows = []
     resource_json: dict[int, tuple[str, str | None]] = {}
     for r in records:
+        duration = r.end_ns - r.start_ns if r.end_ns > r.start_ns else 0
         res = resource_json.get(id(r.resource))
         if res is None:
             inst = r.resource.get("service.instance.id")
@@ -80,8 +82,8 @@ def span_rows(records: Sequence[SpanRecord]) -> list[tuple]:
             )
         rows.append((
             r.trace_id, r.span_id, r.parent_span_id, _clean(r.service), _clean(r.name), r.kind,
-            r.stage or "other", r.start_ns, r.end_ns - r.start_ns if r.end_ns > r.start_ns else 0,
-            r.status, _clean(r.status_message) if r.status_message else "", r.source, res[1],
+            r.stage or "other", r.start_ns, duration, duration_bucket(duration), r.status,
+            _clean(r.status_message) if r.status_message else "", r.source, res[1],
             _clean(r.scope) if r.scope else "",
             _clean(_json(r.attributes)) if r.attributes else "{}",
             res[0],

@@ -80,19 +80,24 @@ def insert_spans(conn: Connection, columns: tuple[str, ...], rows: list[tuple]) 
 
 
 def mark_traces_pending(conn: Connection, trace_ids: list[str], now_ns: int) -> None:
-    """Create or re-open trace rows: pending, last seen now."""
+    """Create or re-open trace rows: pending, last seen now.
+
+    The driver's own executemany with (trace id, time) pairs: SQLAlchemy's nine bound
+    values a row cost ~1.4 µs a span on the writer's hot path (one row a trace a request).
+    """
     from . import Trace
 
-    table = Trace.__table__
-    rows = [{"trace_id": t, "pending": True, "last_seen_ns": now_ns, "version": 1, "start_ns": 0,
-             "duration_ns": 0, "span_count": 0, "error": False, "input_type": "unknown"} for t in trace_ids]
-    stmt = _insert_for(conn)(table)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["trace_id"],
-        set_={"pending": stmt.excluded.pending, "last_seen_ns": stmt.excluded.last_seen_ns,
-              "version": table.c.version + 1},
-    )
-    conn.execute(stmt, rows)
+    mark = "?" if conn.dialect.name == "sqlite" else "%s"
+    true, false = ("1", "0") if conn.dialect.name == "sqlite" else ("true", "false")
+    sql = (f"INSERT INTO {Trace.__tablename__} (trace_id, pending, last_seen_ns, version, start_ns, duration_ns, "
+           f"span_count, error, input_type) VALUES ({mark}, {true}, {mark}, 1, 0, 0, 0, {false}, 'unknown') "
+           "ON CONFLICT (trace_id) DO UPDATE SET pending = excluded.pending, "
+           f"last_seen_ns = excluded.last_seen_ns, version = {Trace.__tablename__}.version + 1")
+    cursor = conn.connection.driver_connection.cursor()
+    try:
+        cursor.executemany(sql, [(t, now_ns) for t in trace_ids])
+    finally:
+        cursor.close()
 
 
 def contains_text(conn: Connection, column, needle: str):

@@ -12,11 +12,12 @@ from typing import Any, Iterable
 
 import json as _json
 
-from sqlalchemy import Engine, and_, func, literal, or_, select
+from sqlalchemy import Connection, Engine, and_, func, literal, or_, select
 from sqlalchemy.orm import aliased
 
 from . import (MINUTE_BOUNDARY_CURSOR, PAIR_CALLS_CURSOR, Cursor, HourlyRollup, PairCall, QuarterRollup, Rollup,
                Series, Span, Trace)
+from .buckets import MAX_BUCKET, duration_bucket
 from .dialect import contains_text_in
 from .sketch import Histogram, merge_blobs
 
@@ -339,9 +340,10 @@ class StoreReader:
 
         A short window is read through the ``start_ns`` index and sorted. A long one would
         sort millions of spans, so when the service is known (``service``, or the candidate
-        ``services``) each service's spans are walked slowest first through the
-        ``(service, duration_ns)`` index, stopping at ``offset + limit`` in the window.
-        With ``input_type`` the trace row is joined.
+        ``services``) each service's duration buckets are walked downwards through the
+        ``(service, duration_bucket, start_ns, duration_ns)`` index, each bucket's spans in
+        the window sorted, stopping at ``offset + limit``. With ``input_type`` the trace row
+        is joined.
         """
         services = [q.service] if q.service else list(q.services)
         if not services or not self._long_window(Span, q.start_ns, q.end_ns, SPAN_WALK_SHARE):
@@ -349,19 +351,38 @@ class StoreReader:
         wanted = q.offset + q.limit
         rows: list[dict] = []
         for service in services:
-            rows.extend(self._slow_spans_in_window(q, by_duration_of=service, limit=wanted))
+            rows.extend(self._walk_buckets(q, service, wanted))
         rows.sort(key=lambda r: (-r["duration_ns"], r["start_ns"], r["_id"]))
         out = rows[q.offset : q.offset + q.limit]
         for r in out:
             del r["_id"]
         return out
 
-    def _slow_spans_in_window(self, q: SpanQuery, by_duration_of: str | None = None,
-                              limit: int | None = None) -> list[dict]:
+    def _walk_buckets(self, q: SpanQuery, service: str, wanted: int) -> list[dict]:
+        """``service``'s ``wanted`` slowest spans matching ``q``: bucket by bucket downwards
+        (every span of a bucket is slower than every span below it, so the rows come out in
+        order), each step one look-up for the next bucket holding any of its spans."""
+        floor = duration_bucket(q.min_ns) if q.min_ns is not None else 0
+        below = duration_bucket(q.max_ns) + 1 if q.max_ns is not None else MAX_BUCKET + 1
+        rows: list[dict] = []
+        with self.engine.connect() as conn:
+            while len(rows) < wanted:
+                bucket = conn.execute(select(func.max(Span.duration_bucket)).where(
+                    Span.service == service, Span.duration_bucket < below)).scalar()
+                if bucket is None or bucket < floor:
+                    break
+                rows.extend(self._slow_spans_in_window(q, by_duration_of=service, bucket=bucket,
+                                                       limit=wanted - len(rows), conn=conn))
+                below = bucket
+        return rows
+
+    def _slow_spans_in_window(self, q: SpanQuery, by_duration_of: str | None = None, bucket: int | None = None,
+                              limit: int | None = None, conn: Connection | None = None) -> list[dict]:
         cols = [Span.__table__.c[c] for c in _CANDIDATE_COLUMNS]
         if by_duration_of is not None:
-            # "+ 0" keeps the planner off the start_ns index: the duration index gives the order.
-            conds = [Span.service == by_duration_of, Span.start_ns + 0 >= q.start_ns, Span.start_ns + 0 < q.end_ns]
+            # One duration bucket of the service, its window read through the walk index.
+            conds = [Span.service == by_duration_of, Span.duration_bucket == bucket,
+                     Span.start_ns >= q.start_ns, Span.start_ns < q.end_ns]
             cols.append(Span.id.label("_id"))
         else:
             conds = [Span.start_ns >= q.start_ns, Span.start_ns < q.end_ns]
@@ -409,6 +430,8 @@ class StoreReader:
             conds.append(Trace.input_type == q.input_type)
         stmt = stmt.where(*conds).order_by(Span.duration_ns.desc(), Span.start_ns, Span.id)
         stmt = stmt.limit(q.limit).offset(q.offset) if limit is None else stmt.limit(limit)
+        if conn is not None:
+            return [dict(r) for r in conn.execute(stmt).mappings()]
         with self.engine.connect() as conn:
             return [dict(r) for r in conn.execute(stmt).mappings()]
 

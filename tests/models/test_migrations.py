@@ -81,7 +81,6 @@ def test_upgrading_a_store_with_spans_marks_where_pair_calls_begin(empty_db_url)
     from modalscope.app import queries
     from modalscope.app.params import Window
     from modalscope.ingest.retag import retag
-    from modalscope.ingest.writer import write_spans
     from modalscope.models.reader import Filters, StoreReader
     from tests.app.conftest import side_calls_trace
     from tests.factories import rules
@@ -92,7 +91,7 @@ def test_upgrading_a_store_with_spans_marks_where_pair_calls_begin(empty_db_url)
         rng = random.Random(8)
         base = (time.time_ns() // 60_000_000_000 - 20) * 60_000_000_000
         traces = [side_calls_trace(rng, base + i * 7_000_000_000, db_ms=5 + i, llm_ms=90) for i in range(10)]
-        write_spans(engine, [s for t in traces for s in t])  # the 0004 columns: the writer's own
+        _write_pre_0007(engine, [s for t in traces for s in t])
         upgrade(empty_db_url)
         check(empty_db_url)
         from modalscope.ingest.settle import settle
@@ -108,5 +107,60 @@ def test_upgrading_a_store_with_spans_marks_where_pair_calls_begin(empty_db_url)
         changed, settled = retag(engine, rules())
         assert settled == 10 and reader.pair_calls_complete_from() == 0
         assert queries.exemplar_traces(reader, window, f, limit=4) == before
+    finally:
+        engine.dispose()
+
+
+def _write_pre_0007(engine, records) -> None:
+    """Spans as the writer stored them before 0007 (no duration_bucket column), traces pending."""
+    from modalscope.ingest.writer import SPAN_COLUMNS, span_rows
+    from modalscope.models.dialect import mark_traces_pending
+
+    keep = [i for i, c in enumerate(SPAN_COLUMNS) if c != "duration_bucket"]
+    cols = ", ".join(SPAN_COLUMNS[i] for i in keep)
+    marks = ", ".join(["?" if engine.dialect.name == "sqlite" else "%s"] * len(keep))
+    rows = [tuple(r[i] for i in keep) for r in span_rows(records)]
+    with engine.begin() as conn:
+        cur = conn.connection.driver_connection.cursor()
+        cur.executemany(f"INSERT INTO spans ({cols}) VALUES ({marks})", rows)
+        cur.close()
+        mark_traces_pending(conn, sorted({r[0] for r in rows}), 1)
+
+
+def test_upgrading_spans_to_0007_gives_every_stored_span_its_duration_bucket(empty_db_url):
+    """0007 computes the bucket of every stored span in SQL: the same as the writer's, and the
+    slowest-first walk over the upgraded store equals a sort of the raw spans."""
+    import random
+    import time
+
+    from sqlalchemy import select
+
+    from modalscope.models import Span
+    from modalscope.models.buckets import duration_bucket
+    from modalscope.models.reader import SpanQuery, StoreReader
+    from tests.factories import multimodal_trace
+
+    upgrade(empty_db_url, "0006")
+    engine = make_engine(empty_db_url, write=True)
+    try:
+        rng = random.Random(70)
+        base = time.time_ns() - 3_600_000_000_000
+        spans = [s for i in range(40) for s in multimodal_trace(rng, base + i * 60_000_000_000, images=1 + i % 3)]
+        # edge durations: zero, below 8 ns, powers of two and their neighbours, the largest
+        for i, d in enumerate([0, 1, 7, 8, 9, 15, 16, 1023, 1024, 1025, 2**40, 2**62 - 1, 2**62, 2**63 - 1 - base]):
+            spans[i].end_ns = spans[i].start_ns + d
+        _write_pre_0007(engine, spans)
+        upgrade(empty_db_url)
+        check(empty_db_url)
+        with engine.connect() as conn:
+            stored = conn.execute(select(Span.duration_ns, Span.duration_bucket)).all()
+        assert len(stored) == len(spans)
+        assert all(b == duration_bucket(d) for d, b in stored)
+        reader = StoreReader(engine)
+        end = base + 3_600_000_000_000
+        services = tuple(sorted({s.service for s in spans}))
+        got = reader.slow_spans(SpanQuery(base, end, limit=25, services=services))
+        expected = sorted(spans, key=lambda s: (-(s.end_ns - s.start_ns), s.start_ns))[:25]
+        assert [(r["trace_id"], r["span_id"]) for r in got] == [(s.trace_id, s.span_id) for s in expected]
     finally:
         engine.dispose()

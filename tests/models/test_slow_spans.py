@@ -137,3 +137,70 @@ def test_pair_exemplars_skip_a_busy_callers_other_calls(engine):
             got = queries.exemplar_traces(reader, w, Filters(caller="gw", callee=callee), limit=5)
             assert [r["trace_id"] for r in got] == [t for t, _ in want], (callee, w)
             assert all(r["span_service"] == "gw" for r in got)
+
+
+def test_the_bucket_walk_equals_a_sort_for_ties_band_edges_and_filters(engine):
+    """Durations crowded into few buckets, with ties and bands whose edges fall inside a
+    bucket: the walk's pages equal a full sort of the window, for every filter combination."""
+    from modalscope.models.buckets import bucket_floor_ns, duration_bucket
+
+    rng = random.Random(77)
+    base = time.time_ns() - 6 * HOUR
+    spans = []
+    for i in range(60):
+        t = multimodal_trace(rng, base + i * 6 * HOUR // 60, images=1 + i % 2)
+        for s in t:  # a handful of durations: many share a bucket, some are equal
+            s.end_ns = s.start_ns + rng.choice([1_000_000, 1_000_001, 1_050_000, 1_100_000, 1_100_000,
+                                                 7_900_000, 8_000_000, 8_000_000, 250_000_000])
+        spans += t
+    write_spans(engine, spans)
+    settle(engine, force=True)
+    reader = StoreReader(engine)
+    w0, end = base + HOUR, base + 6 * HOUR
+    assert reader._long_window(Span, w0, end, SPAN_WALK_SHARE)
+    services = tuple(sorted({s.service for s in spans}))
+    inner = bucket_floor_ns(duration_bucket(1_050_000)) + 1  # inside a bucket, not on its edge
+    for stage, kind, band in ((None, None, (None, None)), ("encoder", None, (None, None)),
+                              (None, 3, (None, 8_000_000)), (None, None, (inner, 8_000_000)),
+                              (None, None, (1_000_001, 1_100_000)), (None, None, (7_900_001, None))):
+        expected = sorted((s for s in spans if w0 <= s.start_ns < end and (stage is None or s.stage == stage)
+                           and (kind is None or s.kind == kind)
+                           and (band[0] is None or band[0] <= s.end_ns - s.start_ns)
+                           and (band[1] is None or s.end_ns - s.start_ns <= band[1])),
+                          key=lambda s: (-(s.end_ns - s.start_ns), s.start_ns))
+        got = []
+        for offset in range(0, 60, 12):
+            got += reader.slow_spans(SpanQuery(w0, end, kind=kind, stage=stage, min_ns=band[0], max_ns=band[1],
+                                               limit=12, offset=offset, services=services))
+        keys = [_key(r) for r in got]
+        assert len(keys) == min(60, len(expected))
+        # equal durations and starts may come in either span order; everything else is fixed
+        assert [(r["duration_ns"], r["start_ns"]) for r in got] == \
+            [(s.end_ns - s.start_ns, s.start_ns) for s in expected[:60]]
+        assert set(keys) <= {(s.trace_id, s.span_id) for s in expected}
+        assert len(set(keys)) == len(keys)
+
+
+def test_a_bucket_reads_its_window_through_the_walk_index(engine):
+    if engine.dialect.name != "sqlite":
+        return  # the query plan checked here is SQLite's; PostgreSQL plans by its statistics
+    start, end, spans = _store(engine)
+    reader = StoreReader(engine)
+    seen = []
+
+    from sqlalchemy import event
+
+    def capture(conn, cursor, statement, parameters, context, executemany):
+        if "duration_bucket =" in statement:
+            seen.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", capture)
+    try:
+        assert reader.slow_spans(SpanQuery(end - 5 * HOUR, end, service="vision-encoder", limit=5))
+    finally:
+        event.remove(engine, "before_cursor_execute", capture)
+    assert seen
+    with engine.connect() as conn:
+        for statement, parameters in seen:
+            plan = " ".join(str(r[-1]) for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters))
+            assert "ix_spans_duration_walk (service=? AND duration_bucket=? AND start_ns>? AND start_ns<?)" in plan, plan

@@ -1,0 +1,44 @@
+"""Duration buckets: eight a doubling, so a span's bucket orders it by duration within ~9 %.
+
+The spans table's exemplar index is ``(service, duration_bucket, start_ns, duration_ns)``
+rather than ``(service, duration_ns)``. New spans then land at the end of a few hundred
+(bucket, time) runs instead of at random places in a duration-sorted index: a commit of
+5,000 spans rewrote ~5,000 index pages before, a few hundred now (ingest 20.8 -> 12.7 µs a
+span at 5,000-span commits, bench/ingest_bench.py). A slowest-first search walks the
+buckets downward and sorts within each (``StoreReader.slow_spans``): every span of a higher
+bucket is slower than every span of a lower one, so the order is exact.
+"""
+
+from __future__ import annotations
+
+STEPS_PER_DOUBLING = 8  # 2**3: a bucket spans 1/8 of a doubling (9 % at most)
+_SHIFT = 3
+MAX_BUCKET = 8 * 62 + 7  # durations below 2**63 ns
+
+
+def duration_bucket(duration_ns: int) -> int:
+    """0 for 0 (and negatives), the duration itself below 8 ns, else 8·k + the next three
+    bits after the leading one, where 2**k <= duration < 2**(k+1). Never decreasing."""
+    if duration_ns < 8:
+        return max(0, duration_ns)
+    k = duration_ns.bit_length() - 1
+    return 8 * k + ((duration_ns >> (k - _SHIFT)) & 7)
+
+
+def bucket_floor_ns(bucket: int) -> int:
+    """The smallest duration in ``bucket`` or any bucket above it (numbers 8-23 are unused)."""
+    if bucket < 8:
+        return max(0, bucket)
+    if bucket < 24:
+        return 8
+    k, frac = divmod(bucket, 8)
+    return (8 + frac) << (k - _SHIFT)
+
+
+def bucket_case_sql(column: str) -> str:
+    """``duration_bucket(column)`` as one portable SQL CASE (SQLite and PostgreSQL integer
+    arithmetic, no ``%`` for drivers' placeholders to trip on): for migrating rows stored
+    before the column existed. In [2**k, 2**(k+1)), column / 2**(k-3) is 8 plus the bits."""
+    whens = [f"WHEN {column} >= {1 << k} THEN {8 * k - 8} + {column} / {1 << (k - _SHIFT)}"
+             for k in range(62, 2, -1)]
+    return f"CASE {' '.join(whens)} WHEN {column} > 0 THEN {column} ELSE 0 END"

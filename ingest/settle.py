@@ -344,25 +344,10 @@ def load_trace_rows(conn: Connection, trace_ids: Sequence[str]) -> list[tuple]:
     rows: list[tuple] = []
     for i in range(0, len(trace_ids), 500):
         chunk = trace_ids[i : i + 500]
-        stmt = select(*cols).where(Span.trace_id.in_(chunk)).order_by(Span.trace_id, Span.start_ns, Span.span_id)
-        rows.extend(_driver_rows(conn, stmt))
+        rows.extend(conn.execute(
+            select(*cols).where(Span.trace_id.in_(chunk)).order_by(Span.trace_id, Span.start_ns, Span.span_id)
+        ).fetchall())
     return rows
-
-
-def _driver_rows(conn: Connection, stmt) -> list[tuple]:
-    """``stmt``'s rows as the driver's plain tuples. Every selected value is an int, a str or
-    NULL as stored, so SQLAlchemy's result rows would only add cost: ~2 µs a span, a sixth
-    of settling (the settler reads every span back once)."""
-    compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
-    params = compiled.construct_params()
-    if compiled.positional:
-        params = tuple(params[name] for name in compiled.positiontup)
-    cursor = conn.connection.driver_connection.cursor()
-    try:
-        cursor.execute(compiled.string, params)
-        return cursor.fetchall()
-    finally:
-        cursor.close()
 
 
 def _claim_query(trace_ids: Sequence[str] | None, due_before_ns: int | None, limit: int, lock: bool):

@@ -8,10 +8,11 @@ receiver parses the request bytes itself: grpcio's default deserializer answers
 * larger than ``MODALSCOPE_MAX_REQUEST_BYTES`` -> ``RESOURCE_EXHAUSTED`` (grpc itself
   refuses bigger messages through ``grpc.max_receive_message_length``; the decoded size
   is checked again here);
-* writer full or shutting down, or no commit in time -> ``UNAVAILABLE`` with a
-  ``google.rpc.RetryInfo``: inside a ``google.rpc.Status`` in the ``grpc-status-details-bin``
-  trailer (what the Go and Java exporters and ``grpc_status`` read) and bare in the
-  ``google.rpc.retryinfo-bin`` trailer (what opentelemetry-python's exporter reads);
+* writer full, too many traces waiting to settle, shutting down, or no commit in time ->
+  ``UNAVAILABLE`` with a ``google.rpc.RetryInfo``: inside a ``google.rpc.Status`` in the
+  ``grpc-status-details-bin`` trailer (what the Go and Java exporters and ``grpc_status``
+  read) and bare in the ``google.rpc.retryinfo-bin`` trailer (what opentelemetry-python's
+  exporter reads);
 * with ``MODALSCOPE_INGEST_TOKEN`` set, metadata ``authorization: Bearer <token>`` is
   required -> ``UNAUTHENTICATED`` otherwise;
 * gzip-compressed requests are inflated by grpc;
@@ -147,8 +148,9 @@ class _TraceService:
         writer = getattr(self.pipeline, "writer", None)
         if writer is not None and writer.closed:
             return _unavailable("receiver is shutting down; retry", SHUTDOWN_RETRY_AFTER)
-        if writer is not None and writer.full:  # refuse before spending a decode on it
-            return _unavailable("receiver busy: the writer queue is full; retry later", writer.retry_after())
+        busy = writer.busy() if writer is not None else None
+        if busy:  # refuse before spending a decode on it
+            return _unavailable(f"receiver busy: {busy}; retry later", writer.retry_after())
         if len(request) > self.cap:  # grpc checks the wire size; this is the inflated size
             return _Failure(grpc.StatusCode.RESOURCE_EXHAUSTED,
                             f"request of {len(request)} bytes exceeds the limit of {self.cap} bytes "
@@ -162,7 +164,7 @@ class _TraceService:
             try:
                 future = self.pipeline.accept(result.spans)
             except WriterFull as exc:
-                return _unavailable("receiver busy: the writer queue is full; retry later", exc.retry_after)
+                return _unavailable(f"receiver busy: {exc.reason}; retry later", exc.retry_after)
             except WriterClosed:
                 return _unavailable("receiver is shutting down; retry", SHUTDOWN_RETRY_AFTER)
             timeout = self.commit_timeout

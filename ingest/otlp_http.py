@@ -10,7 +10,7 @@
   sends) is read in pieces and refused as soon as it passes the cap; a compressed body is
   inflated incrementally and refused once the *inflated* size passes the cap, so a gzip
   bomb never allocates more than cap + 1 bytes.
-* Bad data -> 400; writer full -> 429, writer shutting down or no commit in time -> 503,
+* Bad data -> 400; writer full or too many traces waiting to settle -> 429, writer shutting down or no commit in time -> 503,
   both with ``Retry-After``; ingest token missing or wrong -> 401; a bug -> 500, logged,
   never a traceback to the client.
 * Memory stays bounded under any load: a full writer is answered 429 before the body is
@@ -293,11 +293,11 @@ def create_ingest_app(pipeline: IngestPipeline, settings: Settings, *,
             _discard_body(request.stream, cap)
             raise _Reject(503, _UNAVAILABLE, "receiver is shutting down; retry",
                           {"Retry-After": str(SHUTDOWN_RETRY_AFTER)})
-        if writer.full:
+        busy = writer.busy()
+        if busy:
             _discard_body(request.stream, cap)
             wait = _retry_after(writer.retry_after())
-            raise _Reject(429, _UNAVAILABLE, f"receiver busy: the writer queue is full; retry after {wait} s",
-                          {"Retry-After": wait})
+            raise _Reject(429, _UNAVAILABLE, f"receiver busy: {busy}; retry after {wait} s", {"Retry-After": wait})
 
     def check_token() -> None:
         if token is None:
@@ -368,7 +368,7 @@ def create_ingest_app(pipeline: IngestPipeline, settings: Settings, *,
                 future = pipeline.accept(result.spans)
             except WriterFull as exc:
                 wait = _retry_after(exc.retry_after)
-                raise _Reject(429, _UNAVAILABLE, f"receiver busy: the writer queue is full; retry after {wait} s",
+                raise _Reject(429, _UNAVAILABLE, f"receiver busy: {exc.reason}; retry after {wait} s",
                               {"Retry-After": wait}) from None
             except WriterClosed:
                 raise _Reject(503, _UNAVAILABLE, "receiver is shutting down; retry",

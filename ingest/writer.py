@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import orjson
-from sqlalchemy import Engine
+from sqlalchemy import Engine, func, select
 
+from ..models import Trace
 from ..models.buckets import duration_bucket
 from ..models.dialect import insert_spans, mark_traces_pending
 from .errors import storage_unavailable
@@ -31,12 +32,63 @@ from .records import SpanRecord
 log = logging.getLogger(__name__)
 
 
-class WriterFull(Exception):
-    """The queue is at capacity: callers answer 429/503 (HTTP) or UNAVAILABLE (gRPC)."""
+QUEUE_FULL = "the writer queue is full"
 
-    def __init__(self, retry_after: float) -> None:
-        super().__init__(f"writer queue full, retry after {retry_after:.0f}s")
+
+class WriterFull(Exception):
+    """No room for more now (the queue is at capacity, or too many traces wait to be
+    settled): callers answer 429 (HTTP) or UNAVAILABLE (gRPC) with ``reason``."""
+
+    def __init__(self, retry_after: float, reason: str = QUEUE_FULL) -> None:
+        super().__init__(f"{reason}, retry after {retry_after:.0f}s")
         self.retry_after = retry_after
+        self.reason = reason
+
+
+class SettleBacklog:
+    """Are more than ``limit`` traces overdue for settling (idle ``settle_seconds`` and still
+    pending)? Counted at most every ``every`` seconds, one indexed count stopping at
+    ``limit + 1``, by whichever request thread asks first.
+
+    Receivers refuse new spans (429 / UNAVAILABLE, clients retry) while it is so: spans
+    arriving faster than the settler settles them for minutes would otherwise leave the
+    rollups ever further behind, and a pair's exemplar search reads every pending trace.
+    """
+
+    def __init__(self, engine: Engine, limit: int, settle_seconds: float, every: float = 0.5) -> None:
+        self.engine = engine
+        self.limit = limit
+        self.settle_seconds = settle_seconds
+        self.every = every
+        self._over = False
+        self._checked = -math.inf
+        self._lock = threading.Lock()
+
+    @property
+    def reason(self) -> str:
+        return f"more than {self.limit:,} traces wait to be settled"
+
+    def over(self) -> bool:
+        now = time.monotonic()
+        if now - self._checked >= self.every and self._lock.acquire(blocking=False):
+            try:
+                self._over = self._overdue() > self.limit
+            except Exception as exc:  # noqa: BLE001 - the writer reports an unavailable store itself
+                log.debug("settle backlog not counted: %s", _one_line(exc))
+                self._over = False
+            finally:
+                self._checked = time.monotonic()
+                self._lock.release()
+        return self._over
+
+    def _overdue(self) -> int:
+        due = time.time_ns() - int(self.settle_seconds * 1e9)
+        overdue = (select(Trace.trace_id).where(Trace.pending.is_(True), Trace.last_seen_ns <= due)
+                   .limit(self.limit + 1).subquery())
+        with self.engine.connect() as conn:
+            # a read: never wait for SQLite's write lock (a write engine begins IMMEDIATE)
+            conn = conn.execution_options(modalscope_deferred=True)
+            return conn.execute(select(func.count()).select_from(overdue)).scalar_one()
 
 
 class WriterClosed(Exception):
@@ -124,8 +176,10 @@ class BatchWriter:
         max_wait: float = 0.02,
         on_written=None,
         unavailable_retry_seconds: float = 10.0,
+        backlog: SettleBacklog | None = None,
     ) -> None:
         self.engine = engine
+        self.backlog = backlog
         self.max_queue_spans = max_queue_spans
         self.max_batch_spans = max_batch_spans
         self.max_wait = max_wait
@@ -159,10 +213,14 @@ class BatchWriter:
             wait = max(wait, 5)
         return float(min(30, max(1, wait)))
 
-    @property
-    def full(self) -> bool:
-        """No room for another request: receivers refuse before reading a body."""
-        return self._queued_spans >= self.max_queue_spans
+    def busy(self) -> str | None:
+        """Why another request would be refused now (receivers refuse before reading a
+        body), or None."""
+        if self._queued_spans >= self.max_queue_spans:
+            return QUEUE_FULL
+        if self.backlog is not None and self.backlog.over():
+            return self.backlog.reason
+        return None
 
     @property
     def closed(self) -> bool:
@@ -173,6 +231,8 @@ class BatchWriter:
         if not records:
             fut.set_result(WriteResult(0, 0))
             return fut
+        if self.backlog is not None and not self._closed and self.backlog.over():  # counted outside the lock
+            raise WriterFull(self.retry_after(), self.backlog.reason)
         with self._lock:
             if self._closed:
                 raise WriterClosed("writer is shutting down")

@@ -1,4 +1,4 @@
-"""Duration buckets: eight a doubling, so a span's bucket orders it by duration within ~9 %.
+"""Duration buckets: eight a doubling, so a span's bucket orders it by duration to within 12.5 %.
 
 The spans table's exemplar index is ``(service, duration_bucket, start_ns, duration_ns)``
 rather than ``(service, duration_ns)``. New spans then land at the end of a few hundred
@@ -11,8 +11,7 @@ bucket is slower than every span of a lower one, so the order is exact.
 
 from __future__ import annotations
 
-STEPS_PER_DOUBLING = 8  # 2**3: a bucket spans 1/8 of a doubling (9 % at most)
-_SHIFT = 3
+_SHIFT = 3  # 2**3 = 8 buckets a doubling: a bucket spans at most 1/8 of its floor (12.5 %)
 MAX_BUCKET = 8 * 62 + 7  # durations below 2**63 ns
 
 
@@ -34,11 +33,3 @@ def bucket_floor_ns(bucket: int) -> int:
     k, frac = divmod(bucket, 8)
     return (8 + frac) << (k - _SHIFT)
 
-
-def bucket_case_sql(column: str) -> str:
-    """``duration_bucket(column)`` as one portable SQL CASE (SQLite and PostgreSQL integer
-    arithmetic, no ``%`` for drivers' placeholders to trip on): for migrating rows stored
-    before the column existed. In [2**k, 2**(k+1)), column / 2**(k-3) is 8 plus the bits."""
-    whens = [f"WHEN {column} >= {1 << k} THEN {8 * k - 8} + {column} / {1 << (k - _SHIFT)}"
-             for k in range(62, 2, -1)]
-    return f"CASE {' '.join(whens)} WHEN {column} > 0 THEN {column} ELSE 0 END"

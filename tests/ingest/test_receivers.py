@@ -33,6 +33,7 @@ from modalscope.ingest.otlp_http import PortInUse, create_ingest_app, serve_http
 from modalscope.ingest.pipeline import IngestPipeline
 from modalscope.ingest.records import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, SpanRecord
 from modalscope.ingest.settle import settle
+from modalscope.ingest.writer import write_spans
 from modalscope.models import Span, Trace
 from modalscope.settings import Settings
 
@@ -185,9 +186,9 @@ def start_stack(engine):
     stacks: list[Stack] = []
 
     def _start(settings: Settings | None = None, *, run_writer: bool = True, with_grpc: bool = False,
-               commit_timeout: float = 30.0) -> Stack:
+               commit_timeout: float = 30.0, limit_backlog: bool = False) -> Stack:
         settings = settings or Settings(settle_seconds=0)
-        pipeline = IngestPipeline(engine, settings, settle=False)
+        pipeline = IngestPipeline(engine, settings, settle=False, limit_backlog=limit_backlog)
         stack = Stack(pipeline, settings)
         stacks.append(stack)
         if run_writer:
@@ -635,6 +636,31 @@ def test_grpc_writer_full_is_unavailable_with_retry_info(engine, start_stack):
     filler.result(timeout=10)
     ExportTraceServiceResponse.FromString(export(pb_request(2), timeout=10))
     assert span_count(engine) == 3
+
+
+def test_a_settle_backlog_is_refused_with_retry_hints_until_it_is_settled(engine, start_stack):
+    """More traces overdue for settling than MODALSCOPE_MAX_SETTLE_BACKLOG: 429 / UNAVAILABLE
+    with a retry delay and the reason, nothing stored; once settled, spans are taken again."""
+    write_spans(engine, [s for _ in range(4) for s in _filler()])  # four pending traces, overdue at once
+    stack = start_stack(Settings(settle_seconds=0, max_settle_backlog=3), with_grpc=True, limit_backlog=True)
+    for content_type, body in ((JSON, good_json_body(2)[0]), (PROTOBUF, pb_request(2))):
+        resp = post(stack.url, body, content_type)
+        assert resp.status_code == 429, resp.text
+        assert int(resp.headers["Retry-After"]) >= 1
+        status = status_of(resp)
+        assert status.code == 14 and "more than 3 traces wait to be settled" in status.message
+    with pytest.raises(grpc.RpcError) as info:
+        stack.export_method()(pb_request(2), timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "wait to be settled" in info.value.details()
+    assert span_count(engine) == 4
+
+    settle(engine, force=True)
+    time.sleep(stack.pipeline.writer.backlog.every + 0.1)  # the count is at most this old
+    resp = post(stack.url, good_json_body(2)[0])
+    assert resp.status_code == 200, resp.text
+    ExportTraceServiceResponse.FromString(stack.export_method()(pb_request(2), timeout=10))
+    assert span_count(engine) == 8
 
 
 def test_grpc_ingest_token(engine, start_stack):

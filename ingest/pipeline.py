@@ -12,7 +12,7 @@ from .records import SpanRecord
 from .retention import RetentionPolicy
 from .settle import Settler, SettlerProcess
 from .stages import StageRules, load_rules
-from .writer import BatchWriter, SettleBacklog, WriterClosed, WriterFull
+from .writer import BatchWriter, SettleLag, WriterClosed, WriterFull
 
 log = logging.getLogger(__name__)
 
@@ -27,19 +27,19 @@ class IngestPipeline:
     """
 
     def __init__(self, engine: Engine, settings: Settings, rules: StageRules | None = None,
-                 *, settle: bool | str = True, settle_interval: float = 0.5, limit_backlog: bool = False) -> None:
+                 *, settle: bool | str = True, settle_interval: float = 0.5, limit_lag: bool = False) -> None:
         """``settle``: True/"thread" settles in a thread of this process, "process" in a
         process of its own (a second core for ``modalscope ingest otlp``), False not at all.
-        ``limit_backlog``: refuse spans while more than ``settings.max_settle_backlog``
-        traces are overdue for settling (receivers, which a settler of some process drains;
-        not an import, which settles at its end)."""
+        ``limit_lag``: refuse spans while the settler is more than
+        ``settings.max_settle_lag_s`` behind (receivers, whose spans a settler of some process
+        settles; not an import, which settles at its end)."""
         self.engine = engine
         self.settings = settings
         self.rules = rules if rules is not None else load_rules(settings.rules_path or None)
-        backlog = None
-        if limit_backlog and settings.max_settle_backlog > 0:
-            backlog = SettleBacklog(engine, settings.max_settle_backlog, settings.settle_seconds)
-        self.writer = BatchWriter(engine, max_queue_spans=settings.max_queue_spans, backlog=backlog)
+        lag = None
+        if limit_lag and settings.max_settle_lag_s > 0:
+            lag = SettleLag(engine, settings.max_settle_lag_s, settings.settle_seconds)
+        self.writer = BatchWriter(engine, max_queue_spans=settings.max_queue_spans, lag=lag)
         retention = RetentionPolicy.from_settings(settings)  # the settler prunes every 10 minutes
         # ... and evaluates the anomaly catalog ahead of requests (app/evaluations.py)
         findings = (settings.findings_ranges_s, settings.findings_every_s)

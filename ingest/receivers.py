@@ -48,7 +48,7 @@ def start_receivers(settings: Settings, engine: Engine, rules=None, settle: bool
     from .otlp_http import IngestGate, create_ingest_app, serve_http
     from .pipeline import IngestPipeline
 
-    pipeline = IngestPipeline(engine, settings, rules, settle=settle, limit_backlog=True).start()
+    pipeline = IngestPipeline(engine, settings, rules, settle=settle, limit_lag=True).start()
     gate = IngestGate()
     http_server = grpc_server = None
     try:

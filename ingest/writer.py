@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import orjson
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, select
 
 from ..models import Trace
 from ..models.buckets import duration_bucket
@@ -36,8 +36,8 @@ QUEUE_FULL = "the writer queue is full"
 
 
 class WriterFull(Exception):
-    """No room for more now (the queue is at capacity, or too many traces wait to be
-    settled): callers answer 429 (HTTP) or UNAVAILABLE (gRPC) with ``reason``."""
+    """No room for more now (the queue is at capacity, or the settler is too far behind):
+    callers answer 429 (HTTP) or UNAVAILABLE (gRPC) with ``reason``."""
 
     def __init__(self, retry_after: float, reason: str = QUEUE_FULL) -> None:
         super().__init__(f"{reason}, retry after {retry_after:.0f}s")
@@ -45,50 +45,51 @@ class WriterFull(Exception):
         self.reason = reason
 
 
-class SettleBacklog:
-    """Are more than ``limit`` traces overdue for settling (idle ``settle_seconds`` and still
-    pending)? Counted at most every ``every`` seconds, one indexed count stopping at
-    ``limit + 1``, by whichever request thread asks first.
+class SettleLag:
+    """Has the settler fallen more than ``max_lag_s`` behind: is a trace idle
+    ``settle_seconds + max_lag_s`` still pending? Looked up at most every ``every`` seconds
+    (the oldest pending trace, first in the ``(pending, last_seen_ns)`` index), by whichever
+    request thread asks first.
 
-    Receivers refuse new spans (429 / UNAVAILABLE, clients retry) while it is so: spans
-    arriving faster than the settler settles them for minutes would otherwise leave the
-    rollups ever further behind, and a pair's exemplar search reads every pending trace.
+    Receivers refuse new spans (429 / UNAVAILABLE, clients retry) while it has: spans arriving
+    faster than they are settled, for minutes, would otherwise leave the rollups ever further
+    behind (and a pair's exemplar search reads every pending trace). A lag rather than a count
+    of traces, so a burst the settler catches up with passes whatever the rate.
     """
 
-    def __init__(self, engine: Engine, limit: int, settle_seconds: float, every: float = 0.5) -> None:
+    def __init__(self, engine: Engine, max_lag_s: float, settle_seconds: float, every: float = 0.5) -> None:
         self.engine = engine
-        self.limit = limit
+        self.max_lag_s = max_lag_s
         self.settle_seconds = settle_seconds
         self.every = every
-        self._over = False
+        self._behind = False
         self._checked = -math.inf
         self._lock = threading.Lock()
 
     @property
     def reason(self) -> str:
-        return f"more than {self.limit:,} traces wait to be settled"
+        return f"the settler is more than {self.max_lag_s:g} s behind"
 
-    def over(self) -> bool:
+    def behind(self) -> bool:
         now = time.monotonic()
         if now - self._checked >= self.every and self._lock.acquire(blocking=False):
             try:
-                self._over = self._overdue() > self.limit
+                self._behind = self._lagging()
             except Exception as exc:  # noqa: BLE001 - the writer reports an unavailable store itself
-                log.debug("settle backlog not counted: %s", _one_line(exc))
-                self._over = False
+                log.debug("settle lag not read: %s", _one_line(exc))
+                self._behind = False
             finally:
                 self._checked = time.monotonic()
                 self._lock.release()
-        return self._over
+        return self._behind
 
-    def _overdue(self) -> int:
-        due = time.time_ns() - int(self.settle_seconds * 1e9)
-        overdue = (select(Trace.trace_id).where(Trace.pending.is_(True), Trace.last_seen_ns <= due)
-                   .limit(self.limit + 1).subquery())
+    def _lagging(self) -> bool:
+        cut = time.time_ns() - int((self.settle_seconds + self.max_lag_s) * 1e9)
+        stmt = select(Trace.trace_id).where(Trace.pending.is_(True), Trace.last_seen_ns <= cut).limit(1)
         with self.engine.connect() as conn:
             # a read: never wait for SQLite's write lock (a write engine begins IMMEDIATE)
             conn = conn.execution_options(modalscope_deferred=True)
-            return conn.execute(select(func.count()).select_from(overdue)).scalar_one()
+            return conn.execute(stmt).first() is not None
 
 
 class WriterClosed(Exception):
@@ -176,10 +177,10 @@ class BatchWriter:
         max_wait: float = 0.02,
         on_written=None,
         unavailable_retry_seconds: float = 10.0,
-        backlog: SettleBacklog | None = None,
+        lag: SettleLag | None = None,
     ) -> None:
         self.engine = engine
-        self.backlog = backlog
+        self.lag = lag
         self.max_queue_spans = max_queue_spans
         self.max_batch_spans = max_batch_spans
         self.max_wait = max_wait
@@ -218,8 +219,8 @@ class BatchWriter:
         body), or None."""
         if self._queued_spans >= self.max_queue_spans:
             return QUEUE_FULL
-        if self.backlog is not None and self.backlog.over():
-            return self.backlog.reason
+        if self.lag is not None and self.lag.behind():
+            return self.lag.reason
         return None
 
     @property
@@ -231,8 +232,8 @@ class BatchWriter:
         if not records:
             fut.set_result(WriteResult(0, 0))
             return fut
-        if self.backlog is not None and not self._closed and self.backlog.over():  # counted outside the lock
-            raise WriterFull(self.retry_after(), self.backlog.reason)
+        if self.lag is not None and not self._closed and self.lag.behind():  # looked up outside the lock
+            raise WriterFull(self.retry_after(), self.lag.reason)
         with self._lock:
             if self._closed:
                 raise WriterClosed("writer is shutting down")

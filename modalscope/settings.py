@@ -36,7 +36,7 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "MODALSCOPE_SETTLE_SECONDS": ("5", "A trace idle this long is settled: input type, self times, pairs and rollups computed (corrected if a late span arrives)."),
     "MODALSCOPE_MAX_REQUEST_BYTES": ("20971520", "Largest OTLP request accepted, in bytes, checked before and after decompression (default 20 MiB)."),
     "MODALSCOPE_MAX_QUEUE_SPANS": ("50000", "Spans the writer holds before receivers answer 429/UNAVAILABLE with a retry delay (bounds the receiver's memory while the store is slow or down)."),
-    "MODALSCOPE_MAX_SETTLE_BACKLOG": ("20000", "Traces overdue for settling (idle `MODALSCOPE_SETTLE_SECONDS` and not yet settled) beyond which receivers answer 429/UNAVAILABLE with a retry delay until the settler catches up: bounds how far the rollups, pairs and exemplars lag behind a flood; 20,000 lets a 600,000-span burst at full speed through without a refusal (`0`: no limit)."),
+    "MODALSCOPE_MAX_SETTLE_LAG_S": ("10", "When the settler has fallen this many seconds behind (a trace idle `MODALSCOPE_SETTLE_SECONDS` plus this long is still not settled), receivers answer 429/UNAVAILABLE with a retry delay until it catches up: bounds how far rollups, pairs and exemplar searches lag behind a sustained flood, while a burst passes (`0`: no limit)."),
     "MODALSCOPE_THREADS": ("4", "Threads per gunicorn worker of the dashboard (`modalscope.gunicorn_conf`; workers: `WEB_CONCURRENCY`, default 2)."),
     "MODALSCOPE_DEBUG": ("0", "`1` turns on Dash's debug mode (debugger, dev tools); never in production."),
     # Detector thresholds (app/detectors.py, `Thresholds`): one setting a field.
@@ -138,7 +138,7 @@ class Settings:
     settle_seconds: float = 5.0
     max_request_bytes: int = 20 * 1024 * 1024
     max_queue_spans: int = 50_000
-    max_settle_backlog: int = 20_000
+    max_settle_lag_s: float = 10.0
     debug: bool = False
 
     @classmethod
@@ -168,7 +168,7 @@ class Settings:
             settle_seconds=_float(env, "MODALSCOPE_SETTLE_SECONDS"),
             max_request_bytes=_int(env, "MODALSCOPE_MAX_REQUEST_BYTES", minimum=1024),
             max_queue_spans=_int(env, "MODALSCOPE_MAX_QUEUE_SPANS", minimum=1),
-            max_settle_backlog=_int(env, "MODALSCOPE_MAX_SETTLE_BACKLOG", minimum=0),
+            max_settle_lag_s=_float(env, "MODALSCOPE_MAX_SETTLE_LAG_S"),
             debug=_str(env, "MODALSCOPE_DEBUG").lower() in ("1", "true", "yes", "on"),
         )
 

@@ -186,9 +186,9 @@ def start_stack(engine):
     stacks: list[Stack] = []
 
     def _start(settings: Settings | None = None, *, run_writer: bool = True, with_grpc: bool = False,
-               commit_timeout: float = 30.0, limit_backlog: bool = False) -> Stack:
+               commit_timeout: float = 30.0, limit_lag: bool = False) -> Stack:
         settings = settings or Settings(settle_seconds=0)
-        pipeline = IngestPipeline(engine, settings, settle=False, limit_backlog=limit_backlog)
+        pipeline = IngestPipeline(engine, settings, settle=False, limit_lag=limit_lag)
         stack = Stack(pipeline, settings)
         stacks.append(stack)
         if run_writer:
@@ -638,25 +638,29 @@ def test_grpc_writer_full_is_unavailable_with_retry_info(engine, start_stack):
     assert span_count(engine) == 3
 
 
-def test_a_settle_backlog_is_refused_with_retry_hints_until_it_is_settled(engine, start_stack):
-    """More traces overdue for settling than MODALSCOPE_MAX_SETTLE_BACKLOG: 429 / UNAVAILABLE
-    with a retry delay and the reason, nothing stored; once settled, spans are taken again."""
-    write_spans(engine, [s for _ in range(4) for s in _filler()])  # four pending traces, overdue at once
-    stack = start_stack(Settings(settle_seconds=0, max_settle_backlog=3), with_grpc=True, limit_backlog=True)
+def test_a_settler_behind_is_answered_with_retry_hints_until_it_catches_up(engine, start_stack):
+    """A trace pending longer than settle_seconds + MODALSCOPE_MAX_SETTLE_LAG_S: 429 /
+    UNAVAILABLE with a retry delay and the reason, nothing stored; once settled, spans are
+    taken again. A trace pending for less does not stop anything."""
+    write_spans(engine, _filler(), now_ns=time.time_ns() - 3_000_000_000)  # pending for 3 s
+    stack = start_stack(Settings(settle_seconds=1, max_settle_lag_s=5), with_grpc=True, limit_lag=True)
+    assert post(stack.url, good_json_body(2)[0]).status_code == 200  # 3 s < 1 + 5 s: not behind
+    write_spans(engine, _filler(), now_ns=time.time_ns() - 7_000_000_000)  # pending for 7 s
+    time.sleep(stack.pipeline.writer.lag.every + 0.1)  # the look-up is at most this old
     for content_type, body in ((JSON, good_json_body(2)[0]), (PROTOBUF, pb_request(2))):
         resp = post(stack.url, body, content_type)
         assert resp.status_code == 429, resp.text
         assert int(resp.headers["Retry-After"]) >= 1
         status = status_of(resp)
-        assert status.code == 14 and "more than 3 traces wait to be settled" in status.message
+        assert status.code == 14 and "the settler is more than 5 s behind" in status.message
     with pytest.raises(grpc.RpcError) as info:
         stack.export_method()(pb_request(2), timeout=10)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert "wait to be settled" in info.value.details()
+    assert "settler is more than 5 s behind" in info.value.details()
     assert span_count(engine) == 4
 
     settle(engine, force=True)
-    time.sleep(stack.pipeline.writer.backlog.every + 0.1)  # the count is at most this old
+    time.sleep(stack.pipeline.writer.lag.every + 0.1)
     resp = post(stack.url, good_json_body(2)[0])
     assert resp.status_code == 200, resp.text
     ExportTraceServiceResponse.FromString(stack.export_method()(pb_request(2), timeout=10))

@@ -8,7 +8,7 @@ receiver parses the request bytes itself: grpcio's default deserializer answers
 * larger than ``MODALSCOPE_MAX_REQUEST_BYTES`` -> ``RESOURCE_EXHAUSTED`` (grpc itself
   refuses bigger messages through ``grpc.max_receive_message_length``; the decoded size
   is checked again here);
-* writer full, too many traces waiting to settle, shutting down, or no commit in time ->
+* writer full, the settler too far behind, shutting down, or no commit in time ->
   ``UNAVAILABLE`` with a ``google.rpc.RetryInfo``: inside a ``google.rpc.Status`` in the
   ``grpc-status-details-bin`` trailer (what the Go and Java exporters and ``grpc_status``
   read) and bare in the ``google.rpc.retryinfo-bin`` trailer (what opentelemetry-python's

@@ -10,9 +10,9 @@
   sends) is read in pieces and refused as soon as it passes the cap; a compressed body is
   inflated incrementally and refused once the *inflated* size passes the cap, so a gzip
   bomb never allocates more than cap + 1 bytes.
-* Bad data -> 400; writer full or too many traces waiting to settle -> 429, writer shutting down or no commit in time -> 503,
-  both with ``Retry-After``; ingest token missing or wrong -> 401; a bug -> 500, logged,
-  never a traceback to the client.
+* Bad data -> 400; writer full or the settler too far behind -> 429, writer shutting down or
+  no commit in time -> 503, both with ``Retry-After``; ingest token missing or wrong -> 401;
+  a bug -> 500, logged, never a traceback to the client.
 * Memory stays bounded under any load: a full writer is answered 429 before the body is
   kept (it is read and discarded, so the client sees the answer, not a reset); at most
   ``MAX_READING`` requests hold a body at once (the others wait their turn, 503 after

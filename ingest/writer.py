@@ -54,16 +54,23 @@ class SettleLag:
     Receivers refuse new spans (429 / UNAVAILABLE, clients retry) while it has: spans arriving
     faster than they are settled, for minutes, would otherwise leave the rollups ever further
     behind (and a pair's exemplar search reads every pending trace). A lag rather than a count
-    of traces, so a burst the settler catches up with passes whatever the rate.
+    of traces, so a burst the settler catches up with passes whatever the rate. A settler that
+    settles nothing at all for ``stuck_after`` seconds (stopped, or failing on some trace) is
+    not a flood: spans are taken again, with a warning, rather than refused forever.
     """
 
-    def __init__(self, engine: Engine, max_lag_s: float, settle_seconds: float, every: float = 0.5) -> None:
+    def __init__(self, engine: Engine, max_lag_s: float, settle_seconds: float, every: float = 0.5,
+                 stuck_after: float = 60.0) -> None:
         self.engine = engine
         self.max_lag_s = max_lag_s
         self.settle_seconds = settle_seconds
         self.every = every
+        self.stuck_after = stuck_after
         self._behind = False
         self._checked = -math.inf
+        self._oldest: int | None = None  # the oldest pending trace's last_seen_ns ...
+        self._oldest_since = time.monotonic()  # ... unchanged since then
+        self._warned = False
         self._lock = threading.Lock()
 
     @property
@@ -84,12 +91,22 @@ class SettleLag:
         return self._behind
 
     def _lagging(self) -> bool:
-        cut = time.time_ns() - int((self.settle_seconds + self.max_lag_s) * 1e9)
-        stmt = select(Trace.trace_id).where(Trace.pending.is_(True), Trace.last_seen_ns <= cut).limit(1)
+        stmt = select(Trace.last_seen_ns).where(Trace.pending.is_(True)).order_by(Trace.last_seen_ns).limit(1)
         with self.engine.connect() as conn:
             # a read: never wait for SQLite's write lock (a write engine begins IMMEDIATE)
             conn = conn.execution_options(modalscope_deferred=True)
-            return conn.execute(stmt).first() is not None
+            oldest = conn.execute(stmt).scalar()
+        if oldest != self._oldest:  # settled (or nothing pending): progress
+            self._oldest, self._oldest_since, self._warned = oldest, time.monotonic(), False
+        if oldest is None or time.time_ns() - oldest <= (self.settle_seconds + self.max_lag_s) * 1e9:
+            return False
+        if time.monotonic() - self._oldest_since >= self.stuck_after:
+            if not self._warned:
+                log.warning("the settler has settled nothing for %.0f s (is it running? its log says why); "
+                            "taking spans anyway", time.monotonic() - self._oldest_since)
+                self._warned = True
+            return False
+        return True
 
 
 class WriterClosed(Exception):

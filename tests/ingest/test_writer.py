@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import func, select
 
 from modalscope.ingest.settle import settle
-from modalscope.ingest.writer import BatchWriter, WriterFull, write_spans
+from modalscope.ingest.writer import BatchWriter, SettleLag, WriterFull, write_spans
 from modalscope.models import Rollup, Series, Span, Trace
 from modalscope.models.sketch import decode
 from tests.factories import multimodal_trace
@@ -210,3 +210,27 @@ def test_sqlite_settle_leaves_a_trace_that_changed_mid_settle_pending(tmp_path, 
     assert settle(engine, force=True) == 1
     snap = snapshot(engine)
     assert sum(v[0] for k, v in snap["rollups"].items() if k[0] == "op") == len(spans)
+
+
+def test_settle_lag_is_behind_only_while_old_traces_wait_and_the_settler_moves(engine, caplog):
+    """Behind: a trace idle settle_seconds + max_lag_s still pending. Not behind once it is
+    settled; and not behind, with a warning, when nothing has settled for stuck_after
+    seconds (a stopped or failing settler must not stop ingest for good)."""
+    lag = SettleLag(engine, max_lag_s=5, settle_seconds=1, every=0, stuck_after=1.0)
+    now = time.time_ns()
+    assert not lag.behind()  # nothing pending
+    recent, old, older = (multimodal_trace(random.Random(i), now - 60_000_000_000) for i in (1, 2, 3))
+    write_spans(engine, recent, now_ns=now - 3_000_000_000)  # idle 3 s < 1 + 5
+    assert not lag.behind()
+    write_spans(engine, old, now_ns=now - 7_000_000_000)  # idle 7 s
+    assert lag.behind()
+    settle(engine, trace_ids=[old[0].trace_id], force=True)
+    assert not lag.behind()  # the oldest left is 3 s idle
+    write_spans(engine, older, now_ns=now - 8_000_000_000)
+    assert lag.behind()
+    time.sleep(1.1)  # the oldest pending trace has not moved for stuck_after
+    with caplog.at_level("WARNING", logger="modalscope.ingest.writer"):
+        assert not lag.behind()
+    assert "settled nothing" in caplog.text
+    settle(engine, force=True)
+    assert not lag.behind()

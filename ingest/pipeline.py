@@ -23,7 +23,8 @@ class IngestPipeline:
     """Owns the writer thread and the settler thread of one process.
 
     ``accept(records)`` tags the records' stages and queues them; the returned future
-    resolves once they are committed (raise ``WriterFull`` when the queue is at capacity).
+    resolves once they are committed (raise ``WriterFull`` when the queue is at capacity or,
+    with ``limit_lag``, while the settler is too far behind).
     """
 
     def __init__(self, engine: Engine, settings: Settings, rules: StageRules | None = None,

@@ -20,6 +20,9 @@ Run from the repository root:
    The ingested spans are stamped an hour after the measured windows: the reads answer the
    same question idle and under load, so what differs is contention (two cores shared by the
    receiver, its settler, the client and the reader; SQLite's write lock and WAL).
+   ``--load live`` sends demo traffic instead (the store's services and pairs) over the
+   windows' last ten minutes: every trace waiting to settle lies inside the windows read,
+   as when an incident is watched while it happens (the answers then grow with the load).
 4. Report: per call and window, idle ms, loaded ms and the ratio; the ingest rate
    acknowledged while the reads ran, traces still waiting to settle when they ended, and the
    receiver's and settler's peak RSS. ``--json FILE`` writes everything.
@@ -54,8 +57,12 @@ def run_client(args) -> int:
     import ingest_bench as ib
 
     prefix = os.urandom(8)
-    pool = ib.make_payloads(args.pool_requests, args.spans_per_request, seed=11, base_ns=args.base_ns,
-                            trace_prefix=prefix)
+    if args.load == "live":
+        pool = live_payloads(args.pool_requests * args.spans_per_request, args.spans_per_request, args.base_ns,
+                             prefix)
+    else:
+        pool = ib.make_payloads(args.pool_requests, args.spans_per_request, seed=11, base_ns=args.base_ns,
+                                trace_prefix=prefix)
     spans_per = [ib.count_spans(p) for p in pool]
     sender = ib.HttpSender(args.client) if args.transport == "http" else ib.GrpcSender(args.client)
     stop = threading.Event()
@@ -103,11 +110,34 @@ def run_client(args) -> int:
     return 0 if state["error"] is None else 1
 
 
+def live_payloads(spans: int, spans_per_request: int, end_ns: int, prefix: bytes) -> list[bytes]:
+    """About ``spans`` spans of demo traffic (the store's services, pairs and latencies) over
+    the ten minutes before ``end_ns``, every trace id starting with ``prefix`` (so
+    ``ingest_bench.restamp`` gives each round fresh ids)."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from modalscope.ingest import demo
+
+    minutes = 10
+    rate = spans / db.SPANS_PER_TRACE / (minutes * 60)
+    config = demo.DemoConfig(now_ns=end_ns, seed=13, hours=minutes / 60, rate=rate,
+                             spans_per_request=spans_per_request)
+    pool = []
+    for payload in demo.export_requests(config):
+        req = ExportTraceServiceRequest.FromString(payload)
+        for rs in req.resource_spans:
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    span.trace_id = prefix + span.trace_id[8:]
+        pool.append(req.SerializeToString())
+    return pool
+
+
 class LoadClient:
     def __init__(self, target: str, args, base_ns: int) -> None:
         cmd = [sys.executable, os.path.abspath(__file__), "--client", target, "--transport", args.transport,
                "--clients", str(args.clients), "--pool-requests", str(args.pool_requests),
-               "--spans-per-request", str(args.spans_per_request), "--base-ns", str(base_ns)]
+               "--spans-per-request", str(args.spans_per_request), "--base-ns", str(base_ns), "--load", args.load]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def wait_sending(self) -> None:
@@ -180,6 +210,13 @@ def main() -> int:
     ap.add_argument("--pool-requests", type=int, default=60,
                     help="distinct requests the client prepares, resent with fresh trace ids (default 60)")
     ap.add_argument("--ramp-seconds", type=float, default=5, help="load before the timing starts (default 5)")
+    ap.add_argument("--load", default="after", choices=("after", "live"),
+                    help="what is sent: the ingest bench's traces stamped an hour after the windows (default), "
+                         "or demo traffic of the store's services over the windows' last ten minutes, so every "
+                         "trace waiting to settle is inside the windows read (an incident being watched live)")
+    ap.add_argument("--pending-walk", default="on", choices=("on", "off"),
+                    help="off: a pair's exemplar search reads every pending trace one by one, as before schema "
+                         "0008 (for a before/after comparison on one machine)")
     ap.add_argument("--json", default=None, metavar="FILE")
     ap.add_argument("--client", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--base-ns", type=int, default=None, help=argparse.SUPPRESS)
@@ -217,6 +254,10 @@ def measure_under_load(url: str, args, wanted: list[str]) -> dict:
     from modalscope.app import create_app
     from modalscope.settings import Settings
 
+    if args.pending_walk == "off":
+        from modalscope.models import reader as reader_module
+
+        reader_module.PENDING_WALK_AFTER = 1 << 62
     app = create_app(Settings(database_url=url))
     try:
         return _measure(app, url, args, wanted)
@@ -244,13 +285,14 @@ def _measure(app, url: str, args, wanted: list[str]) -> dict:
         calls = db.build_calls(app, client, reader, w, db.pick_subject(reader, w))
         calls_by_window.append((label, [c for c in calls if c.group in args.groups]))
     idle = time_calls(calls_by_window, args.runs, "idle")
-    # Load: the receiver on the same store; spans stamped an hour after the windows.
+    # Load: the receiver on the same store; spans stamped an hour after the windows, or
+    # (--load live) demo traffic over the windows' last ten minutes.
     env = {"MODALSCOPE_RETENTION_DAYS": "0", "MODALSCOPE_MINUTE_ROLLUP_DAYS": "0",
            "MODALSCOPE_ROLLUP_RETENTION_DAYS": "0"}  # never prune the copied store's history
     before = n_spans
     with bl.Receiver(url, settle_seconds=1, env=env) as rx:
         target = rx.http_url if args.transport == "http" else rx.grpc_target
-        load = LoadClient(target, args, base_ns=end + HOUR_NS)
+        load = LoadClient(target, args, base_ns=end + HOUR_NS if args.load == "after" else end)
         summary = None
         try:
             load.wait_sending()

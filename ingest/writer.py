@@ -135,6 +135,7 @@ def _json(value) -> str:
 SPAN_COLUMNS = ("trace_id", "span_id", "parent_span_id", "service", "name", "kind", "stage", "start_ns",
                 "duration_ns", "duration_bucket", "status", "status_message", "source", "instance", "scope",
                 "attributes", "resource", "events")
+_TRACE_ID, _START = SPAN_COLUMNS.index("trace_id"), SPAN_COLUMNS.index("start_ns")
 
 
 def span_rows(records: Sequence[SpanRecord]) -> list[tuple]:
@@ -177,8 +178,13 @@ def write_spans(engine: Engine, records: Sequence[SpanRecord], now_ns: int | Non
     with engine.begin() as conn:
         inserted, touched = insert_spans(conn, SPAN_COLUMNS, rows)
         if inserted:
+            first: dict[str, int] = {}
+            for row in rows:  # each trace's earliest span start in this write
+                tid, start = row[_TRACE_ID], row[_START]
+                if tid in touched and start < first.get(tid, start + 1):
+                    first[tid] = start
             # Sorted ids: concurrent writers lock trace rows in one order (no deadlocks).
-            mark_traces_pending(conn, sorted(touched), now_ns)
+            mark_traces_pending(conn, sorted(first.items()), now_ns)
     return WriteResult(len(rows), inserted)
 
 

@@ -106,6 +106,10 @@ class Trace(Base):
     # Bumped by every write that adds spans: a settler that read the trace at another
     # version knows its result is stale.
     version: Mapped[int] = mapped_column(BigInteger, default=0)
+    # The earliest start of any span stored for the trace, kept by every write (NULL: not
+    # known, a row from before 0008). A pair's exemplar search reads the calls of pending
+    # traces through the span index from here on instead of reading every pending trace.
+    first_start_ns: Mapped[int | None] = mapped_column(BigInteger)
     settled_ns: Mapped[int | None] = mapped_column(BigInteger)
     # Exactly what the last settle added to the rollups, so a late span's re-settle can
     # subtract it: packed (series_id, minute, value_ns, error) records.

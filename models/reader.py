@@ -532,8 +532,122 @@ class StoreReader:
         ``input_type`` when given, narrowed to the spans that may call ``may_call`` as the
         raw-span search narrows them (a child span of that service, or the name in the
         attributes; the caller checks each row exactly); None when more than ``max_traces``
-        traces are pending (a backlog: search the raw spans instead)."""
+        traces would be read one by one (a backlog: search the raw spans instead).
+
+        Pending traces that begin after the window are skipped (``first_start_ns``). The
+        rest are read through the span index of ``services`` from the earliest of them on
+        (a walk over duration buckets: its cost follows the callers' spans that slow since
+        then, not every span of every pending trace), when that reads few index entries a
+        trace; the earliest-starting few (stragglers whose spans would widen the walk) and
+        traces whose first start is not known are read one by one."""
         services = list(services)
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(Trace.trace_id, Trace.first_start_ns).where(
+                Trace.pending.is_(True), or_(Trace.first_start_ns.is_(None), Trace.first_start_ns < end_ns))).all()
+            known = sorted((first, tid) for tid, first in rows if first is not None)
+            one_by_one = [tid for tid, first in rows if first is None]
+            walk_from = None
+            if services and len(known) > PENDING_WALK_AFTER:
+                cut = int(len(known) * PENDING_STRAGGLER_SHARE)
+                walk_from = known[cut][0]
+                budget = (len(known) - cut) * PENDING_WALK_ENTRIES_PER_TRACE
+                if self._pending_walk_entries(conn, services, max(start_ns, walk_from), end_ns, min_ns, max_ns,
+                                              budget) > budget:
+                    walk_from, cut = None, len(known)  # pending traces sparse among the window's: one by one
+                one_by_one.extend(tid for _, tid in known[:cut])
+            else:
+                one_by_one.extend(tid for _, tid in known)
+            if len(one_by_one) > max_traces:
+                return None
+            out = self._pending_calls_one_by_one(conn, sorted(one_by_one), start_ns, end_ns, services,
+                                                 input_type=input_type, min_ns=min_ns, max_ns=max_ns, may_call=may_call)
+            if walk_from is not None:
+                seen = {r["_id"] for r in out}
+                walked = {tid for first, tid in known if first >= walk_from}
+                out.extend(r for r in self._pending_calls_walk(conn, services, walk_from, start_ns, end_ns,
+                                                               input_type=input_type, min_ns=min_ns, max_ns=max_ns,
+                                                               may_call=may_call)
+                           if r["trace_id"] in walked and r["_id"] not in seen)
+        return out
+
+    def _walk_bucket_list(self, conn: Connection, service: str, min_ns: int | None, max_ns: int | None) -> list[int]:
+        """The duration buckets a walk of ``service``'s spans between the bounds visits (up
+        to its slowest stored span's bucket: one index look-up)."""
+        top = conn.execute(select(func.max(Span.duration_bucket)).where(Span.service == service)).scalar()
+        if top is None:
+            return []
+        low = duration_bucket(min_ns) if min_ns is not None else 0
+        high = min(top, duration_bucket(max_ns)) if max_ns is not None else top
+        return list(range(low, high + 1))
+
+    def _pending_walk_entries(self, conn: Connection, services: list[str], lo: int, end_ns: int,
+                              min_ns: int | None, max_ns: int | None, budget: int) -> int:
+        """How many index entries a walk of ``services``' spans starting in [lo, end) between
+        the bounds reads, counted in the index alone and only up to ``budget`` + 1."""
+        total = 0
+        for service in services:
+            buckets = self._walk_bucket_list(conn, service, min_ns, max_ns)
+            if not buckets:
+                continue
+            conds = [Span.service == service, Span.duration_bucket.in_(buckets), Span.start_ns >= lo,
+                     Span.start_ns < end_ns]
+            if min_ns is not None:
+                conds.append(Span.duration_ns >= min_ns)
+            if max_ns is not None:
+                conds.append(Span.duration_ns <= max_ns)
+            inner = select(literal(1).label("one")).where(*conds).limit(budget + 1 - total).subquery()
+            total += conn.execute(select(func.count()).select_from(inner)).scalar_one()
+            if total > budget:
+                break
+        return total
+
+    def _pending_calls_walk(self, conn: Connection, services: list[str], walk_from: int, start_ns: int,
+                            end_ns: int, *, input_type: str | None, min_ns: int | None, max_ns: int | None,
+                            may_call: str | None) -> list[dict]:
+        """CLIENT spans of ``services`` starting in [max(start, walk_from), end) between the
+        bounds, through the walk index bucket by bucket (settled traces' ones too: the caller
+        keeps the pending traces')."""
+        cols = [Span.__table__.c[c] for c in _CANDIDATE_COLUMNS] + [Span.id.label("_id")]
+        lo = max(start_ns, walk_from)
+        out: list[dict] = []
+        narrowed = None
+        if may_call is not None:
+            # The callee's SERVER/CONSUMER spans since walk_from (every span of a walked trace
+            # starts no earlier), read once through its index bucket by bucket: their parent
+            # ids (by span id only; the caller checks each row exactly). Or the name in the
+            # attributes, unless JSON writes it differently (then no narrowing by text).
+            named = _json.dumps(may_call, ensure_ascii=False)[1:-1]
+            child = aliased(Span)
+            calls = Span.span_id.in_(select(child.parent_span_id).where(
+                child.service == may_call, child.duration_bucket.in_(self._walk_bucket_list(conn, may_call, None, None)),
+                child.start_ns >= walk_from, child.kind.in_(CALLEE_KIND_CODES)))
+            by_text = (contains_text_in(self.engine.dialect.name, Span.attributes, named) if named == may_call
+                       else literal(True))
+            narrowed = or_(by_text, calls)
+        for service in services:
+            buckets = self._walk_bucket_list(conn, service, min_ns, max_ns)
+            if not buckets:
+                continue
+            conds = [Span.service == service, Span.duration_bucket.in_(buckets), Span.start_ns >= lo,
+                     Span.start_ns < end_ns, Span.kind == KIND_CLIENT_CODE]
+            if min_ns is not None:
+                conds.append(Span.duration_ns >= min_ns)
+            if max_ns is not None:
+                conds.append(Span.duration_ns <= max_ns)
+            if narrowed is not None:
+                conds.append(narrowed)
+            stmt = select(*cols)
+            if input_type:
+                stmt = stmt.join(Trace, Trace.trace_id == Span.trace_id)
+                conds.append(Trace.input_type == input_type)
+            out.extend(dict(r) for r in conn.execute(stmt.where(*conds)).mappings())
+        return out
+
+    def _pending_calls_one_by_one(self, conn: Connection, tids: list[str], start_ns: int, end_ns: int,
+                                  services: list[str], *, input_type: str | None, min_ns: int | None,
+                                  max_ns: int | None, may_call: str | None) -> list[dict]:
+        """``pending_calls`` for the given traces, each trace's spans through the
+        ``(trace_id, span_id)`` index."""
         child = aliased(Span)
         named = None if may_call is None else _json.dumps(may_call, ensure_ascii=False)[1:-1]
 
@@ -546,34 +660,28 @@ class StoreReader:
             by_text = (contains_text_in(self.engine.dialect.name, Span.attributes, named) if named == may_call
                        else literal(True))
             return or_(by_text, calls)
-        with self.engine.connect() as conn:
-            tids = conn.execute(select(Trace.trace_id).where(Trace.pending.is_(True)).limit(max_traces + 1)
-                                ).scalars().all()
-            if len(tids) > max_traces:
-                return None
-            cols = [Span.__table__.c[c] for c in _CANDIDATE_COLUMNS] + [Span.id.label("_id")]
-            out: list[dict] = []
-            # Each pending trace's spans through the (trace_id, span_id) index. The other
-            # conditions are written so no other index qualifies ("+ 0", "|| ''"): given the
-            # choice, SQLite walked a service's or the window's spans instead (2,000 pending
-            # traces over 24 h at 10 M spans: 69 s).
-            start, duration, service = Span.start_ns + 0, Span.duration_ns + 0, Span.service.concat("")
-            for i in range(0, len(tids), 300):
-                conds = [Span.trace_id.in_(tids[i : i + 300]), Span.kind == KIND_CLIENT_CODE,
-                         start >= start_ns, start < end_ns]
-                if services:
-                    conds.append(service.in_(services))
-                if min_ns is not None:
-                    conds.append(duration >= min_ns)
-                if max_ns is not None:
-                    conds.append(duration <= max_ns)
-                if may_call is not None:
-                    conds.append(narrowed(tids[i : i + 300]))
-                stmt = select(*cols)
-                if input_type:
-                    stmt = stmt.join(Trace, Trace.trace_id == Span.trace_id)
-                    conds.append(Trace.input_type == input_type)
-                out.extend(dict(r) for r in conn.execute(stmt.where(*conds)).mappings())
+        cols = [Span.__table__.c[c] for c in _CANDIDATE_COLUMNS] + [Span.id.label("_id")]
+        out: list[dict] = []
+        # The other conditions are written so no other index qualifies ("+ 0", "|| ''"):
+        # given the choice, SQLite walked a service's or the window's spans instead (2,000
+        # pending traces over 24 h at 10 M spans: 69 s).
+        start, duration, service = Span.start_ns + 0, Span.duration_ns + 0, Span.service.concat("")
+        for i in range(0, len(tids), PENDING_CHUNK):
+            chunk = tids[i : i + PENDING_CHUNK]
+            conds = [Span.trace_id.in_(chunk), Span.kind == KIND_CLIENT_CODE, start >= start_ns, start < end_ns]
+            if services:
+                conds.append(service.in_(services))
+            if min_ns is not None:
+                conds.append(duration >= min_ns)
+            if max_ns is not None:
+                conds.append(duration <= max_ns)
+            if may_call is not None:
+                conds.append(narrowed(chunk))
+            stmt = select(*cols)
+            if input_type:
+                stmt = stmt.join(Trace, Trace.trace_id == Span.trace_id)
+                conds.append(Trace.input_type == input_type)
+            out.extend(dict(r) for r in conn.execute(stmt.where(*conds)).mappings())
         return out
 
     def slow_traces(self, start_ns: int, end_ns: int, *, input_type: str | None = None,
@@ -862,6 +970,16 @@ class SpanQuery:
 # so its walk skips out-of-window spans in the index itself (cheap: ten minutes of a day
 # already beat reading the window); the traces index does not (an hour of a day).
 SPAN_WALK_SHARE = 200
+# A pair's exemplar search and the traces still pending (pending_calls): trace ids a query
+# when read one by one; how many pending traces make a walk worth its look-ups; the share
+# of them, earliest first, always read one by one (so one trace with old spans does not
+# stretch the walk over hours); and the index entries a walked trace may cost before
+# reading them one by one is cheaper (one by one: ~28 µs a trace, ~25 spans; the walk:
+# ~1-2 µs an entry).
+PENDING_CHUNK = 300
+PENDING_WALK_AFTER = 300
+PENDING_STRAGGLER_SHARE = 0.02
+PENDING_WALK_ENTRIES_PER_TRACE = 10
 TRACE_WALK_SHARE = 24
 
 

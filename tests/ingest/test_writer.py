@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 
@@ -234,3 +235,31 @@ def test_settle_lag_is_behind_only_while_old_traces_wait_and_the_settler_moves(e
     assert "settled nothing" in caplog.text
     settle(engine, force=True)
     assert not lag.behind()
+
+
+def test_traces_keep_their_earliest_span_start(engine):
+    """first_start_ns: the earliest start of any span written for the trace, kept across
+    writes (earlier or later spans), a resend, a settle and a re-open; a row whose first
+    start is not known (from before migration 0008) stays unknown."""
+    a, b = _traces(2)
+    a = sorted(a, key=lambda s: s.start_ns)
+    earliest = a[0].start_ns
+
+    def first(tid):
+        with engine.connect() as conn:
+            return conn.execute(select(Trace.first_start_ns).where(Trace.trace_id == tid)).scalar_one()
+
+    write_spans(engine, a[len(a) // 2:])
+    assert first(a[0].trace_id) == min(s.start_ns for s in a[len(a) // 2:]) > earliest
+    write_spans(engine, a[: len(a) // 2])  # the earlier half, late
+    assert first(a[0].trace_id) == earliest
+    write_spans(engine, a)  # a resend
+    settle(engine, force=True)
+    assert first(a[0].trace_id) == earliest
+    write_spans(engine, [dataclasses.replace(a[-1], span_id="9" * 16)])  # re-opens the settled trace: a later span changes nothing
+    assert first(a[0].trace_id) == earliest
+    write_spans(engine, b[:1])
+    with engine.begin() as conn:
+        conn.execute(Trace.__table__.update().where(Trace.trace_id == b[0].trace_id).values(first_start_ns=None))
+    write_spans(engine, b[1:])
+    assert first(b[0].trace_id) is None

@@ -2,7 +2,8 @@
 
 import pytest
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect
+import sqlalchemy
+from sqlalchemy import inspect, text
 
 from modalscope.models import Base
 from modalscope.models.engine import make_engine
@@ -114,7 +115,6 @@ def test_upgrading_a_store_with_spans_marks_where_pair_calls_begin(empty_db_url)
 def _write_pre_0007(engine, records) -> None:
     """Spans as the writer stored them before 0007 (no duration_bucket column), traces pending."""
     from modalscope.ingest.writer import SPAN_COLUMNS, span_rows
-    from modalscope.models.dialect import mark_traces_pending
 
     keep = [i for i, c in enumerate(SPAN_COLUMNS) if c != "duration_bucket"]
     cols = ", ".join(SPAN_COLUMNS[i] for i in keep)
@@ -124,7 +124,13 @@ def _write_pre_0007(engine, records) -> None:
         cur = conn.connection.driver_connection.cursor()
         cur.executemany(f"INSERT INTO spans ({cols}) VALUES ({marks})", rows)
         cur.close()
-        mark_traces_pending(conn, sorted({r[0] for r in rows}), 1)
+        # the trace rows as the writer made them then (no first_start_ns before 0008)
+        true, false = ("1", "0") if engine.dialect.name == "sqlite" else ("true", "false")
+        cur = conn.connection.driver_connection.cursor()
+        cur.executemany("INSERT INTO traces (trace_id, pending, last_seen_ns, version, start_ns, duration_ns, "
+                        f"span_count, error, input_type) VALUES ({marks.split(',')[0]}, {true}, 1, 1, 0, 0, 0, {false}, "
+                        "'unknown')", [(t,) for t in sorted({r[0] for r in rows})])
+        cur.close()
 
 
 def test_upgrading_spans_to_0007_gives_every_stored_span_its_duration_bucket(empty_db_url):
@@ -164,3 +170,37 @@ def test_upgrading_spans_to_0007_gives_every_stored_span_its_duration_bucket(emp
         assert [(r["trace_id"], r["span_id"]) for r in got] == [(s.trace_id, s.span_id) for s in expected]
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("empty_db_url", ["sqlite", "postgresql"], indirect=True)
+def test_upgrading_to_0008_gives_pending_traces_their_first_span_start(empty_db_url):
+    """0008 fills first_start_ns of pending traces from their spans; settled ones stay
+    unknown (NULL: a pair's exemplar search reads them one by one if they re-open)."""
+    import random
+    import time
+
+    from sqlalchemy import select
+
+    from modalscope.ingest.settle import settle
+    from modalscope.models import Trace
+    from tests.app.conftest import side_calls_trace
+
+    upgrade(empty_db_url, "0006")
+    engine = make_engine(empty_db_url, write=True)
+    try:
+        rng = random.Random(9)
+        base = (time.time_ns() // 60_000_000_000 - 20) * 60_000_000_000
+        traces = [side_calls_trace(rng, base + i * 7_000_000_000, db_ms=5 + i, llm_ms=90) for i in range(6)]
+        _write_pre_0007(engine, [s for t in traces for s in t])
+        upgrade(empty_db_url, "0007")
+        settle(engine, force=True)
+        with engine.begin() as conn:  # three of them re-opened before the upgrade
+            conn.execute(text("UPDATE traces SET pending = :p WHERE trace_id IN :ids").bindparams(
+                sqlalchemy.bindparam("ids", expanding=True)), {"p": True, "ids": [t[0].trace_id for t in traces[:3]]})
+        upgrade(empty_db_url)
+        check(empty_db_url)
+        with engine.connect() as conn:
+            firsts = dict(conn.execute(select(Trace.trace_id, Trace.first_start_ns)).all())
+    finally:
+        engine.dispose()
+    assert firsts == {t[0].trace_id: (min(s.start_ns for s in t) if i < 3 else None) for i, t in enumerate(traces)}

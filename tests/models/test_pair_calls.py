@@ -225,3 +225,157 @@ def test_retention_deletes_a_spans_call_with_it(engine, demo_store):
         oldest = conn.execute(select(func.min(Span.start_ns))).scalar()
     assert oldest >= cutoff
     assert set(after) == set(before) & kept and len(after) < len(before)
+
+
+def _spy(monkeypatch, reader, name: str) -> list:
+    """Record each call of ``reader.<name>`` (args and kwargs) and pass it through."""
+    calls: list = []
+    real = getattr(reader, name)
+
+    def spy(*a, **k):
+        calls.append((a, k))
+        return real(*a, **k)
+    monkeypatch.setattr(reader, name, spy)
+    return calls
+
+
+@pytest.mark.parametrize("entries_per_trace", [10, 0], ids=["walk", "walk-too-dear"])
+def test_pending_calls_through_the_span_index_give_the_raw_span_search_answers(engine, demo_store, monkeypatch,
+                                                                              entries_per_trace):
+    """Pending traces are read through the callers' span index from the earliest of them on,
+    except stragglers (the earliest 2 %), traces whose first start is unknown (rows from
+    before 0008) and, when the walk would read too many index entries, all of them: every
+    way gives exactly the raw-span search's answers. Among the pending: a re-opened settled
+    trace, a straggler with an hour-old first span and a trace of unknown first start, each
+    holding the slowest userdb call of the store; and traces that begin after a window."""
+    from modalscope.models import reader as reader_module
+
+    monkeypatch.setattr(reader_module, "PENDING_WALK_AFTER", 7)  # so a few dozen pending traces walk
+    monkeypatch.setattr(reader_module, "PENDING_CHUNK", 7)
+    monkeypatch.setattr(reader_module, "PENDING_WALK_ENTRIES_PER_TRACE", entries_per_trace)
+    reader = StoreReader(engine)
+    demo.fill(engine, demo.DemoConfig(now_ns=demo_store.now_ns, seed=11, hours=0.25, rate=1.2))
+    rng = random.Random(8)
+    mid = (demo_store.start_ns + demo_store.end_ns) // 2
+    straggler = side_calls_trace(rng, mid, db_ms=70_000, llm_ms=100)
+    straggler.append(SpanRecord(straggler[0].trace_id, "7" * 16, straggler[0].span_id, "gateway", "warm-up",
+                                KIND_SERVER, demo_store.start_ns - 60 * MIN, demo_store.start_ns - 59 * MIN, 0))
+    unknown = side_calls_trace(rng, mid + MIN, db_ms=65_000, llm_ms=100)
+    write_spans(engine, straggler + unknown)
+    with engine.begin() as conn:
+        conn.execute(Trace.__table__.update().where(Trace.trace_id == unknown[0].trace_id).values(first_start_ns=None))
+        # re-open a settled trace: a late, slow call of gateway to userdb
+        old = conn.execute(select(Span.trace_id, Span.span_id, Span.start_ns).where(
+            Span.service == "gateway", Span.parent_span_id.is_(None), Span.start_ns < mid).limit(1)).one()
+    write_spans(engine, [SpanRecord(old[0], "8" * 16, old[1], "gateway", "SELECT late", KIND_CLIENT,
+                                    old[2] + MS, old[2] + 68_000 * MS, 0, attributes={"server.address": "userdb"})])
+    with engine.connect() as conn:
+        firsts = dict(conn.execute(select(Trace.trace_id, Trace.first_start_ns).where(Trace.pending.is_(True))).all())
+    assert len(firsts) > 100 and firsts[unknown[0].trace_id] is None
+    assert firsts[straggler[0].trace_id] == demo_store.start_ns - 60 * MIN and firsts[old[0]] <= old[2]
+
+    full = Window(demo_store.start_ns - MIN, demo_store.end_ns + 10 * MIN)
+    pairs = queries.pairs(reader, full, Filters())
+    cases = [(Filters(caller=p["caller"], callee=p["callee"]), lo, hi)
+             for p in pairs for lo, hi in ((None, None), (p["p50_ms"], p["p99_ms"]))]
+    cases += [(Filters(caller="gateway", callee="userdb", input_type="image"), None, None),
+              (Filters(caller=pairs[0]["caller"]), None, None)]
+
+    def answers():
+        return [queries.exemplar_traces(reader, w, f, min_ms=lo, max_ms=hi, limit=limit)
+                for w in (full, Window(mid, mid + 4 * MIN)) for f, lo, hi in cases for limit in (3, 7)]
+
+    walks = _spy(monkeypatch, reader, "_pending_calls_walk")
+    one_by_one = _spy(monkeypatch, reader, "_pending_calls_one_by_one")
+    walked = answers()
+    monkeypatch.undo()
+    if entries_per_trace:
+        assert walks  # the walk was taken, and read the pending traces but a few
+        assert min(len(a[1]) for a, _ in one_by_one) < len(firsts) // 10
+    else:
+        assert not walks and max(len(a[1]) for a, _ in one_by_one) >= len(firsts) // 2
+    top = queries.exemplar_traces(reader, full, Filters(caller="gateway", callee="userdb"), limit=3)
+    assert [r["trace_id"] for r in top] == [straggler[0].trace_id, old[0], unknown[0].trace_id]
+    _raw_span_search(engine)
+    assert walked == answers()
+    assert sum(len(a) for a in walked) > 200
+
+
+def test_pending_calls_walk_the_callers_span_index(engine, demo_store, monkeypatch):
+    """SQLite reads the walk through ix_spans_duration_walk (service, bucket and the start
+    range as the index's key), not by scanning spans or a trace's index."""
+    if engine.dialect.name != "sqlite":
+        return  # the query plan checked here is SQLite's; PostgreSQL plans by its statistics
+    from sqlalchemy import event
+
+    from modalscope.models import reader as reader_module
+
+    monkeypatch.setattr(reader_module, "PENDING_WALK_AFTER", 7)
+    with engine.begin() as conn:
+        conn.execute(Trace.__table__.update().values(pending=True))
+    seen: list[tuple[str, tuple]] = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):
+        if "FROM spans" in statement and "duration_bucket IN" in statement:
+            seen.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", capture)
+    try:
+        got = StoreReader(engine).pending_calls(demo_store.start_ns, demo_store.end_ns, ["gateway"], min_ns=MS,
+                                                max_ns=DAY_NS, may_call="userdb")
+    finally:
+        event.remove(engine, "before_cursor_execute", capture)
+    assert got and len(seen) >= 2  # the entries counted, the calls read
+    with engine.connect() as conn:
+        for statement, parameters in seen:
+            plan = [str(r[-1]) for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters)]
+            walk = [p for p in plan if "ix_spans_duration_walk" in p]
+            assert walk and all("start_ns>? AND start_ns<?" in p or "start_ns>?)" in p for p in walk), plan
+            assert not any(p.startswith("SCAN spans") for p in plan), plan
+
+
+def test_the_walk_finds_each_call_that_reading_every_pending_trace_finds(engine, demo_store, monkeypatch):
+    """For every pair, with and without a floor: the calls the walk finds (no stragglers, so
+    it starts at the earliest pending trace's first span, here a CLIENT call) are, once
+    checked exactly, the calls read trace by trace."""
+    from modalscope.models import reader as reader_module
+
+    monkeypatch.setattr(reader_module, "PENDING_WALK_AFTER", 0)
+    monkeypatch.setattr(reader_module, "PENDING_STRAGGLER_SHARE", 0)
+    late = demo.DemoConfig(now_ns=demo_store.now_ns, seed=12, hours=0.25, rate=1.2)
+    t0 = late.start_ns - 30 * 1_000_000_000
+    first = SpanRecord("cd" * 16, "4" * 16, None, "gateway", "SELECT users", KIND_CLIENT, t0, t0 + 80_000 * MS, 0,
+                       attributes={"server.address": "userdb"})
+    # calls named only by their child span (peer.service is wrong): found through the callee's index
+    side = [s for i in range(3) for s in side_calls_trace(random.Random(i), t0 + (i + 1) * 1_000_000_000,
+                                                           db_ms=5, llm_ms=400)]
+    write_spans(engine, [first] + side)
+    demo.fill(engine, late)
+    reader = StoreReader(engine)
+    full = Window(demo_store.start_ns - MIN, demo_store.end_ns + 10 * MIN)
+    walks = _spy(monkeypatch, reader, "_pending_calls_walk")
+
+    def exact(rows, f):
+        return sorted(r["_id"] for r in queries._calls_of_pair(reader, rows, f))
+
+    compared = 0
+    for p in queries.pairs(reader, full, Filters()):
+        f = Filters(caller=p["caller"], callee=p["callee"])
+        for floor in (None, int(p["p50_ms"] * MS)):
+            args = (full.start_ns, full.end_ns, [p["caller"]])
+            monkeypatch.setattr(reader_module, "PENDING_WALK_ENTRIES_PER_TRACE", 1_000)
+            walked = reader.pending_calls(*args, min_ns=floor, may_call=p["callee"])
+            monkeypatch.setattr(reader_module, "PENDING_WALK_ENTRIES_PER_TRACE", 0)
+            one_by_one = reader.pending_calls(*args, min_ns=floor, may_call=p["callee"])
+            assert exact(walked, f) == exact(one_by_one, f), (p["caller"], p["callee"], floor)
+            compared += len(exact(walked, f))
+    assert walks and compared > 100
+    gateway_db = exact(reader.pending_calls(full.start_ns, full.end_ns, ["gateway"], may_call="userdb"),
+                       Filters(caller="gateway", callee="userdb"))
+    gateway_llm = exact(reader.pending_calls(full.start_ns, full.end_ns, ["gateway"], may_call="llm"),
+                        Filters(caller="gateway", callee="llm"))
+    with engine.connect() as conn:
+        assert conn.execute(select(Span.id).where(Span.trace_id == "cd" * 16)).scalar_one() in gateway_db
+        llm_calls = conn.execute(select(Span.id).where(Span.trace_id.in_({s.trace_id for s in side}),
+                                                       Span.name == "llm.Generate")).scalars().all()
+    assert len(llm_calls) == 3 and set(llm_calls) <= set(gateway_llm)

@@ -20,9 +20,13 @@ Run from the repository root:
    The ingested spans are stamped an hour after the measured windows: the reads answer the
    same question idle and under load, so what differs is contention (two cores shared by the
    receiver, its settler, the client and the reader; SQLite's write lock and WAL).
-   ``--load live`` sends demo traffic instead (the store's services and pairs) over the
-   windows' last ten minutes: every trace waiting to settle lies inside the windows read,
-   as when an incident is watched while it happens (the answers then grow with the load).
+   ``--load live`` sends demo traffic instead (the store's services and pairs), 15 s of it
+   a round, the first stamped from the store's newest minute on and each round as much
+   later as the clock has moved; the windows then end 15 minutes after the store's newest
+   minute (back to the first round's time should the load last that long): every trace
+   waiting to settle lies inside the windows read and, as in live traffic, nothing stored
+   is newer than the traffic arriving, as when an incident is watched while it happens
+   (the answers then grow with the load).
 4. Report: per call and window, idle ms, loaded ms and the ratio; the ingest rate
    acknowledged while the reads ran, traces still waiting to settle when they ended, and the
    receiver's and settler's peak RSS. ``--json FILE`` writes everything.
@@ -49,6 +53,9 @@ import dashboard_bench as db  # noqa: E402
 
 HOUR_NS = 3_600_000_000_000
 MINUTE_NS = 60_000_000_000
+# --load live: the windows end this long after the store's newest minute; the live traffic
+# fills that stretch (nothing else is in it, as nothing is stored later than now)
+LIVE_SPAN_NS = 15 * MINUTE_NS
 
 
 # -- the load client (a subprocess of this script) -------------------------------------------
@@ -60,6 +67,8 @@ def run_client(args) -> int:
     if args.load == "live":
         pool = live_payloads(args.pool_requests * args.spans_per_request, args.spans_per_request, args.base_ns,
                              prefix)
+        offsets = [time_offsets(p) for p in pool]
+        started = time.time_ns()
     else:
         pool = ib.make_payloads(args.pool_requests, args.spans_per_request, seed=11, base_ns=args.base_ns,
                                 trace_prefix=prefix)
@@ -67,15 +76,20 @@ def run_client(args) -> int:
     sender = ib.HttpSender(args.client) if args.transport == "http" else ib.GrpcSender(args.client)
     stop = threading.Event()
     lock = threading.Lock()
-    state = {"next": 0, "round_prefix": prefix, "acked": 0, "requests": 0, "error": None}
+    state = {"next": 0, "round_prefix": prefix, "round_shift": 0, "acked": 0, "requests": 0, "error": None}
 
     def next_payload() -> tuple[bytes, int]:
         with lock:
             i = state["next"] % len(pool)
             if i == 0 and state["next"]:
                 state["round_prefix"] = os.urandom(8)  # a new round: new trace ids
+                if args.load == "live":  # and its spans stamped as late as the clock has moved,
+                    # back to the first round's time once they would reach the windows' end
+                    state["round_shift"] = (time.time_ns() - started) % (LIVE_SPAN_NS - LIVE_POOL_SECONDS * 10**9)
             state["next"] += 1
-            new = state["round_prefix"]
+            new, shift = state["round_prefix"], state["round_shift"]
+        if shift:
+            return shifted(pool[i], offsets[i], prefix, new, shift), spans_per[i]
         data = pool[i] if new == prefix else ib.restamp(pool[i], prefix, new)
         return data, spans_per[i]
 
@@ -110,27 +124,112 @@ def run_client(args) -> int:
     return 0 if state["error"] is None else 1
 
 
-def live_payloads(spans: int, spans_per_request: int, end_ns: int, prefix: bytes) -> list[bytes]:
+LIVE_POOL_SECONDS = 15
+
+
+def live_payloads(spans: int, spans_per_request: int, start_ns: int, prefix: bytes) -> list[bytes]:
     """About ``spans`` spans of demo traffic (the store's services, pairs and latencies) over
-    the ten minutes before ``end_ns``, every trace id starting with ``prefix`` (so
-    ``ingest_bench.restamp`` gives each round fresh ids)."""
+    the ``LIVE_POOL_SECONDS`` after ``start_ns``, in requests of about ``spans_per_request``
+    spans, every trace id starting with ``prefix``."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     from modalscope.ingest import demo
 
-    minutes = 10
-    rate = spans / db.SPANS_PER_TRACE / (minutes * 60)
-    config = demo.DemoConfig(now_ns=end_ns, seed=13, hours=minutes / 60, rate=rate,
-                             spans_per_request=spans_per_request)
-    pool = []
-    for payload in demo.export_requests(config):
+    rate = spans / db.SPANS_PER_TRACE / LIVE_POOL_SECONDS
+    start_ns = start_ns // MINUTE_NS * MINUTE_NS  # the demo's history starts at a whole minute
+    config = demo.DemoConfig(now_ns=start_ns + LIVE_POOL_SECONDS * 1_000_000_000, seed=13,
+                             hours=LIVE_POOL_SECONDS / 3600, rate=rate, spans_per_request=spans_per_request)
+    pool: list[bytes] = []
+    merged, in_merged = ExportTraceServiceRequest(), 0
+    for payload in demo.export_requests(config):  # whole traces a request; merged up to the size asked
         req = ExportTraceServiceRequest.FromString(payload)
         for rs in req.resource_spans:
             for ss in rs.scope_spans:
                 for span in ss.spans:
                     span.trace_id = prefix + span.trace_id[8:]
-        pool.append(req.SerializeToString())
+                    in_merged += 1
+        merged.MergeFrom(req)
+        if in_merged >= spans_per_request:
+            pool.append(merged.SerializeToString())
+            merged, in_merged = ExportTraceServiceRequest(), 0
+    if in_merged:
+        pool.append(merged.SerializeToString())
     return pool
+
+
+def _fields(buf: bytes, start: int, end: int):
+    """(field number, wire type, value start, value end) of the protobuf message in buf[start:end]."""
+    i = start
+    while i < end:
+        tag = shift = 0
+        while True:
+            c = buf[i]
+            i += 1
+            tag |= (c & 0x7F) << shift
+            shift += 7
+            if c < 0x80:
+                break
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            j = i
+            while buf[j] >= 0x80:
+                j += 1
+            yield number, wire, i, j + 1
+            i = j + 1
+        elif wire == 1:
+            yield number, wire, i, i + 8
+            i += 8
+        elif wire == 2:
+            n = shift = 0
+            while True:
+                c = buf[i]
+                i += 1
+                n |= (c & 0x7F) << shift
+                shift += 7
+                if c < 0x80:
+                    break
+            yield number, wire, i, i + n
+            i += n
+        elif wire == 5:
+            yield number, wire, i, i + 4
+            i += 4
+        else:
+            raise ValueError(f"wire type {wire}")
+
+
+def time_offsets(payload: bytes):
+    """Byte offsets of every span's start and end time and every event's time (fixed64) in
+    a serialized ExportTraceServiceRequest: a round's shift is then one numpy addition."""
+    import numpy as np
+
+    offsets = []
+    for n1, _, s1, e1 in _fields(payload, 0, len(payload)):  # resource_spans
+        if n1 != 1:
+            continue
+        for n2, _, s2, e2 in _fields(payload, s1, e1):  # scope_spans
+            if n2 != 2:
+                continue
+            for n3, _, s3, e3 in _fields(payload, s2, e2):  # spans
+                if n3 != 2:
+                    continue
+                for n4, w4, s4, e4 in _fields(payload, s3, e3):
+                    if n4 in (7, 8) and w4 == 1:  # start_time_unix_nano, end_time_unix_nano
+                        offsets.append(s4)
+                    elif n4 == 11:  # events: time_unix_nano
+                        offsets.extend(s5 for n5, w5, s5, _ in _fields(payload, s4, e4) if n5 == 1 and w5 == 1)
+    return np.asarray(offsets, dtype=np.int64)
+
+
+def shifted(payload: bytes, offsets, old_prefix: bytes, new_prefix: bytes, shift_ns: int) -> bytes:
+    """The request with fresh trace ids and every span ``shift_ns`` later (a new round of
+    live traffic: its spans start as late as the clock has moved since the first)."""
+    import numpy as np
+
+    buf = np.frombuffer(bytearray(payload.replace(old_prefix, new_prefix)), dtype=np.uint8)
+    at = offsets[:, None] + np.arange(8)
+    times = buf[at].copy().view("<u8").reshape(-1) + np.uint64(shift_ns)
+    buf[at] = times.view(np.uint8).reshape(-1, 8)
+    return buf.tobytes()
 
 
 class LoadClient:
@@ -212,8 +311,9 @@ def main() -> int:
     ap.add_argument("--ramp-seconds", type=float, default=5, help="load before the timing starts (default 5)")
     ap.add_argument("--load", default="after", choices=("after", "live"),
                     help="what is sent: the ingest bench's traces stamped an hour after the windows (default), "
-                         "or demo traffic of the store's services over the windows' last ten minutes, so every "
-                         "trace waiting to settle is inside the windows read (an incident being watched live)")
+                         "or demo traffic of the store's services stamped from its newest minute on, moving with "
+                         "the clock, the windows ending 15 minutes later: every trace waiting to settle is inside "
+                         "the windows read (an incident being watched live)")
     ap.add_argument("--pending-walk", default="on", choices=("on", "off"),
                     help="off: a pair's exemplar search reads every pending trace one by one, as before schema "
                          "0008 (for a before/after comparison on one machine)")
@@ -278,6 +378,9 @@ def _measure(app, url: str, args, wanted: list[str]) -> dict:
         n_spans = conn.execute(select(func.count()).select_from(Span)).scalar_one()
         first, last = conn.execute(select(func.min(Span.start_ns), func.max(Span.start_ns))).one()
     end = (last // MINUTE_NS + 1) * MINUTE_NS
+    newest = end
+    if args.load == "live":
+        end += LIVE_SPAN_NS
     hours = dict(db.WINDOWS)
     calls_by_window = []
     for label in wanted:
@@ -286,13 +389,13 @@ def _measure(app, url: str, args, wanted: list[str]) -> dict:
         calls_by_window.append((label, [c for c in calls if c.group in args.groups]))
     idle = time_calls(calls_by_window, args.runs, "idle")
     # Load: the receiver on the same store; spans stamped an hour after the windows, or
-    # (--load live) demo traffic over the windows' last ten minutes.
+    # (--load live) demo traffic from the store's newest minute on, moving with the clock.
     env = {"MODALSCOPE_RETENTION_DAYS": "0", "MODALSCOPE_MINUTE_ROLLUP_DAYS": "0",
            "MODALSCOPE_ROLLUP_RETENTION_DAYS": "0"}  # never prune the copied store's history
     before = n_spans
     with bl.Receiver(url, settle_seconds=1, env=env) as rx:
         target = rx.http_url if args.transport == "http" else rx.grpc_target
-        load = LoadClient(target, args, base_ns=end + HOUR_NS if args.load == "after" else end)
+        load = LoadClient(target, args, base_ns=end + HOUR_NS if args.load == "after" else newest)
         summary = None
         try:
             load.wait_sending()

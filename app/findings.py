@@ -142,6 +142,11 @@ def _window_of(f: dict) -> Window:
 _EXEMPLAR_KEYS = {"cache_penetration": ("cache.name", False), "batching_failure": ("batch.size", True),
                   "cuda_graph_fallback": ("gpu.cuda_graph", True)}
 EXEMPLAR_WINDOW_NS = 5 * d.NS_MIN  # exemplar look-ups read the finding's first minutes first
+# Raw spans an attribute finding's exemplar look-up reads at most (the earliest of its
+# window): five minutes of a flood held millions (live demo traffic at ~17,000 spans/s on a
+# 10 M store: 14-19 s a find and ~850 MB, in the dashboard worker and in the settler that
+# evaluates the catalog); five minutes of the demo's own busiest traffic hold ~36,000 spans.
+EXEMPLAR_MAX_SPANS = 50_000
 
 
 def _exemplar_rows(reader: StoreReader, f: dict, w: Window) -> list[dict]:
@@ -161,11 +166,13 @@ def _exemplar_rows(reader: StoreReader, f: dict, w: Window) -> list[dict]:
         # service), or for fusion the SERVER/CONSUMER spans without their attributes. Reading
         # every span with any key and parsing its JSON cost 0.1-0.25 s a finding.
         if f["kind"] == "fusion_sync_wait":
-            rows = reader.attribute_spans(w.start_ns, w.end_ns, (), kinds=d.KIND_SERVER_CODES)
+            rows = reader.attribute_spans(w.start_ns, w.end_ns, (), kinds=d.KIND_SERVER_CODES,
+                                          limit=EXEMPLAR_MAX_SPANS)
         else:
             key, by_service = _EXEMPLAR_KEYS[f["kind"]]
             rows = reader.attribute_spans(w.start_ns, w.end_ns, (key,),
-                                          service=s.get("service") if by_service else None)
+                                          service=s.get("service") if by_service else None,
+                                          limit=EXEMPLAR_MAX_SPANS)
         d.describe_from_spans(f, _spans_frame(rows))
         return [{"trace_id": t} for t in f["exemplar_trace_ids"]]
     if f["kind"] == "preprocessing_bound":

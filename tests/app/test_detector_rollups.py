@@ -185,6 +185,38 @@ def test_detectors_find_the_same_from_stored_rollups_as_from_raw_spans(engine):
     assert "instance w-1" in by_kind["cuda_graph_fallback"]["hint"]
 
 
+def test_attribute_findings_read_a_bounded_number_of_raw_spans_for_exemplars(engine, monkeypatch):
+    """An attribute finding's exemplars come from at most EXEMPLAR_MAX_SPANS raw spans, the
+    earliest of its window (a flood puts millions in five minutes): with a bound of 40, every
+    exemplar is a trace among the window's first 40 matching spans, and still one that
+    shows the finding."""
+    spans = pattern_traces()
+    write_spans(engine, spans)
+    settle(engine, force=True)
+    window = Window(T0 * MIN, (T0 + 60) * MIN)
+    reader = StoreReader(engine)
+    read: list[int] = []
+    real = reader.attribute_spans
+    monkeypatch.setattr(reader, "attribute_spans", lambda *a, **k: read.append(len(rows := real(*a, **k))) or rows)
+    monkeypatch.setattr(findings, "EXEMPLAR_MAX_SPANS", 40)
+    found = {f["kind"]: f for f in findings.find(reader, window, th=TH) if f["kind"] in KINDS}
+    assert sorted(found) == sorted(KINDS) and read and max(read) <= 40
+    for kind, key in (("cache_penetration", "cache.name"), ("batching_failure", "batch.size"),
+                      ("cuda_graph_fallback", "gpu.cuda_graph")):
+        f = found[kind]
+        start = f["start"] if isinstance(f["start"], int) else findings._window_of(f).start_ns
+        first = sorted((s for s in spans if key in s.attributes and s.start_ns >= start
+                        and (kind == "cache_penetration" or s.service == f["subject"]["service"])),
+                       key=lambda s: s.start_ns)[:40]
+        assert f["exemplar_trace_ids"] and set(f["exemplar_trace_ids"]) <= {s.trace_id for s in first}, kind
+    misses = {s.trace_id for s in spans if s.attributes.get("tier") == "free" and not s.attributes.get("cache.hit")}
+    assert set(found["cache_penetration"]["exemplar_trace_ids"]) <= misses
+    monkeypatch.setattr(findings, "EXEMPLAR_MAX_SPANS", 1_000_000)
+    read.clear()
+    findings.find(reader, window, th=TH)
+    assert max(read) > 40  # without the bound the same look-ups read more
+
+
 def test_cold_start_from_instance_rollups_reads_raw_spans_only_around_the_birth(engine):
     """A new instance appears at minute 40: requests on it are 20x slower for two minutes.
     Another appears at minute 20 at full speed (a restart): no raw read for it."""

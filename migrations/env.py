@@ -57,6 +57,8 @@ def _run(connection) -> None:
         target_metadata=target_metadata,
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
+        # `modalscope db upgrade` reports each step as it is applied (models/migrate.upgrade)
+        on_version_apply=config.attributes.get("on_version_apply") or (),
     )
     with context.begin_transaction():
         context.run_migrations()

@@ -79,9 +79,21 @@ def cmd_db_upgrade(args) -> int:
     from .models.engine import make_engine
     from .models.schema import current_revision
 
+    from .models.migrate import pending_steps
+
     settings = _settings()
-    make_engine(settings.database_url).dispose()  # validates the URL and directory first
-    upgrade(settings.database_url)
+    engine = make_engine(settings.database_url)  # validates the URL and directory first
+    try:
+        before = current_revision(engine)
+    finally:
+        engine.dispose()
+    steps = pending_steps(settings.database_url, before)
+    if steps:
+        # A step may rewrite every span (0007): say what runs, then each step as it ends.
+        print(f"upgrading from revision {before or 'none (empty database)'}: {len(steps)} step"
+              f"{'s' if len(steps) != 1 else ''} ({', '.join(steps)})", flush=True)
+    upgrade(settings.database_url,
+            on_step=lambda rev, title, seconds: print(f"  {rev} done in {seconds:.1f} s: {title}", flush=True))
     engine = make_engine(settings.database_url)
     print(f"database at revision {current_revision(engine)}")
     engine.dispose()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.script import ScriptDirectory
 
 import modalscope.migrations as _migrations
 
@@ -18,8 +20,28 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    command.upgrade(alembic_config(url), revision)
+def upgrade(url: str, revision: str = "head", on_step=None) -> None:
+    """Migrate to ``revision``; ``on_step(revision, title, seconds)`` after each step
+    (Alembic calls ``on_version_apply`` once a step's SQL has run)."""
+    cfg = alembic_config(url)
+    if on_step is not None:
+        last = [time.perf_counter()]
+
+        def applied(ctx, step, heads, run_args) -> None:
+            now = time.perf_counter()
+            script = step.up_revision if step.is_upgrade else None
+            title = (script.doc or "").strip() if script is not None else ""
+            on_step(step.up_revision_id if step.is_upgrade else ",".join(step.down_revision_ids) or "base",
+                    title, now - last[0])
+            last[0] = now
+        cfg.attributes["on_version_apply"] = applied
+    command.upgrade(cfg, revision)
+
+
+def pending_steps(url: str, current: str | None, revision: str = "head") -> list[str]:
+    """The revisions an upgrade from ``current`` to ``revision`` applies, in order."""
+    script = ScriptDirectory.from_config(alembic_config(url))
+    return [s.revision for s in reversed(list(script.iterate_revisions(revision, current)))]
 
 
 def check(url: str) -> None:

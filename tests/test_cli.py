@@ -135,3 +135,24 @@ def test_db_upgrade_creates_schema(tmp_path):
     url = f"sqlite:///{tmp_path / 'new.db'}"
     r = run(["db", "upgrade"], {"MODALSCOPE_DATABASE_URL": url})
     assert r.returncode == 0 and f"revision {head_revision(url)}" in r.stdout
+    # progress: what will run, then each step as it ends, in order
+    assert r.stdout.startswith("upgrading from revision none (empty database): ")
+    done = [line.split()[0] for line in r.stdout.splitlines() if " done in " in line]
+    assert done[0] == "0001" and done[-1] == head_revision(url) and done == sorted(done)
+    again = run(["db", "upgrade"], {"MODALSCOPE_DATABASE_URL": url})
+    assert again.returncode == 0 and " done in " not in again.stdout  # nothing to do: no steps
+
+
+def test_db_upgrade_reports_each_step_from_an_older_revision(tmp_path):
+    from modalscope.models.migrate import upgrade
+    from modalscope.models.schema import head_revision
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    upgrade(url, "0006")
+    r = run(["db", "upgrade"], {"MODALSCOPE_DATABASE_URL": url})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("upgrading from revision 0006: ") and "0007" in lines[0]
+    steps = [line.split()[0] for line in lines if " done in " in line]
+    assert steps[0] == "0007" and steps[-1] == head_revision(url)
+    assert "duration bucket" in next(line for line in lines if line.strip().startswith("0007 done"))

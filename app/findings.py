@@ -7,7 +7,7 @@ and so do the span conventions the attribute detectors need (``cache``, ``batch`
 ``cuda``, ``sync`` rollups, written at settle time); raw spans only around new instances
 (``inst`` rollups) that look like cold starts; long traces (the load-balancer detector)
 from the traces table. Exemplar look-ups for rollup-based findings search the finding's
-first minutes first (``EXEMPLAR_WINDOW_NS``): a bounded raw read.
+first minute, then its first five (``EXEMPLAR_WINDOWS_NS``): a bounded raw read.
 
 Public (called by the API, the CLI and the pages; keep these signatures): ``load_frames``,
 ``add_exemplars``, ``matches``, ``find``.
@@ -141,7 +141,9 @@ def _window_of(f: dict) -> Window:
 #: whether its subject's service narrows the read (a cache's lookups come from any service).
 _EXEMPLAR_KEYS = {"cache_penetration": ("cache.name", False), "batching_failure": ("batch.size", True),
                   "cuda_graph_fallback": ("gpu.cuda_graph", True)}
-EXEMPLAR_WINDOW_NS = 5 * d.NS_MIN  # exemplar look-ups read the finding's first minutes first
+# Exemplar look-ups read the finding's first minute, then its first five minutes, then (only
+# when those found none) its whole window: a look-up's cost grows with the spans it reads.
+EXEMPLAR_WINDOWS_NS = (d.NS_MIN, 5 * d.NS_MIN)
 # Raw spans an attribute finding's exemplar look-up reads at most (the earliest of its
 # window): five minutes of a flood held millions (live demo traffic at ~17,000 spans/s on a
 # 10 M store: 14-19 s a find and ~850 MB, in the dashboard worker and in the settler that
@@ -185,9 +187,11 @@ def add_exemplars(reader: StoreReader, findings: list[dict]) -> None:
     """Exemplar traces for rollup-based findings (the others carry theirs already).
 
     A look-up reads raw spans sorted by duration, so its cost grows with its window: each
-    one first searches the finding's first ``EXEMPLAR_WINDOW_NS`` (a band break's window
-    starts at its first outlier; a hot spot or a regression holds over the whole run) and
-    widens to the whole window only when that finds nothing.
+    one first searches the finding's first minute, widens to its first five while it has
+    fewer than ``MAX_EXEMPLARS`` (a band break's window starts at its first outlier; a hot
+    spot or a regression holds over the whole run), and to the whole window when that found
+    nothing or the window is no longer. (A flood of ~20,000 spans/s puts over a million
+    spans in a minute.)
     """
     for f in findings:
         if f["exemplar_trace_ids"]:
@@ -195,10 +199,14 @@ def add_exemplars(reader: StoreReader, findings: list[dict]) -> None:
         w = _window_of(f)
         rows: list[dict] = []
         try:
-            if w.end_ns - w.start_ns > EXEMPLAR_WINDOW_NS:
-                rows = _exemplar_rows(reader, f, Window(w.start_ns, w.start_ns + EXEMPLAR_WINDOW_NS))
-            if not rows:
-                rows = _exemplar_rows(reader, f, w)
+            for first in EXEMPLAR_WINDOWS_NS:
+                if w.end_ns - w.start_ns <= first:
+                    break
+                rows = _exemplar_rows(reader, f, Window(w.start_ns, w.start_ns + first)) or rows
+                if len(rows) >= d.MAX_EXEMPLARS:
+                    break
+            if not rows or (len(rows) < d.MAX_EXEMPLARS and w.end_ns - w.start_ns <= EXEMPLAR_WINDOWS_NS[-1]):
+                rows = _exemplar_rows(reader, f, w) or rows
         except Exception:  # noqa: BLE001 - exemplars are a courtesy; the finding stands without them
             rows = []
         f["exemplar_trace_ids"] = [r["trace_id"].lower() for r in rows][: d.MAX_EXEMPLARS]

@@ -217,6 +217,35 @@ def test_attribute_findings_read_a_bounded_number_of_raw_spans_for_exemplars(eng
     assert max(read) > 40  # without the bound the same look-ups read more
 
 
+def test_exemplar_look_ups_start_with_the_findings_first_minute(engine, monkeypatch):
+    """Each look-up reads the finding's first minute first and widens (five minutes, then the
+    whole window) only while it has fewer than MAX_EXEMPLARS: a finding whose first minute
+    shows five is never read further; one that needs more is widened."""
+    spans = pattern_traces()
+    write_spans(engine, spans)
+    settle(engine, force=True)
+    window = Window(T0 * MIN, (T0 + 60) * MIN)
+    reader = StoreReader(engine)
+    reads: dict[str, list[int]] = {}
+    real = findings._exemplar_rows
+
+    def spy(r, f, w):
+        out = real(r, f, w)
+        reads.setdefault(f["kind"], []).append((w.end_ns - w.start_ns, len(out)))
+        return out
+    monkeypatch.setattr(findings, "_exemplar_rows", spy)
+    found = {f["kind"]: f for f in findings.find(reader, window, th=TH)}
+    assert set(reads) >= {"cache_penetration", "batching_failure", "cuda_graph_fallback"}
+    for kind, seen in reads.items():
+        assert seen[0][0] == MIN, (kind, seen)  # the first minute first
+        for (_, got), (longer, _) in zip(seen, seen[1:]):
+            assert got < d.MAX_EXEMPLARS and longer > MIN  # widened only while short of exemplars
+        if seen[0][1] >= d.MAX_EXEMPLARS:
+            assert len(seen) == 1
+        assert found[kind]["exemplar_trace_ids"]
+    assert any(len(seen) == 1 for seen in reads.values())
+
+
 def test_cold_start_from_instance_rollups_reads_raw_spans_only_around_the_birth(engine):
     """A new instance appears at minute 40: requests on it are 20x slower for two minutes.
     Another appears at minute 20 at full speed (a restart): no raw read for it."""

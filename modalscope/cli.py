@@ -79,6 +79,8 @@ def cmd_db_upgrade(args) -> int:
     from .models.engine import make_engine
     from .models.schema import current_revision
 
+    from alembic.script.revision import RevisionError
+
     from .models.migrate import pending_steps
 
     settings = _settings()
@@ -87,7 +89,14 @@ def cmd_db_upgrade(args) -> int:
         before = current_revision(engine)
     finally:
         engine.dispose()
-    steps = pending_steps(settings.database_url, before)
+    try:
+        steps = pending_steps(settings.database_url, before)
+    except RevisionError:
+        from .models.schema import SchemaError, head_revision
+
+        raise SchemaError(f"the database schema is at revision {before}, which this version of modalscope "
+                          f"(up to {head_revision(settings.database_url)}) does not know: a newer release "
+                          "wrote it") from None
     if steps:
         # A step may rewrite every span (0007): say what runs, then each step as it ends.
         print(f"upgrading from revision {before or 'none (empty database)'}: {len(steps)} step"

@@ -156,3 +156,15 @@ def test_db_upgrade_reports_each_step_from_an_older_revision(tmp_path):
     steps = [line.split()[0] for line in lines if " done in " in line]
     assert steps[0] == "0007" and steps[-1] == head_revision(url)
     assert "duration bucket" in next(line for line in lines if line.strip().startswith("0007 done"))
+
+
+def test_db_upgrade_refuses_a_database_from_a_newer_release_in_one_line(tmp_path):
+    import sqlite3
+
+    url = f"sqlite:///{tmp_path / 'newer.db'}"
+    assert run(["db", "upgrade"], {"MODALSCOPE_DATABASE_URL": url}).returncode == 0
+    with sqlite3.connect(tmp_path / "newer.db") as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '0099'")
+    r = run(["db", "upgrade"], {"MODALSCOPE_DATABASE_URL": url})
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "revision 0099" in r.stderr and "newer release" in r.stderr and "Traceback" not in r.stderr

@@ -79,9 +79,8 @@ def cmd_db_upgrade(args) -> int:
     from .models.engine import make_engine
     from .models.schema import current_revision
 
-    from alembic.script.revision import RevisionError
-
     from .models.migrate import pending_steps
+    from .models.schema import known_revision, newer_release_error
 
     settings = _settings()
     engine = make_engine(settings.database_url)  # validates the URL and directory first
@@ -89,14 +88,9 @@ def cmd_db_upgrade(args) -> int:
         before = current_revision(engine)
     finally:
         engine.dispose()
-    try:
-        steps = pending_steps(settings.database_url, before)
-    except RevisionError:
-        from .models.schema import SchemaError, head_revision
-
-        raise SchemaError(f"the database schema is at revision {before}, which this version of modalscope "
-                          f"(up to {head_revision(settings.database_url)}) does not know: a newer release "
-                          "wrote it") from None
+    if before is not None and not known_revision(settings.database_url, before):
+        raise newer_release_error(settings.database_url, before)
+    steps = pending_steps(settings.database_url, before)
     if steps:
         # A step may rewrite every span (0007): say what runs, then each step as it ends.
         print(f"upgrading from revision {before or 'none (empty database)'}: {len(steps)} step"

@@ -49,8 +49,26 @@ def ensure_schema(url: str, *, create: bool = True) -> None:
     if rev is None:
         raise SchemaError("the database has tables but no modalscope schema version; "
                           "point MODALSCOPE_DATABASE_URL at an empty or modalscope database")
+    if not known_revision(url, rev):
+        raise newer_release_error(url, rev)
     raise SchemaError(f"the database schema is at revision {rev}, this version needs {head}: "
                       "run `modalscope db upgrade`")
+
+
+def known_revision(url: str, rev: str) -> bool:
+    """Whether this version's migrations know ``rev`` (an unknown one: a newer release's)."""
+    from alembic.script.revision import RevisionError
+    from alembic.util.exc import CommandError
+
+    try:
+        return ScriptDirectory.from_config(alembic_config(url)).get_revision(rev) is not None
+    except (RevisionError, CommandError):
+        return False
+
+
+def newer_release_error(url: str, rev: str) -> SchemaError:
+    return SchemaError(f"the database schema is at revision {rev}, which this version of modalscope "
+                       f"(up to {head_revision(url)}) does not know: a newer release wrote it")
 
 
 def _first_line(exc: BaseException) -> str:

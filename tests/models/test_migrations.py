@@ -204,3 +204,22 @@ def test_upgrading_to_0008_gives_pending_traces_their_first_span_start(empty_db_
     finally:
         engine.dispose()
     assert firsts == {t[0].trace_id: (min(s.start_ns for s in t) if i < 3 else None) for i, t in enumerate(traces)}
+
+
+def test_a_database_behind_or_ahead_of_this_version_is_refused_with_what_to_do(tmp_path):
+    """Behind head: run `modalscope db upgrade`; at a revision these migrations do not know:
+    a newer release wrote it (upgrading cannot help)."""
+    import sqlite3
+
+    from modalscope.models.schema import SchemaError, ensure_schema
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    upgrade(url, "0006")
+    with pytest.raises(SchemaError, match=r"revision 0006, this version needs .*run `modalscope db upgrade`"):
+        ensure_schema(url)
+    upgrade(url)
+    ensure_schema(url)  # at head: fine
+    with sqlite3.connect(tmp_path / "s.db") as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '0099'")
+    with pytest.raises(SchemaError, match="revision 0099, which this version of modalscope .* newer release"):
+        ensure_schema(url)

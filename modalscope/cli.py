@@ -75,12 +75,9 @@ def cmd_db_prune(args) -> int:
 
 
 def cmd_db_upgrade(args) -> int:
-    from .models.migrate import upgrade
     from .models.engine import make_engine
-    from .models.schema import current_revision
-
-    from .models.migrate import pending_steps
-    from .models.schema import known_revision, newer_release_error
+    from .models.migrate import pending_steps, upgrade
+    from .models.schema import current_revision, known_revision, newer_release_error
 
     settings = _settings()
     engine = make_engine(settings.database_url)  # validates the URL and directory first

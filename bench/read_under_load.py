@@ -157,44 +157,37 @@ def live_payloads(spans: int, spans_per_request: int, start_ns: int, prefix: byt
     return pool
 
 
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    """The protobuf varint at buf[i] and the offset after it."""
+    value = shift = 0
+    while True:
+        c = buf[i]
+        i += 1
+        value |= (c & 0x7F) << shift
+        shift += 7
+        if c < 0x80:
+            return value, i
+
+
 def _fields(buf: bytes, start: int, end: int):
     """(field number, wire type, value start, value end) of the protobuf message in buf[start:end]."""
     i = start
     while i < end:
-        tag = shift = 0
-        while True:
-            c = buf[i]
-            i += 1
-            tag |= (c & 0x7F) << shift
-            shift += 7
-            if c < 0x80:
-                break
+        tag, i = _varint(buf, i)
         number, wire = tag >> 3, tag & 7
         if wire == 0:
-            j = i
-            while buf[j] >= 0x80:
-                j += 1
-            yield number, wire, i, j + 1
-            i = j + 1
+            _, j = _varint(buf, i)
         elif wire == 1:
-            yield number, wire, i, i + 8
-            i += 8
+            j = i + 8
         elif wire == 2:
-            n = shift = 0
-            while True:
-                c = buf[i]
-                i += 1
-                n |= (c & 0x7F) << shift
-                shift += 7
-                if c < 0x80:
-                    break
-            yield number, wire, i, i + n
-            i += n
+            n, i = _varint(buf, i)
+            j = i + n
         elif wire == 5:
-            yield number, wire, i, i + 4
-            i += 4
+            j = i + 4
         else:
             raise ValueError(f"wire type {wire}")
+        yield number, wire, i, j
+        i = j
 
 
 def time_offsets(payload: bytes):

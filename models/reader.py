@@ -551,7 +551,9 @@ class StoreReader:
                 cut = int(len(known) * PENDING_STRAGGLER_SHARE)
                 walk_from = known[cut][0]
                 budget = (len(known) - cut) * PENDING_WALK_ENTRIES_PER_TRACE
-                if self._pending_walk_entries(conn, services, max(start_ns, walk_from), end_ns, min_ns, max_ns,
+                # each caller's buckets between the bounds, looked up once for the count and the walk
+                buckets = {s: self._walk_bucket_list(conn, s, min_ns, max_ns) for s in services}
+                if self._pending_walk_entries(conn, buckets, max(start_ns, walk_from), end_ns, min_ns, max_ns,
                                               budget) > budget:
                     walk_from, cut = None, len(known)  # pending traces sparse among the window's: one by one
                 one_by_one.extend(tid for _, tid in known[:cut])
@@ -564,7 +566,7 @@ class StoreReader:
             if walk_from is not None:
                 seen = {r["_id"] for r in out}
                 walked = {tid for first, tid in known if first >= walk_from}
-                out.extend(r for r in self._pending_calls_walk(conn, services, walk_from, start_ns, end_ns,
+                out.extend(r for r in self._pending_calls_walk(conn, buckets, walk_from, start_ns, end_ns,
                                                                input_type=input_type, min_ns=min_ns, max_ns=max_ns,
                                                                may_call=may_call)
                            if r["trace_id"] in walked and r["_id"] not in seen)
@@ -580,34 +582,57 @@ class StoreReader:
         high = min(top, duration_bucket(max_ns)) if max_ns is not None else top
         return list(range(low, high + 1))
 
-    def _pending_walk_entries(self, conn: Connection, services: list[str], lo: int, end_ns: int,
+    @staticmethod
+    def _walk_conds(service: str, buckets: list[int], lo: int, end_ns: int, min_ns: int | None,
+                    max_ns: int | None) -> list:
+        """``service``'s spans starting in [lo, end) between the bounds, as the walk index's key
+        reads them (service, each bucket, the start range; the duration from the entry)."""
+        conds = [Span.service == service, Span.duration_bucket.in_(buckets), Span.start_ns >= lo,
+                 Span.start_ns < end_ns]
+        if min_ns is not None:
+            conds.append(Span.duration_ns >= min_ns)
+        if max_ns is not None:
+            conds.append(Span.duration_ns <= max_ns)
+        return conds
+
+    def _pending_walk_entries(self, conn: Connection, buckets: dict[str, list[int]], lo: int, end_ns: int,
                               min_ns: int | None, max_ns: int | None, budget: int) -> int:
-        """How many index entries a walk of ``services``' spans starting in [lo, end) between
-        the bounds reads, counted in the index alone and only up to ``budget`` + 1."""
+        """How many index entries a walk of the services' spans (service -> its buckets)
+        starting in [lo, end) between the bounds reads, counted in the index alone and only up
+        to ``budget`` + 1."""
         total = 0
-        for service in services:
-            buckets = self._walk_bucket_list(conn, service, min_ns, max_ns)
-            if not buckets:
+        for service, theirs in buckets.items():
+            if not theirs:
                 continue
-            conds = [Span.service == service, Span.duration_bucket.in_(buckets), Span.start_ns >= lo,
-                     Span.start_ns < end_ns]
-            if min_ns is not None:
-                conds.append(Span.duration_ns >= min_ns)
-            if max_ns is not None:
-                conds.append(Span.duration_ns <= max_ns)
+            conds = self._walk_conds(service, theirs, lo, end_ns, min_ns, max_ns)
             inner = select(literal(1).label("one")).where(*conds).limit(budget + 1 - total).subquery()
             total += conn.execute(select(func.count()).select_from(inner)).scalar_one()
             if total > budget:
                 break
         return total
 
-    def _pending_calls_walk(self, conn: Connection, services: list[str], walk_from: int, start_ns: int,
+    def _named_in_attributes(self, may_call: str):
+        """The callee's name in a span's attributes JSON, a plain substring test; always true
+        when JSON would write the name differently (then no narrowing by text)."""
+        named = _json.dumps(may_call, ensure_ascii=False)[1:-1]
+        return contains_text_in(self.engine.dialect.name, Span.attributes, named) if named == may_call else literal(True)
+
+    @staticmethod
+    def _candidate_calls(conn: Connection, conds: list, input_type: str | None) -> list[dict]:
+        """Candidate CLIENT span rows (with ``_id``) matching ``conds``, of traces whose row has
+        ``input_type`` when given."""
+        stmt = select(*[Span.__table__.c[c] for c in _CANDIDATE_COLUMNS], Span.id.label("_id"))
+        if input_type:
+            stmt = stmt.join(Trace, Trace.trace_id == Span.trace_id)
+            conds = [*conds, Trace.input_type == input_type]
+        return [dict(r) for r in conn.execute(stmt.where(*conds)).mappings()]
+
+    def _pending_calls_walk(self, conn: Connection, buckets: dict[str, list[int]], walk_from: int, start_ns: int,
                             end_ns: int, *, input_type: str | None, min_ns: int | None, max_ns: int | None,
                             may_call: str | None) -> list[dict]:
-        """CLIENT spans of ``services`` starting in [max(start, walk_from), end) between the
-        bounds, through the walk index bucket by bucket (settled traces' ones too: the caller
-        keeps the pending traces')."""
-        cols = [Span.__table__.c[c] for c in _CANDIDATE_COLUMNS] + [Span.id.label("_id")]
+        """CLIENT spans of the services (service -> its buckets) starting in
+        [max(start, walk_from), end) between the bounds, through the walk index bucket by
+        bucket (settled traces' ones too: the caller keeps the pending traces')."""
         lo = max(start_ns, walk_from)
         out: list[dict] = []
         narrowed = None
@@ -615,32 +640,19 @@ class StoreReader:
             # The callee's SERVER/CONSUMER spans since walk_from (every span of a walked trace
             # starts no earlier), read once through its index bucket by bucket: their parent
             # ids (by span id only; the caller checks each row exactly). Or the name in the
-            # attributes, unless JSON writes it differently (then no narrowing by text).
-            named = _json.dumps(may_call, ensure_ascii=False)[1:-1]
+            # attributes.
             child = aliased(Span)
             calls = Span.span_id.in_(select(child.parent_span_id).where(
                 child.service == may_call, child.duration_bucket.in_(self._walk_bucket_list(conn, may_call, None, None)),
                 child.start_ns >= walk_from, child.kind.in_(CALLEE_KIND_CODES)))
-            by_text = (contains_text_in(self.engine.dialect.name, Span.attributes, named) if named == may_call
-                       else literal(True))
-            narrowed = or_(by_text, calls)
-        for service in services:
-            buckets = self._walk_bucket_list(conn, service, min_ns, max_ns)
-            if not buckets:
+            narrowed = or_(self._named_in_attributes(may_call), calls)
+        for service, theirs in buckets.items():
+            if not theirs:
                 continue
-            conds = [Span.service == service, Span.duration_bucket.in_(buckets), Span.start_ns >= lo,
-                     Span.start_ns < end_ns, Span.kind == KIND_CLIENT_CODE]
-            if min_ns is not None:
-                conds.append(Span.duration_ns >= min_ns)
-            if max_ns is not None:
-                conds.append(Span.duration_ns <= max_ns)
+            conds = self._walk_conds(service, theirs, lo, end_ns, min_ns, max_ns) + [Span.kind == KIND_CLIENT_CODE]
             if narrowed is not None:
                 conds.append(narrowed)
-            stmt = select(*cols)
-            if input_type:
-                stmt = stmt.join(Trace, Trace.trace_id == Span.trace_id)
-                conds.append(Trace.input_type == input_type)
-            out.extend(dict(r) for r in conn.execute(stmt.where(*conds)).mappings())
+            out.extend(self._candidate_calls(conn, conds, input_type))
         return out
 
     def _pending_calls_one_by_one(self, conn: Connection, tids: list[str], start_ns: int, end_ns: int,
@@ -649,18 +661,14 @@ class StoreReader:
         """``pending_calls`` for the given traces, each trace's spans through the
         ``(trace_id, span_id)`` index."""
         child = aliased(Span)
-        named = None if may_call is None else _json.dumps(may_call, ensure_ascii=False)[1:-1]
 
         def narrowed(chunk: list[str]):
             # The callee's SERVER/CONSUMER spans of these traces, read once: their parent ids
             # (matched by span id only; the caller checks each row exactly). Or the name in
-            # the attributes, unless JSON writes it differently (then no narrowing by text).
+            # the attributes.
             calls = Span.span_id.in_(select(child.parent_span_id).where(
                 child.trace_id.in_(chunk), child.service.concat("") == may_call, child.kind.in_(CALLEE_KIND_CODES)))
-            by_text = (contains_text_in(self.engine.dialect.name, Span.attributes, named) if named == may_call
-                       else literal(True))
-            return or_(by_text, calls)
-        cols = [Span.__table__.c[c] for c in _CANDIDATE_COLUMNS] + [Span.id.label("_id")]
+            return or_(self._named_in_attributes(may_call), calls)
         out: list[dict] = []
         # The other conditions are written so no other index qualifies ("+ 0", "|| ''"):
         # given the choice, SQLite walked a service's or the window's spans instead (2,000
@@ -677,11 +685,7 @@ class StoreReader:
                 conds.append(duration <= max_ns)
             if may_call is not None:
                 conds.append(narrowed(chunk))
-            stmt = select(*cols)
-            if input_type:
-                stmt = stmt.join(Trace, Trace.trace_id == Span.trace_id)
-                conds.append(Trace.input_type == input_type)
-            out.extend(dict(r) for r in conn.execute(stmt.where(*conds)).mappings())
+            out.extend(self._candidate_calls(conn, conds, input_type))
         return out
 
     def slow_traces(self, start_ns: int, end_ns: int, *, input_type: str | None = None,

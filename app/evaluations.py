@@ -9,10 +9,16 @@ its rules on a schedule.
 
 A *relative* request ("the last 24 h", no explicit start) is answered from the newest stored
 evaluation of the same length and thresholds whose window ends at most ``FRESH_S`` before the
-request's; the answer says which window it covers and when it was evaluated. Without one —
-and for every absolute window, whose answer must be exactly that window's — the detectors
-run on the request, and a relative result is stored for the next caller. Stored findings are
-unfiltered: a filter is applied on reading, as ``findings.matches`` does for fresh ones.
+request's; the answer says which window it covers and when it was evaluated. Without one the
+detectors run on the request, and the result is stored for the next caller.
+
+An *absolute* window's answer must be exactly that window's, so the detectors run on its first
+request; the result is stored (``range_s`` = ``ABSOLUTE_RANGE``) and answers later requests for
+the same window and thresholds while no write to the rollups logged since (``models/changes``:
+settle batches, retention, retag) touches a minute the detectors read for it — a permalink, a
+post-mortem's embedded panel or a shared link to last night's incident is computed once. Stored
+findings are unfiltered: a filter is applied on reading, as ``findings.matches`` does for
+fresh ones.
 """
 
 from __future__ import annotations
@@ -24,9 +30,9 @@ import time
 from dataclasses import dataclass
 
 import orjson
-from sqlalchemy import Engine, delete, select
+from sqlalchemy import Engine, and_, delete, or_, select
 
-from ..models import FindingEvaluation
+from ..models import FindingEvaluation, changes
 from ..models.reader import Filters, StoreReader
 from . import detectors as d
 from . import findings as fnd
@@ -39,6 +45,13 @@ NS = 1_000_000_000
 FRESH_S = 90
 #: Evaluations older than this are deleted when a new one is stored.
 KEEP_S = 15 * 60
+#: ``range_s`` of an absolute window's stored findings.
+ABSOLUTE_RANGE = 0
+#: A write logged up to this long before an absolute window's evaluation started still makes
+#: it stale: a settle batch stamps its change before it commits (and hosts' clocks differ).
+CHANGE_MARGIN_S = 60
+#: Absolute windows' findings kept at most (the least recently evaluated go first).
+ABSOLUTE_MAX_KEPT = 500
 
 
 @dataclass(frozen=True)
@@ -86,6 +99,40 @@ def store(engine: Engine, window: Window, key: str, found: list[dict], evaluated
             evaluated_ns=evaluated_ns, findings=orjson.dumps(found).decode()))
 
 
+def cached_absolute(engine: Engine, window: Window, th: d.Thresholds) -> Evaluation | None:
+    """The stored findings of exactly ``window`` with thresholds ``th``, if no write to the
+    rollups has touched the minutes they were computed from since; else None."""
+    fe = FindingEvaluation
+    q = (select(fe.findings, fe.evaluated_ns)
+         .where(fe.range_s == ABSOLUTE_RANGE, fe.thresholds_key == thresholds_key(th),
+                fe.end_ns == window.end_ns, fe.start_ns == window.start_ns)
+         .order_by(fe.evaluated_ns.desc()).limit(1))
+    first, last = fnd.read_minutes(window, th)
+    with engine.connect() as conn:
+        row = conn.execute(q).first()
+        if row is None or changes.changed_since(conn, row.evaluated_ns - CHANGE_MARGIN_S * NS, first, last):
+            return None
+    return Evaluation(orjson.loads(row.findings), window.start_ns, window.end_ns, row.evaluated_ns, stored=True)
+
+
+def store_absolute(engine: Engine, window: Window, th: d.Thresholds, found: list[dict], started_ns: int) -> None:
+    """Keep ``found`` (unfiltered) as the findings of exactly ``window``, evaluated from
+    ``started_ns`` on; older copies of it, entries past ``changes.KEEP_S`` and all but the
+    newest ``ABSOLUTE_MAX_KEPT`` go."""
+    fe, key = FindingEvaluation, thresholds_key(th)
+    absolute = fe.range_s == ABSOLUTE_RANGE
+    with engine.begin() as conn:
+        conn.execute(delete(fe).where(absolute, or_(
+            and_(fe.thresholds_key == key, fe.start_ns == window.start_ns, fe.end_ns == window.end_ns),
+            fe.evaluated_ns < started_ns - changes.KEEP_S * NS)))
+        surplus = (select(fe.id).where(absolute).order_by(fe.evaluated_ns.desc())
+                   .offset(ABSOLUTE_MAX_KEPT - 1).limit(1000))
+        conn.execute(delete(fe).where(fe.id.in_(list(conn.execute(surplus).scalars()))))
+        conn.execute(fe.__table__.insert().values(
+            range_s=ABSOLUTE_RANGE, thresholds_key=key, start_ns=window.start_ns, end_ns=window.end_ns,
+            evaluated_ns=started_ns, findings=orjson.dumps(found).decode()))
+
+
 def evaluate(reader: StoreReader, window: Window, th: d.Thresholds) -> Evaluation:
     """Run the catalog over ``window`` (unfiltered) and store the result."""
     found = fnd.find(reader, window, Filters(), th)
@@ -107,8 +154,8 @@ def find_for(reader: StoreReader, window: Window, filters: Filters, th: d.Thresh
              relative: bool) -> Evaluation:
     """The findings a page or ``/api/v1/anomalies`` shows for ``window`` (filtered, most
     severe first): for a relative window a fresh stored evaluation of the same length when
-    there is one, else the detectors run now (and, for a relative window, the result is
-    stored)."""
+    there is one, for an absolute window its stored findings while still valid; else the
+    detectors run now and the result is stored for the next request."""
     if relative:
         key = thresholds_key(th)
         try:
@@ -118,10 +165,29 @@ def find_for(reader: StoreReader, window: Window, filters: Filters, th: d.Thresh
             hit = None
         if hit is None:
             hit = evaluate(reader, window, th)
-        kept = [f for f in hit.findings if fnd.matches(f, filters)]
-        return dataclasses.replace(hit, findings=d.sort_findings(kept))
-    found = fnd.find(reader, window, filters, th)
-    return Evaluation(found, window.start_ns, window.end_ns, time.time_ns(), stored=False)
+    else:
+        hit = _absolute(reader, window, th)
+    kept = [f for f in hit.findings if fnd.matches(f, filters)]
+    return dataclasses.replace(hit, findings=d.sort_findings(kept))
+
+
+def _absolute(reader: StoreReader, window: Window, th: d.Thresholds) -> Evaluation:
+    """An absolute window's findings (unfiltered): stored ones still valid, else computed
+    now and stored."""
+    try:
+        hit = cached_absolute(reader.engine, window, th)
+    except Exception:  # noqa: BLE001 - a store not yet upgraded to 0009 answers without the cache
+        log.warning("could not read stored findings of an absolute window", exc_info=True)
+        hit = None
+    if hit is not None:
+        return hit
+    started_ns = time.time_ns()  # before the first read: a write after it makes the result stale
+    found = fnd.find(reader, window, Filters(), th)
+    try:
+        store_absolute(reader.engine, window, th, found, started_ns)
+    except Exception:  # noqa: BLE001 - a cache: a store that refuses the write (read-only role) still answers
+        log.warning("could not store the findings of an absolute window", exc_info=True)
+    return Evaluation(found, window.start_ns, window.end_ns, started_ns, stored=False)
 
 
 class EvaluationSchedule:

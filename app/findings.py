@@ -10,7 +10,7 @@ from the traces table. Exemplar look-ups for rollup-based findings search the fi
 first minute, then its first five (``EXEMPLAR_WINDOWS_NS``): a bounded raw read.
 
 Public (called by the API, the CLI and the pages; keep these signatures): ``load_frames``,
-``add_exemplars``, ``matches``, ``find``.
+``add_exemplars``, ``matches``, ``find``, ``judged_window``, ``read_minutes``.
 """
 
 from __future__ import annotations
@@ -244,12 +244,28 @@ def _no_gc():
 MAX_WINDOW_S = 7 * 86400
 
 
+def judged_window(window: Window) -> Window:
+    """The part of ``window`` the detectors judge: its last ``MAX_WINDOW_S``."""
+    if window.seconds > MAX_WINDOW_S:
+        return Window(window.end_ns - MAX_WINDOW_S * 1_000_000_000, window.end_ns)
+    return window
+
+
+def read_minutes(window: Window, th: d.Thresholds) -> tuple[int, int]:
+    """The first and last minute whose rollups or raw spans ``find`` may read for ``window``:
+    from the baseline look-back before it to the end of a cold start's steady minutes after
+    an instance born in its last minute (``_new_instances``)."""
+    window = judged_window(window)
+    first = (window.start_ns - max(30, th.baseline_minutes) * d.NS_MIN) // d.NS_MIN
+    after = math.ceil(th.cold_warmup_s / 60) + 1 + d.COLD_STEADY_NS // d.NS_MIN + 2
+    return first, -(-window.end_ns // d.NS_MIN) + after
+
+
 def find(reader: StoreReader, window: Window, filters: Filters = Filters(), th: d.Thresholds | None = None,
          exemplars: bool = True, timings: dict | None = None) -> list[dict]:
     """Every finding in the window (at most its last ``MAX_WINDOW_S``), most severe first."""
     th = th or d.Thresholds()
-    if window.seconds > MAX_WINDOW_S:  # every caller (pages, CLI, API) is bounded here
-        window = Window(window.end_ns - MAX_WINDOW_S * 1_000_000_000, window.end_ns)
+    window = judged_window(window)  # every caller (pages, CLI, API) is bounded here
     t0 = time.perf_counter()
     with _no_gc():
         frames = load_frames(reader, window, th)

@@ -30,6 +30,11 @@ after one warm-up:
   with the page's state store; figures and tables built and serialised);
 * the query functions those callbacks call (``app/queries.py``, ``app/findings.find``).
 
+The windows are absolute, so after the warm-up the anomaly calls (API, Anomalies page,
+overview's findings) are answered from the findings stored for that exact window
+(``app/evaluations.py``); ``findings.find`` and "absolute window: its first request" time the
+detectors themselves.
+
 The worker's peak RSS (``ru_maxrss``) is taken after all of that. Then the exact answers of
 ``/pairs``, ``/input-types`` and ``/stages`` for the same windows are computed from the raw
 rows with pandas (``groupby().quantile()``: numpy's default linear definition), timed the
@@ -352,6 +357,27 @@ def _evaluated_ahead(reader, window, th) -> Callable[[], Any]:
     return call
 
 
+def _absolute_first_request(reader, window, th) -> Callable[[], Any]:
+    """The first request for an absolute window's findings: the stored findings of absolute
+    windows are deleted before each call, so the detectors run and store their result (the
+    API and page calls above, after their warm-up, are answered from that stored result)."""
+    from sqlalchemy import delete
+
+    from modalscope.app import evaluations
+    from modalscope.models import FindingEvaluation
+    from modalscope.models.reader import Filters
+
+    def call():
+        with reader.engine.begin() as conn:
+            conn.execute(delete(FindingEvaluation).where(FindingEvaluation.range_s == evaluations.ABSOLUTE_RANGE))
+        ev = evaluations.find_for(reader, window, Filters(), th, relative=False)
+        if ev.stored:
+            raise RuntimeError("a stored evaluation answered the first request")
+        return ev.findings
+
+    return call
+
+
 def build_calls(app, client, reader, window, subject: Subject) -> list[Call]:
     """Every API call, page callback and query function timed for ``window``."""
     from modalscope.app import findings, queries
@@ -437,6 +463,9 @@ def build_calls(app, client, reader, window, subject: Subject) -> list[Call]:
         # A "last N" request when the worker keeps its evaluation fresh (app/evaluations.py):
         # the worker evaluated the window 30 s before the request's.
         Call("query", "anomalies, window ending now: the worker's evaluation", _evaluated_ahead(reader, window, th)),
+        # An absolute window's first request; later ones (the API and page calls, after their
+        # warm-up) read what it stored while no write touches its minutes.
+        Call("query", "anomalies, absolute window: its first request", _absolute_first_request(reader, window, th)),
         Call("query", "pairs: pair_heatmap", lambda: queries.pair_heatmap(reader, window), "pairs",
              lambda heat: heat["pairs"]),
         Call("query", "pairs: pair_table", lambda: queries.pair_table(reader, window), "pairs", lambda rows: rows),

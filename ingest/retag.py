@@ -7,6 +7,7 @@ from typing import Callable
 
 from sqlalchemy import Engine, bindparam, delete, func, select, update
 
+from ..models import changes
 from ..models import PAIR_CALLS_CURSOR, Cursor, HourlyRollup, PairCall, QuarterRollup, Rollup, Span, Trace
 from .records import SpanRecord
 from .settle import settle
@@ -54,6 +55,7 @@ def retag(engine: Engine, rules: StageRules, progress: Callable[[int], None] | N
         conn.execute(delete(Rollup))
         conn.execute(delete(QuarterRollup))
         conn.execute(delete(HourlyRollup))
+        changes.record(conn, 0, changes.EVERY_MINUTE)  # every cached finding is stale
         # Every trace is settled again below, so pair_calls becomes complete for all of them.
         conn.execute(delete(PairCall))
         conn.execute(delete(Cursor).where(Cursor.name == PAIR_CALLS_CURSOR))

@@ -17,6 +17,7 @@ from typing import Callable
 
 from sqlalchemy import Engine, delete, select
 
+from ..models import changes
 from ..models import MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, PairCall, QuarterRollup, Rollup, Span, Trace
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,13 @@ def prune(engine: Engine, policy: RetentionPolicy, *, now_ns: int | None = None,
             .order_by(HourlyRollup.hour),
             lambda keys: [delete(HourlyRollup).where(tuple_(HourlyRollup.hour, HourlyRollup.series_id).in_(keys))],
             batch, pause, should_stop, progress)
+    if out.spans or out.minute_rollups:
+        # Findings cached for a window that old lost their raw spans or minute rollups.
+        # (Hourly rollups: the detectors do not read them.)
+        span_minute = cut["span_start_ns"] // 60_000_000_000 if cut["span_start_ns"] is not None else 0
+        last = max(span_minute, cut["minute"] or 0)
+        with engine.begin() as conn:
+            changes.record(conn, 0, last)
     if out.total():
         log.info("retention: deleted %d spans, %d traces, %d minute and %d hourly rollup rows",
                  out.spans, out.traces, out.minute_rollups, out.hourly_rollups)

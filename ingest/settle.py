@@ -39,7 +39,7 @@ from sqlalchemy import Connection, Engine, bindparam, case, delete, literal, or_
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from ..models import HourlyRollup, PairCall, QuarterRollup, Rollup, Series, Span, Trace
-from ..models import sketch
+from ..models import changes, sketch
 from ..models.dialect import contains_text, insert_ignore, json_member, supports_skip_locked, upsert
 from .records import KIND_CLIENT, KIND_CONSUMER, KIND_SERVER, STATUS_ERROR, SpanRecord
 from .settle_fast import LAYER_KEY, convention_contributions, summarize_rows
@@ -434,6 +434,8 @@ def _apply_summary(conn: Connection, summary, claimed: dict[str, bytes | None], 
     both = np.concatenate([old_all, new_all])
     signs = np.concatenate([-np.ones(len(old_all)), np.ones(len(new_all))])
     apply_contributions(conn, both["series"], both["minute"], both["value"], both["err"].astype(np.float64), signs)
+    if len(both):  # findings cached for an absolute window over these minutes are stale now
+        changes.record(conn, int(both["minute"].min()), int(both["minute"].max()))
 
     if len(keep_idx):
         t = Trace.__table__

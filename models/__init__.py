@@ -229,13 +229,32 @@ class FindingEvaluation(Base):
     __table_args__ = (Index("ix_finding_evaluations_lookup", "range_s", "thresholds_key", "end_ns"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    range_s: Mapped[int] = mapped_column(BigInteger)  # end - start, in seconds
+    # end - start in seconds for a window ending when it was evaluated; 0 (ABSOLUTE_RANGE)
+    # for an absolute window's findings, cached for that exact window
+    range_s: Mapped[int] = mapped_column(BigInteger)
     thresholds_key: Mapped[str] = mapped_column(String(64))
     start_ns: Mapped[int] = mapped_column(BigInteger)
     end_ns: Mapped[int] = mapped_column(BigInteger)
-    evaluated_ns: Mapped[int] = mapped_column(BigInteger)  # when the detectors finished
+    # when the detectors finished (an absolute window's: when they started reading)
+    evaluated_ns: Mapped[int] = mapped_column(BigInteger)
     findings: Mapped[str] = mapped_column(Text)  # JSON list
 
 
+class RollupChange(Base):
+    """A write to the rollups (a settle batch, a retention pass, a retag) over the minutes
+    ``[first_minute, last_minute]``, stamped when it was written. Findings cached for an
+    absolute window stay valid while no change newer than their evaluation touches the
+    minutes they were computed from (``app/evaluations.py``)."""
+
+    __tablename__ = "rollup_changes"
+    __table_args__ = (Index("ix_rollup_changes_changed_ns", "changed_ns"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    first_minute: Mapped[int] = mapped_column(BigInteger)  # unix time // 60
+    last_minute: Mapped[int] = mapped_column(BigInteger)
+    changed_ns: Mapped[int] = mapped_column(BigInteger)
+
+
 __all__ = ["MINUTE_BOUNDARY_CURSOR", "PAIR_CALLS_CURSOR", "Base", "Span", "Trace", "Series", "Rollup",
-           "HourlyRollup", "QuarterRollup", "Cursor", "FindingEvaluation", "PairCall", "NAMING_CONVENTION"]
+           "HourlyRollup", "QuarterRollup", "Cursor", "FindingEvaluation", "PairCall",
+           "RollupChange", "NAMING_CONVENTION"]

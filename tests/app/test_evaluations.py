@@ -1,8 +1,9 @@
 """Findings evaluated ahead of the request (app/evaluations.py), on SQLite and PostgreSQL.
 
 A window ending now is answered from a stored evaluation of the same length and thresholds
-at most FRESH_S old — exactly what the detectors found then, filtered on reading; absolute
-windows always run the detectors; the settler's schedule evaluates each range once a period
+at most FRESH_S old — exactly what the detectors found then, filtered on reading; an absolute
+window's findings are computed once and reused while no logged write touches the minutes they
+were read from; the settler's schedule evaluates each range once a period
 (and not again when another process just did); old evaluations are deleted.
 """
 
@@ -12,7 +13,7 @@ import dataclasses
 import time
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from modalscope.app import create_app, evaluations as ev
 from modalscope.app import findings as fnd
@@ -20,7 +21,7 @@ from modalscope.app.detectors import Thresholds
 from modalscope.app.params import Window, parse_time
 from modalscope.ingest import demo
 from modalscope.ingest.settle import Settler, SettlerProcess, settle
-from modalscope.models import FindingEvaluation
+from modalscope.models import FindingEvaluation, RollupChange, changes
 from modalscope.models.reader import Filters, StoreReader
 from modalscope.settings import Settings
 
@@ -81,12 +82,111 @@ def test_filters_apply_to_stored_findings_as_to_fresh_ones(filled):
         assert stored.findings, value
 
 
-def test_absolute_windows_always_run_the_detectors(filled):
+def _settled_long_ago(engine, seconds: int = 600) -> None:
+    """As if the store's writes were logged ``seconds`` ago (the fixture settles just before
+    the test; a write less than CHANGE_MARGIN_S before an evaluation makes it stale)."""
+    with engine.begin() as conn:
+        conn.execute(update(RollupChange).values(changed_ns=RollupChange.changed_ns - seconds * S))
+
+
+def _absolute_rows(engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(select(func.count()).select_from(FindingEvaluation)
+                            .where(FindingEvaluation.range_s == ev.ABSOLUTE_RANGE)).scalar_one()
+
+
+def test_an_absolute_window_is_computed_once_and_answered_while_its_minutes_are_unchanged(filled):
+    _settled_long_ago(filled)
     reader, th = StoreReader(filled), Thresholds()
-    end = time.time_ns()
-    ev.find_for(reader, Window(end - HOUR, end), Filters(), th, relative=True)
-    absolute = ev.find_for(reader, Window(end - HOUR, end), Filters(), th, relative=False)
-    assert not absolute.stored and _rows(filled) == 1
+    end = time.time_ns() // (60 * S) * (60 * S) - 60 * S
+    window = Window(end - HOUR + 60 * S, end)
+    ev.find_for(reader, window, Filters(), th, relative=True)  # a relative evaluation answers no absolute window
+    first = ev.find_for(reader, window, Filters(), th, relative=False)
+    assert not first.stored and _absolute_rows(filled) == 1
+    assert first.findings and first.findings == fnd.find(reader, window, Filters(), th)
+    again = ev.find_for(reader, window, Filters(), th, relative=False)
+    assert again.stored and again.evaluated_ns == first.evaluated_ns and again.findings == first.findings
+    assert (again.start_ns, again.end_ns) == (window.start_ns, window.end_ns)
+    # Filtered on reading, as fresh ones.
+    for f in first.findings:
+        filters = Filters(caller=f["subject"]["caller"]) if "caller" in f["subject"] else Filters(
+            service=f["subject"].get("service"), input_type=f["subject"].get("input_type"))
+        got = ev.find_for(reader, window, filters, th, relative=False)
+        assert got.stored and got.findings == [g for g in first.findings if fnd.matches(g, filters)]
+    # Another window (a nanosecond apart) or other thresholds: computed, stored beside it.
+    moved = ev.find_for(reader, Window(window.start_ns + 1, window.end_ns), Filters(), th, relative=False)
+    strict = ev.find_for(reader, window, Filters(), dataclasses.replace(th, min_samples=10_000), relative=False)
+    assert not moved.stored and not strict.stored and _absolute_rows(filled) == 3
+    assert ev.find_for(reader, window, Filters(), th, relative=False).stored
+
+
+def _late_trace(engine, start_ns: int) -> None:
+    """One more trace starting at ``start_ns``, written and settled now."""
+    import random
+
+    from modalscope.ingest.writer import write_spans
+    from tests.app.conftest import side_calls_trace
+
+    write_spans(engine, side_calls_trace(random.Random(start_ns), start_ns, db_ms=900, llm_ms=4000))
+    settle(engine, force=True)
+
+
+def test_a_late_trace_settled_into_the_minutes_read_makes_the_stored_findings_stale(filled):
+    _settled_long_ago(filled)
+    reader, th = StoreReader(filled), Thresholds()
+    end = time.time_ns() // (60 * S) * (60 * S) - 2 * 60 * S
+    window = Window(end - 30 * 60 * S, end)
+    first = ev.find_for(reader, window, Filters(), th, relative=False)
+    assert ev.find_for(reader, window, Filters(), th, relative=False).stored
+    # A trace settled two hours before the baseline look-back: nothing the detectors read.
+    _late_trace(filled, window.start_ns - 3 * HOUR)
+    assert ev.find_for(reader, window, Filters(), th, relative=False).stored
+    # One settled inside the look-back before the window: stale, computed again exactly.
+    _late_trace(filled, window.start_ns - 20 * 60 * S)
+    fresh = ev.find_for(reader, window, Filters(), th, relative=False)
+    assert not fresh.stored and fresh.evaluated_ns > first.evaluated_ns
+    assert fresh.findings == fnd.find(reader, window, Filters(), th)
+    # Stored again; a trace settled inside the window itself makes that one stale too.
+    _settled_long_ago(filled)
+    assert ev.find_for(reader, window, Filters(), th, relative=False).stored
+    _late_trace(filled, window.start_ns + 5 * 60 * S)
+    assert not ev.find_for(reader, window, Filters(), th, relative=False).stored
+
+
+def test_retention_and_retag_make_stored_absolute_findings_stale(filled):
+    from modalscope.ingest.retag import retag
+    from modalscope.ingest.retention import RetentionPolicy, prune
+    from modalscope.ingest.stages import default_rules
+
+    _settled_long_ago(filled)
+    reader, th = StoreReader(filled), Thresholds()
+    end = time.time_ns() // (60 * S) * (60 * S) - 2 * 60 * S
+    window = Window(end - 30 * 60 * S, end)
+    ev.find_for(reader, window, Filters(), th, relative=False)
+    # Retention that deletes spans of the minutes read: stale.
+    assert ev.find_for(reader, window, Filters(), th, relative=False).stored
+    pruned = prune(filled, RetentionPolicy(span_days=(time.time_ns() - window.start_ns) / 86400 / S,
+                                           minute_rollup_days=0, hourly_rollup_days=0))
+    assert pruned.spans > 0
+    assert not ev.find_for(reader, window, Filters(), th, relative=False).stored
+    _settled_long_ago(filled)
+    assert ev.find_for(reader, window, Filters(), th, relative=False).stored
+    retag(filled, default_rules())
+    assert not ev.find_for(reader, window, Filters(), th, relative=False).stored
+
+
+def test_absolute_findings_kept_are_bounded(engine, monkeypatch):
+    monkeypatch.setattr(ev, "ABSOLUTE_MAX_KEPT", 3)
+    th, now = Thresholds(), time.time_ns()
+    ev.store_absolute(engine, Window(now - 9 * HOUR, now), th, [], now - 2 * changes.KEEP_S * S)
+    assert ev.cached_absolute(engine, Window(now - 9 * HOUR, now), th) is None  # past KEEP_S: never answers
+    for i in range(5):
+        ev.store_absolute(engine, Window(now - HOUR + i * S, now), th, [{"kind": str(i)}], now + i)
+    ev.store_absolute(engine, Window(now - HOUR + 4 * S, now), th, [], now + 9)  # replaces its older copy
+    with engine.connect() as conn:
+        kept = conn.execute(select(FindingEvaluation.evaluated_ns).order_by(FindingEvaluation.evaluated_ns)).scalars()
+        kept = kept.all()
+    assert kept == [now + 2, now + 3, now + 9]  # the newest three; the one past KEEP_S went first
 
 
 def test_other_thresholds_do_not_share_an_evaluation(filled):
@@ -163,11 +263,11 @@ def test_the_api_says_which_window_answered(filled, db_url):
     assert second.get_json() == [f for f in first.get_json() if f["subject"].get("input_type") == "image"]
     start, end = first.headers["X-Modalscope-Window"].split("/")
     assert parse_time(end, "end") - parse_time(start, "start") == HOUR
-    # An absolute window is that window, evaluated now.
+    # An absolute window is that window, evaluated now (and stored for exactly that window).
     absolute = client.get("/api/v1/anomalies", query_string={"start": start, "end": end})
     assert absolute.headers["X-Modalscope-Window"] == first.headers["X-Modalscope-Window"]
     assert absolute.headers["X-Modalscope-Evaluated-At"] != first.headers["X-Modalscope-Evaluated-At"]
-    assert _rows(filled) == 1
+    assert _rows(filled) == 2 and _absolute_rows(filled) == 1
 
 
 def test_the_page_note_says_which_window_and_when():

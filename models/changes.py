@@ -1,0 +1,42 @@
+"""The rollup change log (table ``rollup_changes``): which minutes each write to the rollups
+touched, and when. Writers (a settle batch, a retention pass, a retag) call ``record`` inside
+their own transaction; ``changed_since`` tells a cached result computed from some minutes
+whether any of them has been rewritten since.
+"""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import Connection, delete, exists, select
+
+from . import RollupChange
+
+#: Change rows are kept this long (and a result cached from the rollups is trusted at most
+#: this long after it was computed): the oldest are deleted as new ones are written.
+KEEP_S = 86_400
+#: The last minute a change can name: ``record(conn, 0, EVERY_MINUTE)`` touches every minute.
+EVERY_MINUTE = 2**62
+_NS = 1_000_000_000
+
+
+def record(conn: Connection, first_minute: int, last_minute: int, now_ns: int | None = None) -> None:
+    """Log a write to the rollups of minutes ``[first_minute, last_minute]`` (call it in the
+    transaction that writes them, after the write), and drop rows older than ``KEEP_S``."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    conn.execute(delete(RollupChange).where(RollupChange.changed_ns < now_ns - KEEP_S * _NS))
+    conn.execute(RollupChange.__table__.insert().values(
+        first_minute=int(first_minute), last_minute=int(last_minute), changed_ns=now_ns))
+
+
+def changed_since(conn: Connection, since_ns: int, first_minute: int, last_minute: int) -> bool:
+    """Whether a write logged at or after ``since_ns`` touched any minute of
+    ``[first_minute, last_minute]`` (true as well when ``since_ns`` is older than the log)."""
+    if since_ns < time.time_ns() - KEEP_S * _NS:
+        return True
+    rc = RollupChange
+    return bool(conn.execute(select(exists().where(
+        rc.changed_ns >= since_ns, rc.first_minute <= last_minute, rc.last_minute >= first_minute))).scalar())
+
+
+__all__ = ["EVERY_MINUTE", "KEEP_S", "changed_since", "record"]

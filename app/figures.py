@@ -636,21 +636,22 @@ def compare_stage_figure(stages: Sequence[dict]) -> go.Figure:
 
 
 def evidence_figure(rows: Sequence[dict], start: datetime | None, end: datetime | None, height: int = 180) -> go.Figure:
-    """A finding's subject: P50 and P99 over time, the finding's window shaded."""
+    """A finding's subject: P50 and P99 over time, the finding's window shaded. Built from
+    dicts (the Anomalies page draws a dozen: ~56 ms each validated)."""
     rows = [r for r in rows if r.get("p99_ms") is not None]
     if not rows:
         return empty_figure("No rollups for this subject around the window.", height=height)
     div, unit = time_unit(max(r["p99_ms"] or 0 for r in rows))
     t = _times(rows)
-    fig = go.Figure()
+    data = []
     for key in ("p50", "p99"):
         name, color, _ = PCT_STYLE[key]
-        fig.add_trace(go.Scatter(x=t, y=[(r[f"{key}_ms"] or 0) / div for r in rows], mode="lines", name=name,
-                                 line=dict(color=color, width=1.5),
-                                 hovertemplate="%{x|%H:%M} UTC · " + name + " %{y:.3g} " + unit + "<extra></extra>"))
-    if start is not None and end is not None:
-        fig.add_vrect(x0=start, x1=end, fillcolor=DANGER, opacity=0.12, line_width=0)
-    base_layout(fig, height=height, margin=dict(l=48, r=10, t=10, b=30))
-    fig.update_yaxes(title_text=unit, rangemode="tozero")
-    fig.update_layout(showlegend=False)
-    return fig
+        data.append({"type": "scatter", "x": t, "y": [(r[f"{key}_ms"] or 0) / div for r in rows], "mode": "lines",
+                     "name": name, "line": {"color": color, "width": 1.5},
+                     "hovertemplate": "%{x|%H:%M} UTC · " + name + " %{y:.3g} " + unit + "<extra></extra>"})
+    layout: dict = {"margin": {"l": 48, "r": 10, "t": 10, "b": 30}, "showlegend": False,
+                    "yaxis": {"title": {"text": unit}, "rangemode": "tozero"}}
+    if start is not None and end is not None:  # as add_vrect draws it
+        layout["shapes"] = [{"type": "rect", "x0": start, "x1": end, "xref": "x", "y0": 0, "y1": 1,
+                             "yref": "y domain", "fillcolor": DANGER, "opacity": 0.12, "line": {"width": 0}}]
+    return dict_figure(data, layout, height=height)

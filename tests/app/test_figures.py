@@ -212,3 +212,23 @@ def test_dict_built_figures_validate_and_match_the_validated_build(monkeypatch):
     assert layout["template"]["layout"]["plot_bgcolor"] == "white"
     # Untrusted names still arrive escaped.
     assert "&lt;b&gt;x&lt;/b&gt;" in fast[0]["data"][0]["x"] and "<b>" not in json.dumps(fast)
+
+
+def test_the_evidence_figure_built_from_dicts_is_the_validated_one(monkeypatch):
+    """evidence_figure skips validation: the same JSON with validation on, and the shaded
+    window is the rectangle add_vrect draws."""
+    import json
+    from datetime import datetime, timezone
+
+    rows = [{"t": f"2026-11-30T14:{m:02d}:00.000Z", "count": 4, "p50_ms": 20.0 + m, "p95_ms": 50.0,
+             "p99_ms": None if m == 10 else 2500.0 + m} for m in range(0, 60, 5)]
+    start, end = datetime(2026, 11, 30, 14, 20, tzinfo=timezone.utc), datetime(2026, 11, 30, 14, 35, tzinfo=timezone.utc)
+    fast = json.loads(figures.evidence_figure(rows, start, end).to_json())
+    monkeypatch.setattr(figures, "VALIDATE", True)
+    assert json.loads(figures.evidence_figure(rows, start, end).to_json()) == fast
+    drawn = json.loads(go.Figure().add_vrect(x0=start, x1=end, fillcolor=figures.DANGER, opacity=0.12,
+                                             line_width=0).to_json())["layout"]["shapes"]
+    assert fast["layout"]["shapes"] == drawn
+    assert [len(t["x"]) for t in fast["data"]] == [11, 11]  # the minute without a P99 is left out
+    assert fast["data"][1]["y"][0] == 2.5 and fast["layout"]["yaxis"]["title"]["text"] == "s"
+    assert fast["layout"]["height"] == 180 and fast["layout"]["showlegend"] is False

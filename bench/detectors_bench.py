@@ -6,6 +6,12 @@ Fills a temporary SQLite store with ``--hours`` of demo traffic (``ingest/demo.p
 ``fill``, default rate, every pattern injected; ``--db PATH`` keeps / reuses that file)
 and times ``app.findings.find`` over the whole window: the rollup and raw-span reads, the
 ten detectors, and the exemplar look-ups. Target (DESIGN.md / issue 5): < 2 s.
+
+Then the findings of that absolute window as a request gets them (``app/evaluations.py``):
+the first request (detectors run, result stored) and the next ones (answered from it while no
+logged write touched its minutes), and what checking the change log costs when a day of
+settle batches (two a second) was logged since the evaluation (a scratch SQLite file, and a
+scratch PostgreSQL database when ``--postgres`` names a server).
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ def main() -> int:
     ap.add_argument("--hours", type=float, default=24.0)
     ap.add_argument("--db", default=None, help="SQLite file to fill (reused when it exists)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--postgres", default=None, metavar="URL",
+                    help="also time the change-log check on PostgreSQL (e.g. postgresql://postgres@127.0.0.1:5432)")
     args = ap.parse_args()
     config = demo.DemoConfig(now_ns=NOW, hours=args.hours)
     path = args.db or os.path.join(tempfile.mkdtemp(prefix="modalscope-bench-"), "day.db")
@@ -63,6 +71,8 @@ def main() -> int:
               f"{timings['raw_spans']} raw spans read", flush=True)
     print("per detector (last run, s):", json.dumps({k: round(v, 3) for k, v in runs[-1]["per_detector_s"].items()}))
     print(f"median total: {statistics.median(r['total_s'] for r in runs):.3f} s (target < 2 s)")
+    stored_findings(reader, window, args.repeat)
+    change_log_check(args.postgres)
     import benchlib
 
     print(benchlib.machine_line(benchlib.machine_info()))
@@ -70,6 +80,80 @@ def main() -> int:
     print("kinds found:", ", ".join(kinds))
     engine.dispose()
     return 0
+
+
+def stored_findings(reader, window, repeat: int) -> None:
+    """An absolute window's first request, then ``repeat`` more (answered from the stored result)."""
+    from sqlalchemy import delete
+
+    from modalscope.app import evaluations
+    from modalscope.app.detectors import Thresholds
+    from modalscope.models import FindingEvaluation
+    from modalscope.models.reader import Filters
+
+    from sqlalchemy import func, select
+
+    from modalscope.models import RollupChange
+
+    with reader.engine.begin() as conn:
+        conn.execute(delete(FindingEvaluation).where(FindingEvaluation.range_s == evaluations.ABSOLUTE_RANGE))
+        last = conn.execute(select(func.max(RollupChange.changed_ns))).scalar() or 0
+    # A write logged less than CHANGE_MARGIN_S before an evaluation makes it stale: a store
+    # settled just now (this script's fill) is first left alone that long.
+    wait = (last + evaluations.CHANGE_MARGIN_S * 1_000_000_000 - time.time_ns()) / 1e9
+    if wait > 0:
+        print(f"waiting {wait:.0f} s: the store was settled less than {evaluations.CHANGE_MARGIN_S} s ago", flush=True)
+        time.sleep(wait + 1)
+    th = Thresholds.from_env()
+    times = []
+    for i in range(repeat + 1):
+        t = time.perf_counter()
+        ev = evaluations.find_for(reader, window, Filters(), th, relative=False)
+        times.append((time.perf_counter() - t) * 1000)
+        if ev.stored != (i > 0):
+            raise RuntimeError(f"request {i + 1}: stored={ev.stored}")
+    print(f"absolute window, first request: {times[0]:.0f} ms; the next {repeat} (stored): "
+          + ", ".join(f"{t:.1f}" for t in times[1:]) + " ms", flush=True)
+
+
+def change_log_check(postgres: str | None) -> None:
+    """``changes.changed_since`` after a day of logged settle batches (two a second)."""
+    import benchlib
+
+    from modalscope.models import Base, RollupChange, changes
+    from modalscope.models.engine import make_engine
+
+    def measure(url: str, label: str) -> None:
+        engine = make_engine(url, write=True)
+        try:
+            Base.metadata.create_all(engine)
+            now = time.time_ns()
+            minute = now // 60_000_000_000
+            day = [{"first_minute": minute - 1440 + i // 120 - 3, "last_minute": minute - 1440 + i // 120,
+                    "changed_ns": now - 86_000 * 1_000_000_000 + i * 500_000_000} for i in range(172_000)]
+            with engine.begin() as conn:
+                conn.execute(RollupChange.__table__.insert(), day)
+                conn.exec_driver_sql("ANALYZE rollup_changes")  # as autovacuum would have by then
+            with engine.connect() as conn:
+                out = []
+                for hours in (23.8, 1.0):
+                    runs = []
+                    for _ in range(3):
+                        t = time.perf_counter()
+                        hit = changes.changed_since(conn, now - int(hours * 3600) * 1_000_000_000,
+                                                    minute - 3000, minute - 1500)
+                        runs.append((time.perf_counter() - t) * 1000)
+                    assert not hit
+                    out.append(f"evaluated {hours} h ago {statistics.median(runs):.1f} ms")
+            print(f"change-log check ({label}, 172,000 rows): " + "; ".join(out), flush=True)
+        finally:
+            engine.dispose()
+
+    with tempfile.TemporaryDirectory(prefix="modalscope-bench-") as tmp:
+        measure(f"sqlite:///{tmp}/changes.db", "SQLite")
+    if postgres:
+        with benchlib.temp_postgres_database(postgres) as url:
+            measure(url, "PostgreSQL")
 
 
 if __name__ == "__main__":

@@ -137,7 +137,7 @@ def prune(engine: Engine, policy: RetentionPolicy, *, now_ns: int | None = None,
             .order_by(HourlyRollup.hour),
             lambda keys: [delete(HourlyRollup).where(tuple_(HourlyRollup.hour, HourlyRollup.series_id).in_(keys))],
             batch, pause, should_stop, progress)
-    if out.spans or out.minute_rollups:
+    if out.spans or out.traces or out.minute_rollups:
         # Findings cached for a window that old lost their raw spans or minute rollups.
         # (Hourly rollups: the detectors do not read them.)
         span_minute = cut["span_start_ns"] // 60_000_000_000 if cut["span_start_ns"] is not None else 0

@@ -51,8 +51,9 @@ def _sketch_frame(rows: list[tuple], dims: tuple[str, ...], with_sum: bool) -> p
 
 def _convention_frames(reader: StoreReader, data_start: int, end_ns: int) -> dict[str, pd.DataFrame]:
     """The ``cache``/``batch``/``cuda``/``sync`` rollups as the detectors' frames."""
-    cache = reader.rollup_rows("cache", data_start, end_ns, ("service", "name", "caller", "callee"))
-    batch = reader.rollup_rows("batch", data_start, end_ns, ("service",))
+    # (cache and batch use only the counts and sums: their sketches are not read)
+    cache = reader.rollup_rows("cache", data_start, end_ns, ("service", "name", "caller", "callee"), sketches=False)
+    batch = reader.rollup_rows("batch", data_start, end_ns, ("service",), sketches=False)
     cuda = _sketch_frame(reader.rollup_rows("cuda", data_start, end_ns, ("service", "name", "callee")),
                          ("service", "name", "callee"), with_sum=False)
     sync = _sketch_frame(reader.rollup_rows("sync", data_start, end_ns, ("service",)), ("service",), with_sum=False)
@@ -117,7 +118,7 @@ def load_frames(reader: StoreReader, window: Window, th: d.Thresholds) -> d.Fram
                            ("input_type",), with_sum=True)
     pairs = _sketch_frame(reader.rollup_rows("pair", data_start, window.end_ns, ("caller", "callee")),
                           ("caller", "callee"), with_sum=False)
-    ts_rows = reader.rollup_rows("tstage", data_start, window.end_ns, ("input_type", "stage"))
+    ts_rows = reader.rollup_rows("tstage", data_start, window.end_ns, ("input_type", "stage"), sketches=False)
     min_long = int(th.lb_min_ceiling_s * (1 - th.lb_band) * 1e9)
     long_rows = reader.long_traces(window.start_ns, window.end_ns, min_long)
     tstage = pd.DataFrame({"input_type": [r[5] for r in ts_rows], "stage": [r[6] for r in ts_rows],

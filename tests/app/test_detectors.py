@@ -370,3 +370,43 @@ def test_thresholds_are_read_once_per_app(monkeypatch):
     monkeypatch.setenv("MODALSCOPE_DETECT_MIN_SAMPLES", "999")
     assert Thresholds.kept_in(store) is first and first.min_samples == Thresholds().min_samples
     assert Thresholds.kept_in({}).min_samples == 999
+
+
+@pytest.mark.parametrize("share", [1_000_000, 2])
+def test_attribute_spans_of_one_service_are_the_same_through_its_index(engine, share, monkeypatch):
+    """``service`` narrows the raw read to one service: through that service's span index
+    when its spans are a small part of the window, else by scanning the window; same rows,
+    same order, either way (ties of start time by row id)."""
+    from sqlalchemy import event
+
+    from modalscope.ingest.records import SpanRecord
+    from modalscope.ingest.writer import write_spans
+    from modalscope.models import reader as reader_module
+    from modalscope.models.reader import StoreReader
+
+    monkeypatch.setattr(reader_module, "ATTRIBUTE_SERVICE_SHARE", share)
+    base = T0 * MIN
+    spans = []
+    for i in range(240):
+        service = ("svc-a", "svc-b", "svc-c", "svc-d", "svc-e", "svc-f")[i % 6]
+        kind = (1, 2, 3, 5)[i % 4]
+        attrs = {"batch.size": i % 7} if i % 3 == 0 else {}
+        start = base + (i // 2) * 1_000_000_000  # pairs of spans share a start
+        spans.append(SpanRecord(f"{i + 1:032x}", f"{i + 1:016x}", None, service, f"op{i % 3}", kind,
+                                start, start + (i % 9 + 1) * 7 * MS, attributes=attrs,
+                                resource={"service.name": service}))
+    write_spans(engine, spans)
+    reader = StoreReader(engine)
+    lo, hi = base + 10 * 1_000_000_000, base + 100 * 1_000_000_000
+    statements: list[str] = []
+    listen = lambda conn, cursor, statement, *a: statements.append(statement)  # noqa: E731
+    event.listen(engine, "before_cursor_execute", listen)
+    try:
+        rows = reader.attribute_spans(lo, hi, ("batch.size",), kinds=(2,), service="svc-a")
+    finally:
+        event.remove(engine, "before_cursor_execute", listen)
+    everything = reader.attribute_spans(lo, hi, ("batch.size",), kinds=(2,))
+    assert rows == [r for r in everything if r[1] == "svc-a"] and len(rows) >= 10
+    through_index = any("duration_bucket IN" in s and "ORDER BY" in s for s in statements)
+    assert through_index == (share == 2)  # svc-a holds a sixth of the window
+    assert reader.attribute_spans(lo, hi, ("batch.size",), kinds=(2,), service="svc-a", limit=4) == rows[:4]

@@ -194,7 +194,8 @@ class StoreReader:
         for model, time_col, t0, t1, minute_expr in tiers:
             for i in range(0, len(ids), 500):
                 stmt = select(minute_expr, model.count, model.error_count, model.sum_ns,
-                              model.sketch if sketches else null(), model.series_id).where(model.series_id.in_(ids[i : i + 500]), time_col >= t0, time_col < t1)
+                              model.sketch if sketches else null(), model.series_id).where(
+                    model.series_id.in_(ids[i : i + 500]), time_col >= t0, time_col < t1)
                 rows.extend(r[:5] + dims[r[5]] for r in _raw_rows(conn, stmt))
         return rows
 

@@ -107,10 +107,14 @@ def cached_absolute(engine: Engine, window: Window, th: d.Thresholds) -> Evaluat
          .where(fe.range_s == ABSOLUTE_RANGE, fe.thresholds_key == thresholds_key(th),
                 fe.end_ns == window.end_ns, fe.start_ns == window.start_ns)
          .order_by(fe.evaluated_ns.desc()).limit(1))
-    first, last = fnd.read_minutes(window, th)
     with engine.connect() as conn:
         row = conn.execute(q).first()
-        if row is None or changes.changed_since(conn, row.evaluated_ns - CHANGE_MARGIN_S * NS, first, last):
+    if row is None:
+        return None
+    # (one connection at a time: a write engine's SQLite connections each begin IMMEDIATE)
+    first, last = fnd.read_minutes(StoreReader(engine), window, th)
+    with engine.connect() as conn:
+        if changes.changed_since(conn, row.evaluated_ns - CHANGE_MARGIN_S * NS, first, last):
             return None
     return Evaluation(orjson.loads(row.findings), window.start_ns, window.end_ns, row.evaluated_ns, stored=True)
 

@@ -252,14 +252,20 @@ def judged_window(window: Window) -> Window:
     return window
 
 
-def read_minutes(window: Window, th: d.Thresholds) -> tuple[int, int]:
-    """The first and last minute whose rollups or raw spans ``find`` may read for ``window``:
-    from the baseline look-back before it to the end of a cold start's steady minutes after
-    an instance born in its last minute (``_new_instances``)."""
+def read_minutes(reader: StoreReader, window: Window, th: d.Thresholds) -> tuple[int, int]:
+    """The first and last minute whose rollups or raw spans ``find`` reads for ``window``:
+    from the baseline look-back before it to its end — or, when an instance was born in the
+    window's last minutes, to the end of that cold start's steady half hour after it
+    (``_new_instances`` reads that far)."""
     window = judged_window(window)
-    first = (window.start_ns - max(30, th.baseline_minutes) * d.NS_MIN) // d.NS_MIN
-    after = math.ceil(th.cold_warmup_s / 60) + 1 + d.COLD_STEADY_NS // d.NS_MIN + 2
-    return first, -(-window.end_ns // d.NS_MIN) + after
+    data_start = window.start_ns - max(30, th.baseline_minutes) * d.NS_MIN
+    first_data_minute = -(-data_start // d.NS_MIN)
+    tail = math.ceil(th.cold_warmup_s / 60) + 1 + d.COLD_STEADY_NS // d.NS_MIN + 2
+    last = -(-window.end_ns // d.NS_MIN)
+    for _, _, born in reader.first_minutes("inst", data_start, window.end_ns):
+        if born >= first_data_minute + 2:  # as _new_instances: a birth, not the data's start
+            last = max(last, born + tail)
+    return data_start // d.NS_MIN, last
 
 
 def find(reader: StoreReader, window: Window, filters: Filters = Filters(), th: d.Thresholds | None = None,

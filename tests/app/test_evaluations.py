@@ -153,6 +153,43 @@ def test_a_late_trace_settled_into_the_minutes_read_makes_the_stored_findings_st
     assert not ev.find_for(reader, window, Filters(), th, relative=False).stored
 
 
+def test_minutes_after_a_closed_window_matter_only_after_a_birth_near_its_end(engine):
+    """Past its end a window's findings read only a cold start's steady half hour after an
+    instance born in its last minutes: without such a birth a trace settled after the window
+    leaves its findings stored; once an instance is born three minutes before its end, the
+    same makes them stale."""
+    import random
+
+    from modalscope.ingest.records import KIND_SERVER, SpanRecord
+    from modalscope.ingest.writer import write_spans
+    from tests.app.conftest import side_calls_trace
+
+    now_min = time.time_ns() // (60 * S)
+    rng = random.Random(5)
+    write_spans(engine, [s for i in range(180) for s in side_calls_trace(
+        rng, (now_min - 90) * 60 * S + i * 30 * S, db_ms=5 + i % 7, llm_ms=80)])  # no instance ids
+    settle(engine, force=True)
+    _settled_long_ago(engine)
+    reader, th = StoreReader(engine), Thresholds()
+    window = Window((now_min - 60) * 60 * S, (now_min - 45) * 60 * S)
+    assert fnd.read_minutes(reader, window, th)[1] == now_min - 45
+    assert not ev.find_for(reader, window, Filters(), th, relative=False).stored
+    _late_trace(engine, window.end_ns + 2 * 60 * S)  # after the window, no birth near its end
+    assert ev.find_for(reader, window, Filters(), th, relative=False).stored
+    # an instance born three minutes before the window's end: its steady half hour is read
+    born = window.end_ns - 3 * 60 * S
+    write_spans(engine, [SpanRecord(f"{now_min:032x}", "9" * 16, None, "gateway", "POST /chat", KIND_SERVER,
+                                    born, born + 40_000_000, 0,
+                                    resource={"service.name": "gateway", "service.instance.id": "gw-new"})])
+    settle(engine, force=True)
+    assert fnd.read_minutes(reader, window, th)[1] > now_min - 45 + 30
+    _settled_long_ago(engine)
+    ev.find_for(reader, window, Filters(), th, relative=False)
+    assert ev.find_for(reader, window, Filters(), th, relative=False).stored
+    _late_trace(engine, window.end_ns + 4 * 60 * S)  # (another trace: the first is stored already)
+    assert not ev.find_for(reader, window, Filters(), th, relative=False).stored
+
+
 def test_retention_and_retag_make_stored_absolute_findings_stale(filled):
     from modalscope.ingest.retag import retag
     from modalscope.ingest.retention import RetentionPolicy, prune

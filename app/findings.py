@@ -68,20 +68,35 @@ def _convention_frames(reader: StoreReader, data_start: int, end_ns: int) -> dic
     }
 
 
+def _data_start(window: Window, th: d.Thresholds) -> int:
+    """Where the detectors' reads begin: a trailing look-back before the window for baselines."""
+    return window.start_ns - max(30, th.baseline_minutes) * d.NS_MIN
+
+
+def _births(reader: StoreReader, data_start: int, end_ns: int):
+    """``(service, instance, first minute)`` of the instances born before ``end_ns``: first
+    seen at least two minutes after the data begins (earlier ones were already running)."""
+    first_data_minute = -(-data_start // d.NS_MIN)
+    return [b for b in reader.first_minutes("inst", data_start, end_ns) if b[2] >= first_data_minute + 2]
+
+
+def _cold_start_minutes(th: d.Thresholds) -> int:
+    """Minutes after a birth whose rollups and raw spans a cold-start check reads (its warm-up
+    and the steady half hour after it, rounded up, and a minute to spare)."""
+    return math.ceil(th.cold_warmup_s / 60) + 1 + d.COLD_STEADY_NS // d.NS_MIN + 2
+
+
 def _new_instances(reader: StoreReader, data_start: int, window: Window, th: d.Thresholds):
     """New instances worth a raw look (cold starts): first seen (``inst`` rollups) at least
     two minutes after the data begins and before the window ends, and slow enough in their
     first minutes (``detectors.cold_start_candidate``). Returns those (service, instance)
     pairs and the raw SERVER/CONSUMER spans of their services around each birth."""
-    first_data_minute = -(-data_start // d.NS_MIN)
     warm_minutes = math.ceil(th.cold_warmup_s / 60) + 1
     steady_minutes = d.COLD_STEADY_NS // d.NS_MIN
     found: set = set()
     rows: list[tuple] = []
     ids = None
-    for service, instance, born in reader.first_minutes("inst", data_start, window.end_ns):
-        if born < first_data_minute + 2:
-            continue
+    for service, instance, born in _births(reader, data_start, window.end_ns):
         ids = reader.series_ids("inst") if ids is None else ids  # once, not once an instance
         inst = reader.series_rollup_rows("inst", service, born * d.NS_MIN,
                                          (born + warm_minutes + steady_minutes) * d.NS_MIN, ("name",),
@@ -113,7 +128,7 @@ def load_frames(reader: StoreReader, window: Window, th: d.Thresholds) -> d.Fram
     """Every frame from rollups (a trailing ``baseline_minutes`` before the window for
     baselines), long traces from the traces table, and raw spans only around new instances
     that look like cold starts."""
-    data_start = window.start_ns - max(30, th.baseline_minutes) * d.NS_MIN
+    data_start = _data_start(window, th)
     traces = _sketch_frame(reader.rollup_rows("trace", data_start, window.end_ns, ("input_type",)),
                            ("input_type",), with_sum=True)
     pairs = _sketch_frame(reader.rollup_rows("pair", data_start, window.end_ns, ("caller", "callee")),
@@ -258,13 +273,10 @@ def read_minutes(reader: StoreReader, window: Window, th: d.Thresholds) -> tuple
     window's last minutes, to the end of that cold start's steady half hour after it
     (``_new_instances`` reads that far)."""
     window = judged_window(window)
-    data_start = window.start_ns - max(30, th.baseline_minutes) * d.NS_MIN
-    first_data_minute = -(-data_start // d.NS_MIN)
-    tail = math.ceil(th.cold_warmup_s / 60) + 1 + d.COLD_STEADY_NS // d.NS_MIN + 2
+    data_start = _data_start(window, th)
     last = -(-window.end_ns // d.NS_MIN)
-    for _, _, born in reader.first_minutes("inst", data_start, window.end_ns):
-        if born >= first_data_minute + 2:  # as _new_instances: a birth, not the data's start
-            last = max(last, born + tail)
+    for _, _, born in _births(reader, data_start, window.end_ns):
+        last = max(last, born + _cold_start_minutes(th))
     return data_start // d.NS_MIN, last
 
 

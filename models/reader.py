@@ -554,7 +554,7 @@ class StoreReader:
                 budget = (len(known) - cut) * PENDING_WALK_ENTRIES_PER_TRACE
                 # each caller's buckets between the bounds, looked up once for the count and the walk
                 buckets = {s: self._walk_bucket_list(conn, s, min_ns, max_ns) for s in services}
-                if self._pending_walk_entries(conn, buckets, max(start_ns, walk_from), end_ns, min_ns, max_ns,
+                if self._walk_entries(conn, buckets, max(start_ns, walk_from), end_ns, min_ns, max_ns,
                                               budget) > budget:
                     walk_from, cut = None, len(known)  # pending traces sparse among the window's: one by one
                 one_by_one.extend(tid for _, tid in known[:cut])
@@ -596,7 +596,7 @@ class StoreReader:
             conds.append(Span.duration_ns <= max_ns)
         return conds
 
-    def _pending_walk_entries(self, conn: Connection, buckets: dict[str, list[int]], lo: int, end_ns: int,
+    def _walk_entries(self, conn: Connection, buckets: dict[str, list[int]], lo: int, end_ns: int,
                               min_ns: int | None, max_ns: int | None, budget: int) -> int:
         """How many index entries a walk of the services' spans (service -> its buckets)
         starting in [lo, end) between the bounds reads, counted in the index alone and only up
@@ -894,10 +894,8 @@ class StoreReader:
                 # window (counted in the index alone): a scan reads every service's rows.
                 buckets = self._walk_bucket_list(conn, service, None, None)
                 by_service = self._walk_conds(service, buckets, start_ns, end_ns, None, None)
-                mine = conn.execute(select(func.count()).select_from(
-                    select(literal(1).label("one")).where(*by_service).limit(n // ATTRIBUTE_SERVICE_SHARE + 1)
-                    .subquery())).scalar_one()
-                if mine > n // ATTRIBUTE_SERVICE_SHARE:
+                share = n // ATTRIBUTE_SERVICE_SHARE
+                if self._walk_entries(conn, {service: buckets}, start_ns, end_ns, None, None, share) > share:
                     by_service = None
             if by_service is not None:
                 conds = list(by_service)

@@ -261,23 +261,28 @@ COARSE = 16  # sketch keys per coarse bin (~17 % wide): enough to see a P99 doub
 
 def _coarse_matrix(df: pd.DataFrame, first_minute: int, n_minutes: int) -> np.ndarray:
     """Minutes x coarse latency bins of the sparse sketches in ``df`` (rows of one series)."""
+    return _coarse_rows(df, df["minute"].to_numpy(dtype=np.int64) - first_minute, n_minutes)
+
+
+def _coarse_rows(df: pd.DataFrame, rows: np.ndarray, n_rows: int) -> np.ndarray:
+    """Rows x coarse latency bins (int32) of the sparse sketches in ``df``: each of its rows
+    added to row ``rows[i]`` (those outside ``[0, n_rows)`` dropped). One concatenate and one
+    bincount: a conversion per row and np.add.at were most of the hot-spot detector's time
+    over a day of minutes."""
     nb = sketch.NUM_KEYS // COARSE
-    mat = np.zeros((n_minutes, nb), dtype=np.int64)
-    if df.empty:
-        return mat
+    if df.empty or not n_rows:
+        return np.zeros((n_rows, nb), dtype=np.int32)
     lens = np.fromiter((len(k) for k in df["keys"]), dtype=np.int64, count=len(df))
     if not lens.sum():
-        return mat
-    rows = np.repeat(df["minute"].to_numpy(dtype=np.int64) - first_minute, lens)
-    # One concatenate and one bincount: a conversion per row and np.add.at were most of
-    # the hot-spot detector's time over a day of minutes.
+        return np.zeros((n_rows, nb), dtype=np.int32)
+    rows = np.repeat(np.asarray(rows, dtype=np.int64), lens)
     keys = np.concatenate(list(df["keys"])).astype(np.int64, copy=False)
     counts = np.concatenate(list(df["counts"])).astype(np.int64, copy=False)
-    ok = (rows >= 0) & (rows < n_minutes)
+    ok = (rows >= 0) & (rows < n_rows)
     cells = rows[ok] * nb + keys[ok] // COARSE
-    mat += np.rint(np.bincount(cells, weights=counts[ok], minlength=n_minutes * nb)).astype(np.int64).reshape(
-        n_minutes, nb)
-    return mat
+    # (int32: a cell is one pair's calls in one minute or block and one ~17 % latency bin)
+    return np.rint(np.bincount(cells, weights=counts[ok], minlength=n_rows * nb)).astype(np.int32).reshape(
+        n_rows, nb)
 
 
 def _coarse_value(bin_index: np.ndarray) -> np.ndarray:
@@ -372,18 +377,11 @@ def _pair_series(frames: Frames) -> dict[tuple[str, str], pd.DataFrame]:
     return series
 
 
-def _pair_minute_matrix(frames: Frames, key: tuple[str, str], df: pd.DataFrame) -> np.ndarray:
-    """Minutes (from ``frames.first_minute``) x coarse bins of one pair, built once per
-    ``frames.pairs`` and shared by the hot-spot and band-break detectors."""
-    first, n = frames.first_minute, frames.end_minute - frames.first_minute
-    cache = frames.__dict__.get("_pair_matrix_cache")
-    if cache is None or cache[0] is not frames.pairs or cache[1] != (first, n):
-        cache = (frames.pairs, (first, n), {})
-        frames.__dict__["_pair_matrix_cache"] = cache
-    mat = cache[2].get(key)
-    if mat is None:
-        mat = cache[2][key] = _coarse_matrix(df, first, n)
-    return mat
+def _pair_minute_matrix(frames: Frames, df: pd.DataFrame) -> np.ndarray:
+    """Minutes (from ``frames.first_minute``) x coarse bins of one pair (``df``: its rows).
+    Built per pair and dropped after it: a week of minutes is ~10 MB a pair, and keeping
+    every pair's (a shared cache) took a worker past 500 MB."""
+    return _coarse_matrix(df, frames.first_minute, frames.end_minute - frames.first_minute)
 
 
 # ==========================================================================================
@@ -443,21 +441,9 @@ def detect_hot_spot(frames: Frames, th: Thresholds) -> list[dict]:
     names = list(series)
     counts = np.zeros((len(names), nblk))
     p99 = np.full((len(names), nblk), np.nan)
-    first, n_min = frames.first_minute, frames.end_minute - frames.first_minute
-    minutes = frames.pairs["minute"].to_numpy(dtype=np.int64)
-    # Every stored minute inside [first, end): the blocks are sums of the shared per-minute
-    # matrices (one row per minute, every block holds at least one), else build them here.
-    by_minute = n_min > 0 and bool(((minutes >= first) & (minutes < first + n_min)).all())
-    if by_minute:
-        blk = (_block_of(np.arange(first, first + n_min), th) - blocks[0]) // b
-        starts = np.searchsorted(blk, np.arange(nblk))
     for i, key in enumerate(names):
-        if by_minute:
-            mat = np.add.reduceat(_pair_minute_matrix(frames, key, series[key]), starts, axis=0)
-        else:
-            df = series[key].copy()
-            df["minute"] = (_block_of(df["minute"].to_numpy(), th) - blocks[0]) // b
-            mat = _coarse_matrix(df, 0, nblk)
+        df = series[key]
+        mat = _coarse_rows(df, (_block_of(df["minute"].to_numpy(), th) - blocks[0]) // b, nblk)
         counts[i] = mat.sum(axis=1)
         p99[i] = _coarse_quantile(mat, 0.99)
     hot = np.zeros((len(names), nblk), dtype=bool)
@@ -513,8 +499,8 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
     if n < B + W:
         return []
     for (caller, callee), df in _pair_series(frames).items():
-        mat = _pair_minute_matrix(frames, (caller, callee), df)
-        cum = np.vstack([np.zeros((1, mat.shape[1]), dtype=np.int64), np.cumsum(mat, axis=0)])
+        mat = _pair_minute_matrix(frames, df)
+        cum = np.vstack([np.zeros((1, mat.shape[1]), dtype=np.int64), np.cumsum(mat, axis=0, dtype=np.int64)])
         ts = np.arange(B, n - W + 1)
         if not len(ts):
             continue

@@ -120,6 +120,25 @@ def test_hot_spot_is_top_quartile_of_volume_and_p99():
     assert found[0]["evidence"]["calls"] == 1000
 
 
+def test_block_matrices_are_the_minute_matrices_summed_into_blocks():
+    """The hot spot builds each pair's blocks straight from its rows (no minute matrix kept:
+    a week of minutes for every pair took a worker past 500 MB); the sums must be those of
+    the band break's minute matrix, whatever the alignment of the data's first minute."""
+    rng = random.Random(7)
+    df = pd.DataFrame(pair_rows("a", "b", {m: lognormal(rng, rng.randint(0, 40), 50, 1.0) for m in range(3, 97)}))
+    f = frames(minutes=97)
+    f.data_start_ns = (T0 + 3) * MIN
+    minutes = d._pair_minute_matrix(f, df)
+    assert minutes.shape == (94, d.sketch.NUM_KEYS // d.COARSE) and minutes.sum() == df["count"].sum()
+    blocks = d._blocks(f, TH)
+    by_block = d._coarse_rows(df, (d._block_of(df["minute"].to_numpy(), TH) - blocks[0]) // TH.block_minutes,
+                              len(blocks))
+    minute_blocks = (d._block_of(np.arange(f.first_minute, f.end_minute), TH) - blocks[0]) // TH.block_minutes
+    expected = np.zeros_like(by_block)
+    np.add.at(expected, minute_blocks, minutes)
+    assert (by_block == expected).all() and by_block.sum() == df["count"].sum()
+
+
 @pytest.mark.parametrize("kw", [{"hot_p99": False}, {"tied": True}])
 def test_hot_spot_negatives(kw):
     # The busiest pair is fast; or every pair has the same volume (ties rank against).

@@ -78,7 +78,8 @@ CA_TABLE = "cache-table"
 # anomalies
 AN_STATE = "anomalies-state"
 AN_LIST = "anomalies-list"
-AN_CHART = "anomalies-chart"  # + "-<n>" per finding
+AN_CHART = "anomalies-chart"  # {"type": AN_CHART, "index": n} per finding
+AN_CHART_SPEC = "anomalies-chart-spec"  # its store: the finding's window and subject
 
 # compare
 CMP_STATE = "compare-state"

@@ -318,6 +318,54 @@ def _dash_body(key: str, store: str, data: dict) -> dict:
             "changedPropIds": [f"{store}.data"], "state": []}
 
 
+def _anomaly_chart_calls(client, ok, key: str, base: dict) -> list["Call"]:
+    """The Anomalies page's charts, as the browser asks for them after the list: one chart
+    (the first finding's), and the list with every chart one after another (what one worker
+    serves for the whole page; a browser sends the charts at once, to as many workers)."""
+    from modalscope.app import ids
+
+    list_body = _dash_body("anomalies-list.children", ids.AN_STATE, base)
+
+    def specs() -> list[tuple[int, dict]]:
+        found: list[tuple[int, dict]] = []
+
+        def walk(node):
+            if isinstance(node, dict):
+                props = node.get("props") or {}
+                cid = props.get("id")
+                if isinstance(cid, dict) and cid.get("type") == ids.AN_CHART_SPEC:
+                    found.append((cid["index"], props["data"]))
+                for v in node.values():
+                    walk(v)
+            elif isinstance(node, list):
+                for v in node:
+                    walk(v)
+
+        walk(ok(client.post("/_dash-update-component", json=list_body)).get_json())
+        return found
+
+    def chart_body(index: int, spec: dict) -> dict:
+        return {"output": key, "outputs": {"id": {"index": index, "type": ids.AN_CHART}, "property": "figure"},
+                "inputs": [{"id": {"index": index, "type": ids.AN_CHART_SPEC}, "property": "data", "value": spec}],
+                "changedPropIds": [], "state": []}
+
+    def whole_page():
+        for index, spec in specs():
+            ok(client.post("/_dash-update-component", json=chart_body(index, spec)))
+
+    first = {}
+
+    def one_chart_only():
+        if "spec" not in first:  # the list is read once, untimed
+            first["spec"] = specs()[:1]
+        if first["spec"]:
+            return ok(client.post("/_dash-update-component", json=chart_body(*first["spec"][0])))
+        return None
+
+    return [Call("page", "page anomalies (one finding's chart)", one_chart_only),
+            Call("page", "page anomalies: the list and every chart, one after another", whole_page)]
+
+
 def page_callbacks(dash_app) -> list[tuple[str, str, str]]:
     """(label, output key, state store id) of every callback whose one input is a page's
     ``*-state`` store: the callbacks that fetch a page's data."""
@@ -451,6 +499,11 @@ def build_calls(app, client, reader, window, subject: Subject) -> list[Call]:
             body = _dash_body(key, store, data)
             calls.append(Call("page", f"page {label}{suffix}",
                               lambda body=body: ok(client.post("/_dash-update-component", json=body))))
+
+    # The Anomalies page draws each finding's chart in its own request after the list.
+    an_key = next((k for k in dash_app.callback_map if '"anomalies-chart"' in k), None)
+    if an_key:
+        calls += _anomaly_chart_calls(client, ok, an_key, base)
 
     # The query functions behind them.
     th = Thresholds.from_env()

@@ -3,15 +3,21 @@ first (the same ``app.findings.find`` as ``/api/v1/anomalies``), each with its e
 numbers, the hint, a small chart of its subject's P50/P99 with the finding's window
 shaded, and links to the drilldown, Compare and its exemplar traces. URL state: window
 and filters (a filter keeps the findings whose subject names it).
+
+The list comes first and each chart after it, in its own request (a pattern-matching
+callback per card, as a dashboard loads its panels): a dozen charts over a day took half of
+the page's 300 ms budget and most of its bytes on a slow machine.
 """
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import dash
-from dash import Input, Output, dcc, html
+from dash import MATCH, Input, Output, dcc, html
 
 from modalscope.app import components as c
-from modalscope.app import figures, ids, links, queries
+from modalscope.app import figures, findings, ids, links, queries
 from modalscope.app import state as st
 from modalscope.app.params import ParamError, Window, parse_time
 from modalscope.models.reader import Filters
@@ -21,6 +27,13 @@ dash.register_page(__name__, path="/anomalies", name="Anomalies", title="modalsc
 PATH = "/anomalies"
 MAX_CHARTS = 12
 CONTEXT_NS = 45 * 60_000_000_000  # before the finding's window, on its chart
+# A finding's window is at most the detectors' longest (its run may start in the baseline
+# look-back before the judged window): a longer one came from an edited request.
+MAX_CHART_S = findings.MAX_WINDOW_S + 2 * 3600
+# What a card's chart shows until its callback draws it: no template, a few bytes.
+PLACEHOLDER = {"data": [], "layout": {"height": 180, "margin": {"l": 0, "r": 0, "t": 0, "b": 0},
+                                      "xaxis": {"visible": False}, "yaxis": {"visible": False},
+                                      "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)"}}
 
 
 def evidence_window(f: dict) -> tuple[Window, int, int] | None:
@@ -32,18 +45,40 @@ def evidence_window(f: dict) -> tuple[Window, int, int] | None:
 
 
 def _chart(f: dict, i: int):
-    from datetime import datetime, timezone
-
-    ew = evidence_window(f)
-    if ew is None:
+    """The card's chart, empty until its own callback (``_fill_chart``) draws it."""
+    if evidence_window(f) is None:
         return None
+    spec = {"start": str(f["start"]), "end": str(f["end"]), "subject": links.finding_filters(f)}
+    return html.Div([html.Div(f"P50 / P99 of {queries.subject_label(Filters(**spec['subject']))}",
+                              className="ms-note"),
+                     dcc.Store(id={"type": ids.AN_CHART_SPEC, "index": i}, data=spec),
+                     c.loading(c.graph({"type": ids.AN_CHART, "index": i}, figure=PLACEHOLDER,
+                                       config={"displayModeBar": False}))])
+
+
+def chart_figure(spec: dict | None):
+    """A finding's chart: its subject's P50/P99 around its window (``spec``: the card's
+    store, which the browser sends back, so it is checked like a query)."""
+    spec = spec if isinstance(spec, dict) else {}
+    subject = spec.get("subject") if isinstance(spec.get("subject"), dict) else {}
+    ew = evidence_window({**spec, "subject": subject})
+    if ew is None:
+        return figures.empty_figure("This finding has no valid window.", 180)
     window, s, e = ew
-    filters = Filters(**links.finding_filters(f))
+    if window.seconds > MAX_CHART_S:
+        return figures.empty_figure("This finding's window is too long to chart.", 180)
+    filters = Filters(**links.finding_filters({"subject": subject}))
     rows = queries.percentile_series(c.reader(), window, filters, st.step_minutes(window, 60))
-    fig = figures.evidence_figure(rows, datetime.fromtimestamp(s / 1e9, tz=timezone.utc),
-                                  datetime.fromtimestamp(e / 1e9, tz=timezone.utc))
-    return html.Div([html.Div(f"P50 / P99 of {queries.subject_label(filters)}", className="ms-note"),
-                     c.graph(f"{ids.AN_CHART}-{i}", figure=fig, config={"displayModeBar": False})])
+    return figures.evidence_figure(rows, datetime.fromtimestamp(s / 1e9, tz=timezone.utc),
+                                   datetime.fromtimestamp(e / 1e9, tz=timezone.utc))
+
+
+@dash.callback(
+    Output({"type": ids.AN_CHART, "index": MATCH}, "figure"),
+    Input({"type": ids.AN_CHART_SPEC, "index": MATCH}, "data"),
+)
+def _fill_chart(spec):
+    return chart_figure(spec)
 
 
 def _chart_or_blank(f: dict, i: int, chart: bool):

@@ -28,6 +28,10 @@ def test_new_pages_load_without_console_errors(site, clean_log):
         assert [a.text for a in nav] == NAV, path
         _no_injection(site)
         assert site.severe() == [], path
+    # The Anomalies page draws each finding's chart after the list, in its own request.
+    site.open(f"/anomalies?{site.window}")
+    site.wait(f"#{ids.AN_LIST} .ms-finding-card .js-plotly-plot .scatterlayer .trace", timeout=40)
+    assert site.severe() == []
     site.open(f"/cache?{site.window}&group_by=user_tier")
     site.wait("#cache-table-rows")
     assert "bronze" in site.text("#cache-table-rows") and "gold" in site.text("#cache-table-rows")

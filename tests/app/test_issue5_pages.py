@@ -107,8 +107,48 @@ def test_anomalies_page_lists_findings_with_evidence_and_links(pattern_store, wi
         assert f["kind"] in out
     assert out.count("ms-finding-card") == len(api)
     assert "/drilldown?" in out and "/trace/" in out and "/compare?" in out
-    assert out.count("anomalies-chart-") == min(len(api), anomalies.MAX_CHARTS)
     assert "sample_count" in out
+
+
+def test_anomalies_page_draws_each_chart_in_its_own_request(pattern_store, window):  # noqa: F811
+    """The list carries a store per chart (the finding's window and subject) and a blank
+    figure; each chart's callback draws the subject's P50/P99 with the window shaded."""
+    from modalscope.app import ids
+    from modalscope.app.pages import anomalies
+
+    with pattern_store.app.test_request_context():
+        tree = json.loads(_dump(anomalies._fill(window)))
+        specs = []
+
+        def walk(node):
+            if isinstance(node, dict):
+                props = node.get("props") or {}
+                if isinstance(props.get("id"), dict) and props["id"].get("type") == ids.AN_CHART_SPEC:
+                    specs.append((props["id"]["index"], props["data"]))
+                for v in node.values():
+                    walk(v)
+            elif isinstance(node, list):
+                for v in node:
+                    walk(v)
+
+        walk(tree)
+        api = pattern_store.get("anomalies")
+        assert sorted(i for i, _ in specs) == list(range(min(len(api), anomalies.MAX_CHARTS)))
+        assert len(_dump(anomalies._fill(window))) < 20_000 * len(api)  # no figure in the list
+        drawn = 0
+        for i, spec in specs:
+            assert spec["start"] == api[i]["start"] and spec["end"] == api[i]["end"]
+            fig = anomalies._fill_chart(spec).to_plotly_json()
+            names = [t.get("name") for t in fig["data"]]
+            if names:
+                assert "P99" in " ".join(map(str, names)) and fig["layout"]["shapes"], (i, names)
+                drawn += 1
+        assert drawn >= 1
+        # The spec comes back from the browser: an edited one gets a blank chart, not an error.
+        for bad in (None, {}, {"start": "x", "end": "y"}, {"start": "0", "end": str(400 * 86400), "subject": {}}):
+            fig = anomalies._fill_chart(bad).to_plotly_json()
+            assert fig["data"] == [] and fig["layout"]["annotations"], bad
+        anomalies._fill_chart({**specs[0][1], "subject": "<b>"})  # not an object: no filter
 
 
 def test_cache_and_compare_pages_fill(pattern_store, window):  # noqa: F811

@@ -12,6 +12,14 @@ the first request (detectors run, result stored) and the next ones (answered fro
 logged write touched its minutes), and what checking the change log costs when a day of
 settle batches (two a second) was logged since the evaluation (a scratch SQLite file, and a
 scratch PostgreSQL database when ``--postgres`` names a server).
+
+``--windows 1,3,6,12,24,168`` instead times ``find`` over the last N hours of the store
+(``--db``: any store, e.g. ``dashboard_bench.py``'s of ten million spans), shortest first,
+with the process's peak RSS after each: what an absolute window's first request costs by
+its length.
+
+    .venv/bin/python bench/detectors_bench.py --db /tmp/modalscope-bench/store-10000000.db \
+        --windows 1,3,6,12,24,168
 """
 
 from __future__ import annotations
@@ -46,7 +54,13 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--postgres", default=None, metavar="URL",
                     help="also time the change-log check on PostgreSQL (e.g. postgresql://postgres@127.0.0.1:5432)")
+    ap.add_argument("--windows", default=None, metavar="HOURS",
+                    help="comma-separated window lengths: time find over the last N hours of --db")
     args = ap.parse_args()
+    if args.windows:
+        if not args.db or not os.path.exists(args.db):
+            ap.error("--windows needs --db naming an existing store")
+        return window_lengths(args.db, [float(h) for h in args.windows.split(",")], args.repeat)
     config = demo.DemoConfig(now_ns=NOW, hours=args.hours)
     path = args.db or os.path.join(tempfile.mkdtemp(prefix="modalscope-bench-"), "day.db")
     url = f"sqlite:///{path}"
@@ -78,6 +92,51 @@ def main() -> int:
     print(benchlib.machine_line(benchlib.machine_info()))
     kinds = sorted({f["kind"] for f in found})
     print("kinds found:", ", ".join(kinds))
+    engine.dispose()
+    return 0
+
+
+def window_lengths(path: str, hours: list[float], repeat: int) -> int:
+    """``find`` over the last N hours of the store for each N, shortest first."""
+    import resource
+
+    from sqlalchemy import func, select
+
+    import benchlib
+    from modalscope.app.detectors import Thresholds
+    from modalscope.app.findings import find
+    from modalscope.app.params import Window
+    from modalscope.models import Span
+    from modalscope.models.engine import make_engine
+    from modalscope.models.reader import StoreReader
+
+    engine = make_engine(f"sqlite:///{path}")
+    reader = StoreReader(engine)
+    with engine.connect() as conn:
+        last = conn.execute(select(func.max(Span.start_ns))).scalar_one()
+    if last is None:
+        raise SystemExit("the store holds no spans")
+    minute = 60_000_000_000
+    end = (last // minute + 1) * minute
+    th = Thresholds.from_env()
+    print("| window | total ms | read | detectors | exemplars | findings | peak RSS MB |")
+    print("|---|---|---|---|---|---|---|")
+    for h in sorted(hours):
+        window = Window(end - int(h * 3600e9), end)
+        runs = []
+        for _ in range(repeat):
+            timings: dict = {}
+            found = find(reader, window, th=th, timings=timings)
+            runs.append(timings)
+
+        def span(key: str) -> str:
+            values = sorted(r[key] * 1000 for r in runs)
+            return f"{values[0]:,.0f}–{values[-1]:,.0f}" if len(values) > 1 else f"{values[0]:,.0f}"
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(f"| {h:g} h | {span('total_s')} | {span('read_s')} | {span('detect_s')} | {span('exemplars_s')} "
+              f"| {len(found)} | {rss:,.0f} |", flush=True)
+    print(benchlib.machine_line(benchlib.machine_info()))
     engine.dispose()
     return 0
 

@@ -16,9 +16,11 @@ An *absolute* window's answer must be exactly that window's, so the detectors ru
 request; the result is stored (``range_s`` = ``ABSOLUTE_RANGE``) and answers later requests for
 the same window and thresholds while no write to the rollups logged since (``models/changes``:
 settle batches, retention, retag) touches a minute the detectors read for it — a permalink, a
-post-mortem's embedded panel or a shared link to last night's incident is computed once. Stored
-findings are unfiltered: a filter is applied on reading, as ``findings.matches`` does for
-fresh ones.
+post-mortem's embedded panel or a shared link to last night's incident is computed once — and,
+whatever was written since, for ``ABSOLUTE_FRESH_S`` (90 s) after it was evaluated, the
+staleness a relative window's answer is allowed (a window still receiving spans, which a team
+opens together during an incident, runs the detectors once per 90 s, not on every request). Stored findings
+are unfiltered: a filter is applied on reading, as ``findings.matches`` does for fresh ones.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ ABSOLUTE_RANGE = 0
 #: A write logged up to this long before an absolute window's evaluation started still makes
 #: it stale: a settle batch stamps its change before it commits (and hosts' clocks differ).
 CHANGE_MARGIN_S = 60
+#: For this long after its evaluation an absolute window's stored findings answer whatever was
+#: written since: the staleness a relative window's answer may have.
+ABSOLUTE_FRESH_S = FRESH_S
 #: Absolute windows' findings kept at most (the least recently evaluated go first).
 ABSOLUTE_MAX_KEPT = 500
 
@@ -99,9 +104,12 @@ def store(engine: Engine, window: Window, key: str, found: list[dict], evaluated
             evaluated_ns=evaluated_ns, findings=orjson.dumps(found).decode()))
 
 
-def cached_absolute(engine: Engine, window: Window, th: d.Thresholds) -> Evaluation | None:
-    """The stored findings of exactly ``window`` with thresholds ``th``, if no write to the
-    rollups has touched the minutes they were computed from since; else None."""
+def cached_absolute(engine: Engine, window: Window, th: d.Thresholds,
+                    now_ns: int | None = None) -> Evaluation | None:
+    """The stored findings of exactly ``window`` with thresholds ``th``, if evaluated at most
+    ``ABSOLUTE_FRESH_S`` before ``now_ns`` (default: now) or if no write to the rollups has touched
+    the minutes they were computed from since; else None."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
     fe = FindingEvaluation
     q = (select(fe.findings, fe.evaluated_ns)
          .where(fe.range_s == ABSOLUTE_RANGE, fe.thresholds_key == thresholds_key(th),
@@ -111,6 +119,11 @@ def cached_absolute(engine: Engine, window: Window, th: d.Thresholds) -> Evaluat
         row = conn.execute(q).first()
     if row is None:
         return None
+    if now_ns - row.evaluated_ns <= ABSOLUTE_FRESH_S * NS:
+        # As fresh as a relative window's answer may be: spans that arrived since wait at
+        # most ABSOLUTE_FRESH_S (the answer says when it was evaluated), and a window still
+        # receiving spans runs the detectors once per ABSOLUTE_FRESH_S, not on every request.
+        return Evaluation(orjson.loads(row.findings), window.start_ns, window.end_ns, row.evaluated_ns, stored=True)
     # (one connection at a time: a write engine's SQLite connections each begin IMMEDIATE)
     first, last = fnd.read_minutes(StoreReader(engine), window, th)
     with engine.connect() as conn:

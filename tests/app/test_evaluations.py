@@ -131,7 +131,8 @@ def _late_trace(engine, start_ns: int) -> None:
     settle(engine, force=True)
 
 
-def test_a_late_trace_settled_into_the_minutes_read_makes_the_stored_findings_stale(filled):
+def test_a_late_trace_settled_into_the_minutes_read_makes_the_stored_findings_stale(filled, monkeypatch):
+    monkeypatch.setattr(ev, "ABSOLUTE_FRESH_S", 0)  # the change log alone decides here
     _settled_long_ago(filled)
     reader, th = StoreReader(filled), Thresholds()
     end = time.time_ns() // (60 * S) * (60 * S) - 2 * 60 * S
@@ -153,12 +154,41 @@ def test_a_late_trace_settled_into_the_minutes_read_makes_the_stored_findings_st
     assert not ev.find_for(reader, window, Filters(), th, relative=False).stored
 
 
-def test_minutes_after_a_closed_window_matter_only_after_a_birth_near_its_end(engine):
+def test_an_absolute_window_still_receiving_spans_is_evaluated_once_per_fresh_period(filled):
+    """Spans written into a window after its evaluation wait at most ABSOLUTE_FRESH_S, as a
+    relative window's do: a team opening an ongoing incident's window together runs the
+    detectors once, not once a request; past that period the change log decides again."""
+    _settled_long_ago(filled)
+    reader, th = StoreReader(filled), Thresholds()
+    end = time.time_ns() // (60 * S) * (60 * S) - 2 * 60 * S
+    window = Window(end - 30 * 60 * S, end)
+    first = ev.find_for(reader, window, Filters(), th, relative=False)
+    _late_trace(filled, window.start_ns + 5 * 60 * S)
+    again = ev.find_for(reader, window, Filters(), th, relative=False)
+    assert again.stored and again.evaluated_ns == first.evaluated_ns and again.findings == first.findings
+    # The same evaluation ABSOLUTE_FRESH_S + 1 s old: the late trace makes it stale.
+    with filled.begin() as conn:
+        conn.execute(update(FindingEvaluation).where(FindingEvaluation.range_s == ev.ABSOLUTE_RANGE)
+                     .values(evaluated_ns=FindingEvaluation.evaluated_ns - (ev.ABSOLUTE_FRESH_S + 1) * S))
+    assert ev.cached_absolute(filled, window, th) is None
+    fresh = ev.find_for(reader, window, Filters(), th, relative=False)
+    assert not fresh.stored and fresh.findings == fnd.find(reader, window, Filters(), th)
+    # Without a change since, an old evaluation still answers (the change log says so).
+    with filled.begin() as conn:
+        conn.execute(update(FindingEvaluation).where(FindingEvaluation.range_s == ev.ABSOLUTE_RANGE)
+                     .values(evaluated_ns=FindingEvaluation.evaluated_ns - 10 * 60 * S))
+    _settled_long_ago(filled, 20 * 60)
+    assert ev.find_for(reader, window, Filters(), th, relative=False).stored
+
+
+def test_minutes_after_a_closed_window_matter_only_after_a_birth_near_its_end(engine, monkeypatch):
     """Past its end a window's findings read only a cold start's steady half hour after an
     instance born in its last minutes: without such a birth a trace settled after the window
     leaves its findings stored; once an instance is born three minutes before its end, the
     same makes them stale."""
     import random
+
+    monkeypatch.setattr(ev, "ABSOLUTE_FRESH_S", 0)  # the change log alone decides here
 
     from modalscope.ingest.records import KIND_SERVER, SpanRecord
     from modalscope.ingest.writer import write_spans
@@ -190,11 +220,12 @@ def test_minutes_after_a_closed_window_matter_only_after_a_birth_near_its_end(en
     assert not ev.find_for(reader, window, Filters(), th, relative=False).stored
 
 
-def test_retention_and_retag_make_stored_absolute_findings_stale(filled):
+def test_retention_and_retag_make_stored_absolute_findings_stale(filled, monkeypatch):
     from modalscope.ingest.retag import retag
     from modalscope.ingest.retention import RetentionPolicy, prune
     from modalscope.ingest.stages import default_rules
 
+    monkeypatch.setattr(ev, "ABSOLUTE_FRESH_S", 0)  # the change log alone decides here
     _settled_long_ago(filled)
     reader, th = StoreReader(filled), Thresholds()
     end = time.time_ns() // (60 * S) * (60 * S) - 2 * 60 * S

@@ -19,8 +19,9 @@ settle batches, retention, retag) touches a minute the detectors read for it —
 post-mortem's embedded panel or a shared link to last night's incident is computed once — and,
 whatever was written since, for ``ABSOLUTE_FRESH_S`` (90 s) after it was evaluated, the
 staleness a relative window's answer is allowed (a window still receiving spans, which a team
-opens together during an incident, runs the detectors once per 90 s, not on every request). Stored findings
-are unfiltered: a filter is applied on reading, as ``findings.matches`` does for fresh ones.
+opens together during an incident, runs the detectors once per 90 s, not on every request).
+Stored findings are unfiltered: a filter is applied on reading, as ``findings.matches`` does
+for fresh ones.
 """
 
 from __future__ import annotations
@@ -104,12 +105,10 @@ def store(engine: Engine, window: Window, key: str, found: list[dict], evaluated
             evaluated_ns=evaluated_ns, findings=orjson.dumps(found).decode()))
 
 
-def cached_absolute(engine: Engine, window: Window, th: d.Thresholds,
-                    now_ns: int | None = None) -> Evaluation | None:
+def cached_absolute(engine: Engine, window: Window, th: d.Thresholds) -> Evaluation | None:
     """The stored findings of exactly ``window`` with thresholds ``th``, if evaluated at most
-    ``ABSOLUTE_FRESH_S`` before ``now_ns`` (default: now) or if no write to the rollups has touched
-    the minutes they were computed from since; else None."""
-    now_ns = time.time_ns() if now_ns is None else now_ns
+    ``ABSOLUTE_FRESH_S`` ago or if no write to the rollups has touched the minutes they were
+    computed from since; else None."""
     fe = FindingEvaluation
     q = (select(fe.findings, fe.evaluated_ns)
          .where(fe.range_s == ABSOLUTE_RANGE, fe.thresholds_key == thresholds_key(th),
@@ -119,7 +118,7 @@ def cached_absolute(engine: Engine, window: Window, th: d.Thresholds,
         row = conn.execute(q).first()
     if row is None:
         return None
-    if now_ns - row.evaluated_ns <= ABSOLUTE_FRESH_S * NS:
+    if time.time_ns() - row.evaluated_ns <= ABSOLUTE_FRESH_S * NS:
         # As fresh as a relative window's answer may be: spans that arrived since wait at
         # most ABSOLUTE_FRESH_S (the answer says when it was evaluated), and a window still
         # receiving spans runs the detectors once per ABSOLUTE_FRESH_S, not on every request.

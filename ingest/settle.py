@@ -35,12 +35,13 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
-from sqlalchemy import Connection, Engine, bindparam, case, delete, literal, or_, select, tuple_
+from sqlalchemy import Connection, Engine, bindparam, case, delete, literal, or_, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from ..models import HourlyRollup, PairCall, QuarterRollup, Rollup, Series, Span, Trace
 from ..models import changes, sketch
-from ..models.dialect import contains_text, insert_ignore, json_member, supports_skip_locked, upsert
+from ..models.dialect import (contains_text, insert_ignore, json_member, keys_clause, rows_with_keys,
+                              supports_skip_locked, upsert)
 from .records import KIND_CLIENT, KIND_CONSUMER, KIND_SERVER, STATUS_ERROR, SpanRecord
 from .settle_fast import LAYER_KEY, convention_contributions, summarize_rows
 from .traces import find_root, input_type_of, self_times, service_pairs, trace_duration_ns, trace_error
@@ -267,16 +268,11 @@ def _apply_tier(conn: Connection, model, time_col: str, series: np.ndarray, minu
     bounds = np.searchsorted(cell_group, np.arange(len(uniq) + 1))
 
     pairs = [(int(g & 0xFFFFFFFF), int(g >> 32)) for g in uniq]  # (minute or hour, series_id)
-    time_of = getattr(model, time_col)
     existing: dict[tuple[int, int], dict] = {}
     lock = supports_skip_locked(conn)
     for i in range(0, len(pairs), 400):
         chunk = sorted(pairs[i : i + 400])
-        q = select(model).where(tuple_(time_of, model.series_id).in_(chunk)).order_by(
-            time_of, model.series_id)
-        if lock:
-            q = q.with_for_update()
-        for r in conn.execute(q).mappings():
+        for r in rows_with_keys(conn, model.__table__, time_col, chunk, lock=lock):
             existing[(r[time_col], r["series_id"])] = r
     inserts = []
     updates = []
@@ -321,7 +317,7 @@ def _apply_tier(conn: Connection, model, time_col: str, series: np.ndarray, minu
               "error_count": u["error_count"], "sum_ns": u["sum_ns"], "sketch": u["sketch"]} for u in updates],
         )
     for i in range(0, len(deletes), 400):
-        conn.execute(delete(model).where(tuple_(time_of, model.series_id).in_(deletes[i : i + 400])))
+        conn.execute(delete(model).where(keys_clause(conn, model.__table__, time_col, deletes[i : i + 400])))
     return len(pairs)
 
 

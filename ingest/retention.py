@@ -72,14 +72,14 @@ def cutoffs(policy: RetentionPolicy, now_ns: int) -> dict[str, int | None]:
 def _batched(engine: Engine, select_keys, delete_keys, batch: int, pause: float,
              should_stop: Callable[[], bool], progress: Callable[[int], None] | None) -> int:
     """Repeat "select up to ``batch`` keys, delete them" in short transactions until none is
-    left; ``delete_keys(keys)`` gives the statements that delete them."""
+    left; ``delete_keys(conn, keys)`` gives the statements that delete them."""
     done = 0
     while True:  # one batch at least, then as long as nobody asks to stop
         with engine.begin() as conn:
             keys = [tuple(r) if len(r) > 1 else r[0] for r in conn.execute(select_keys.limit(batch))]
             if not keys:
                 break
-            for stmt in delete_keys(keys):
+            for stmt in delete_keys(conn, keys):
                 conn.execute(stmt)
         done += len(keys)
         if progress is not None:
@@ -90,12 +90,19 @@ def _batched(engine: Engine, select_keys, delete_keys, batch: int, pause: float,
     return done
 
 
+def _delete_keyed(conn, model, time_col: str, keys: list[tuple[int, int]]) -> list:
+    """Statements deleting rollup rows by (time, series) key, 400 keys each
+    (``dialect.keys_clause``: on SQLite a row-value IN scans the whole table per batch)."""
+    from ..models.dialect import keys_clause
+
+    return [delete(model).where(keys_clause(conn, model.__table__, time_col, keys[i : i + 400]))
+            for i in range(0, len(keys), 400)]
+
+
 def prune(engine: Engine, policy: RetentionPolicy, *, now_ns: int | None = None, batch: int = BATCH_ROWS,
           pause: float = PAUSE_SECONDS, should_stop: Callable[[], bool] = lambda: False,
           progress: Callable[[int], None] | None = None) -> PruneResult:
     """Delete what ``policy`` no longer keeps, oldest first, ``batch`` rows a transaction."""
-    from sqlalchemy import tuple_
-
     cut = cutoffs(policy, time.time_ns() if now_ns is None else now_ns)
     out = PruneResult()
     if cut["span_start_ns"] is not None:
@@ -106,13 +113,13 @@ def prune(engine: Engine, policy: RetentionPolicy, *, now_ns: int | None = None,
         out.traces = _batched(
             engine,
             select(Trace.trace_id).where(Trace.start_ns < c, Trace.pending.is_(False)).order_by(Trace.start_ns),
-            lambda ids: [delete(Trace).where(Trace.trace_id.in_(ids))],
+            lambda conn, ids: [delete(Trace).where(Trace.trace_id.in_(ids))],
             batch, pause, should_stop, progress)
         out.spans = _batched(
             engine,
             select(Span.id).where(Span.start_ns < c).order_by(Span.start_ns),
             # a span's pair_calls row shares its id (the primary key of both)
-            lambda ids: [delete(PairCall).where(PairCall.span_row.in_(ids)), delete(Span).where(Span.id.in_(ids))],
+            lambda conn, ids: [delete(PairCall).where(PairCall.span_row.in_(ids)), delete(Span).where(Span.id.in_(ids))],
             batch, pause, should_stop, progress)
     if cut["minute"] is not None:
         # Record the boundary first: readers answer windows before it from hourly rows
@@ -121,21 +128,21 @@ def prune(engine: Engine, policy: RetentionPolicy, *, now_ns: int | None = None,
         out.minute_rollups = _batched(
             engine,
             select(Rollup.minute, Rollup.series_id).where(Rollup.minute < cut["minute"]).order_by(Rollup.minute),
-            lambda keys: [delete(Rollup).where(tuple_(Rollup.minute, Rollup.series_id).in_(keys))],
+            lambda conn, keys: _delete_keyed(conn, Rollup, "minute", keys),
             batch, pause, should_stop, progress)
         # Quarter hours live as long as minutes (a chart reads them only where minutes are kept).
         out.quarter_rollups = _batched(
             engine,
             select(QuarterRollup.quarter, QuarterRollup.series_id).where(QuarterRollup.quarter < cut["minute"] // 15)
             .order_by(QuarterRollup.quarter),
-            lambda keys: [delete(QuarterRollup).where(tuple_(QuarterRollup.quarter, QuarterRollup.series_id).in_(keys))],
+            lambda conn, keys: _delete_keyed(conn, QuarterRollup, "quarter", keys),
             batch, pause, should_stop, progress)
     if cut["hour"] is not None:
         out.hourly_rollups = _batched(
             engine,
             select(HourlyRollup.hour, HourlyRollup.series_id).where(HourlyRollup.hour < cut["hour"])
             .order_by(HourlyRollup.hour),
-            lambda keys: [delete(HourlyRollup).where(tuple_(HourlyRollup.hour, HourlyRollup.series_id).in_(keys))],
+            lambda conn, keys: _delete_keyed(conn, HourlyRollup, "hour", keys),
             batch, pause, should_stop, progress)
     if out.spans or out.traces or out.minute_rollups:
         # Findings cached for a window that old lost their raw spans or minute rollups.

@@ -482,6 +482,24 @@ def detect_hot_spot(frames: Frames, th: Thresholds) -> list[dict]:
     return out
 
 
+#: Minutes of trailing baselines and blocks compared at once: a week's ~10,000 at once held
+#: ~140 MB of (minutes x bins) arrays a pair.
+BAND_CHUNK_MINUTES = 1440
+
+
+def _band_stats(cum: np.ndarray, ts: np.ndarray, B: int, W: int):
+    """For each minute in ``ts``: calls and coarse P50/P99 of its trailing ``B`` minutes and of
+    its next ``W`` (``cum``: cumulative minutes x bins), a day of minutes at a time."""
+    parts = []
+    for lo in range(0, len(ts), BAND_CHUNK_MINUTES):
+        t = ts[lo:lo + BAND_CHUNK_MINUTES]
+        base = cum[t] - cum[t - B]
+        win = cum[t + W] - cum[t]
+        parts.append((base.sum(axis=1), win.sum(axis=1), _coarse_quantile(base, 0.5), _coarse_quantile(base, 0.99),
+                      _coarse_quantile(win, 0.5), _coarse_quantile(win, 0.99)))
+    return tuple(np.concatenate(col) for col in zip(*parts))
+
+
 def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
     """``p99_band_break``: a pair's P99 jumps against its own trailing baseline while P50 holds.
 
@@ -504,11 +522,7 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
         ts = np.arange(B, n - W + 1)
         if not len(ts):
             continue
-        base = cum[ts] - cum[ts - B]
-        win = cum[ts + W] - cum[ts]
-        nb, nw = base.sum(axis=1), win.sum(axis=1)
-        b50, b99 = _coarse_quantile(base, 0.5), _coarse_quantile(base, 0.99)
-        w50, w99 = _coarse_quantile(win, 0.5), _coarse_quantile(win, 0.99)
+        nb, nw, b50, b99, w50, w99 = _band_stats(cum, ts, B, W)
         with np.errstate(invalid="ignore", divide="ignore"):
             cand = ((nb >= th.min_samples) & (nw >= th.min_samples) & (w99 >= th.band_ratio * b99)
                     & (np.abs(w50 / b50 - 1) <= th.band_p50_tolerance))

@@ -120,6 +120,15 @@ def test_hot_spot_is_top_quartile_of_volume_and_p99():
     assert found[0]["evidence"]["calls"] == 1000
 
 
+@pytest.mark.parametrize("chunk", [1, 7, 50])
+def test_band_break_compares_a_chunk_of_minutes_at_a_time_with_the_same_answer(monkeypatch, chunk):
+    """A week of minutes is compared a day at a time (memory); any chunk gives the same."""
+    whole = d.detect_p99_band_break(band_frames(stall_from=60), TH)
+    assert whole
+    monkeypatch.setattr(d, "BAND_CHUNK_MINUTES", chunk)
+    assert d.detect_p99_band_break(band_frames(stall_from=60), TH) == whole
+
+
 def test_block_matrices_are_the_minute_matrices_summed_into_blocks():
     """The hot spot builds each pair's blocks straight from its rows (no minute matrix kept:
     a week of minutes for every pair took a worker past 500 MB); the sums must be those of

@@ -6,7 +6,7 @@ the dialect's spelling of "insert, ignoring duplicates" and "upsert".
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, Table, and_, case, cast, func, literal, or_, text, tuple_
+from sqlalchemy import Connection, Table, and_, case, cast, func, literal, or_, select, text, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 
 
@@ -145,6 +145,8 @@ def rows_with_keys(conn: Connection, table: Table, time_col: str, keys: list[tup
     whole table (a settle batch's 400-key lookup: 125-1,079 ms on a day's 347,559 minute
     rows, and the settler slowed as the store grew); joined from a VALUES list it looks each
     key up in the primary key (6 ms). ``lock``: FOR UPDATE (PostgreSQL), in key order."""
+    if not keys:
+        return iter(())
     if conn.dialect.name == "sqlite":
         params: dict[str, int] = {}
         values = []
@@ -154,9 +156,7 @@ def rows_with_keys(conn: Connection, table: Table, time_col: str, keys: list[tup
         # (table and column names are the models' own, never input)
         sql = (f"WITH k(t, s) AS (VALUES {', '.join(values)}) SELECT r.* FROM k JOIN {table.name} AS r "
                f"ON r.{time_col} = k.t AND r.series_id = k.s")
-        return conn.execute(text(sql), params).mappings() if keys else iter(())
-    from sqlalchemy import select
-
+        return conn.execute(text(sql), params).mappings()
     q = select(table).where(tuple_(table.c[time_col], table.c.series_id).in_(keys)).order_by(
         table.c[time_col], table.c.series_id)
     return conn.execute(q.with_for_update() if lock else q).mappings()

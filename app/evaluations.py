@@ -118,16 +118,15 @@ def cached_absolute(engine: Engine, window: Window, th: d.Thresholds) -> Evaluat
         row = conn.execute(q).first()
     if row is None:
         return None
-    if time.time_ns() - row.evaluated_ns <= ABSOLUTE_FRESH_S * NS:
-        # As fresh as a relative window's answer may be: spans that arrived since wait at
-        # most ABSOLUTE_FRESH_S (the answer says when it was evaluated), and a window still
-        # receiving spans runs the detectors once per ABSOLUTE_FRESH_S, not on every request.
-        return Evaluation(orjson.loads(row.findings), window.start_ns, window.end_ns, row.evaluated_ns, stored=True)
-    # (one connection at a time: a write engine's SQLite connections each begin IMMEDIATE)
-    first, last = fnd.read_minutes(StoreReader(engine), window, th)
-    with engine.connect() as conn:
-        if changes.changed_since(conn, row.evaluated_ns - CHANGE_MARGIN_S * NS, first, last):
-            return None
+    # Within ABSOLUTE_FRESH_S it answers as a relative window's evaluation does: spans that
+    # arrived since wait at most that long (the answer says when it was evaluated), and a
+    # window still receiving spans runs the detectors once per period, not on every request.
+    if time.time_ns() - row.evaluated_ns > ABSOLUTE_FRESH_S * NS:
+        # (one connection at a time: a write engine's SQLite connections each begin IMMEDIATE)
+        first, last = fnd.read_minutes(StoreReader(engine), window, th)
+        with engine.connect() as conn:
+            if changes.changed_since(conn, row.evaluated_ns - CHANGE_MARGIN_S * NS, first, last):
+                return None
     return Evaluation(orjson.loads(row.findings), window.start_ns, window.end_ns, row.evaluated_ns, stored=True)
 
 

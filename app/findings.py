@@ -86,10 +86,15 @@ def _births(reader: StoreReader, data_start: int, end_ns: int):
     return [b for b in reader.first_minutes("inst", data_start, end_ns) if b[2] >= first_data_minute + 2]
 
 
+def _warm_minutes(th: d.Thresholds) -> int:
+    """Whole minutes a new instance's warm-up may touch after its birth minute."""
+    return math.ceil(th.cold_warmup_s / 60) + 1
+
+
 def _cold_start_minutes(th: d.Thresholds) -> int:
     """Minutes after a birth whose rollups and raw spans a cold-start check reads (its warm-up
     and the steady half hour after it, rounded up, and a minute to spare)."""
-    return math.ceil(th.cold_warmup_s / 60) + 1 + d.COLD_STEADY_NS // d.NS_MIN + 2
+    return _warm_minutes(th) + d.COLD_STEADY_NS // d.NS_MIN + 2
 
 
 def _new_instances(reader: StoreReader, data_start: int, window: Window, th: d.Thresholds):
@@ -97,7 +102,7 @@ def _new_instances(reader: StoreReader, data_start: int, window: Window, th: d.T
     two minutes after the data begins and before the window ends, and slow enough in their
     first minutes (``detectors.cold_start_candidate``). Returns those (service, instance)
     pairs and the raw SERVER/CONSUMER spans of their services around each birth."""
-    warm_minutes = math.ceil(th.cold_warmup_s / 60) + 1
+    warm_minutes = _warm_minutes(th)
     steady_minutes = d.COLD_STEADY_NS // d.NS_MIN
     found: set = set()
     rows: list[tuple] = []

@@ -60,7 +60,11 @@ def main() -> int:
     if args.windows:
         if not args.db or not os.path.exists(args.db):
             ap.error("--windows needs --db naming an existing store")
-        return window_lengths(args.db, [float(h) for h in args.windows.split(",")], args.repeat)
+        try:
+            hours = [float(h) for h in args.windows.split(",")]
+        except ValueError:
+            ap.error(f"--windows: hours as numbers, comma-separated (got {args.windows!r})")
+        return window_lengths(args.db, hours, args.repeat)
     config = demo.DemoConfig(now_ns=NOW, hours=args.hours)
     path = args.db or os.path.join(tempfile.mkdtemp(prefix="modalscope-bench-"), "day.db")
     url = f"sqlite:///{path}"

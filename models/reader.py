@@ -555,7 +555,7 @@ class StoreReader:
                 # each caller's buckets between the bounds, looked up once for the count and the walk
                 buckets = {s: self._walk_bucket_list(conn, s, min_ns, max_ns) for s in services}
                 if self._walk_entries(conn, buckets, max(start_ns, walk_from), end_ns, min_ns, max_ns,
-                                              budget) > budget:
+                                      budget) > budget:
                     walk_from, cut = None, len(known)  # pending traces sparse among the window's: one by one
                 one_by_one.extend(tid for _, tid in known[:cut])
             else:
@@ -597,7 +597,7 @@ class StoreReader:
         return conds
 
     def _walk_entries(self, conn: Connection, buckets: dict[str, list[int]], lo: int, end_ns: int,
-                              min_ns: int | None, max_ns: int | None, budget: int) -> int:
+                      min_ns: int | None, max_ns: int | None, budget: int) -> int:
         """How many index entries a walk of the services' spans (service -> its buckets)
         starting in [lo, end) between the bounds reads, counted in the index alone and only up
         to ``budget`` + 1."""

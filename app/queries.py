@@ -892,8 +892,12 @@ def _rates_table(counted: Iterable[tuple[int, str, str | None, int, int]]) -> li
 
 def _rates_buckets(counted: Iterable[tuple[int, str, str | None, int, int]], start_ns: int,
                    step_minutes: int) -> list[dict]:
-    step_ns = max(1, int(step_minutes)) * _NS_MIN
-    origin = start_ns // _NS_MIN * _NS_MIN
+    step = max(1, int(step_minutes))
+    step_ns = step * _NS_MIN
+    # Steps of whole quarter hours lie on a grid of their own (as the percentile charts'
+    # steps: ``StoreReader.rollup_steps``), so hourly and quarter rollup rows fall in one
+    # bucket each; shorter steps start at the window's first minute.
+    origin = 0 if step % 15 == 0 else start_ns // _NS_MIN * _NS_MIN
     counts: dict[tuple[int, str, str | None], list[int]] = {}
     for t, cache, group, h, m in counted:
         b = origin + (t - origin) // step_ns * step_ns
@@ -918,7 +922,8 @@ def cache_table(events: Iterable[tuple[int, str, str | None, bool]]) -> list[dic
 def cache_buckets(events: Iterable[tuple[int, str, str | None, bool]], start_ns: int,
                   step_minutes: int) -> list[dict]:
     """Pure: hit rate per (cache, group) and time step: ``[{"t", "cache", "group", "hits",
-    "misses", "hit_rate"}]``, steps aligned to ``start_ns``'s minute, in time order."""
+    "misses", "hit_rate"}]`` in time order, on ``_rates_buckets``' grid (steps of whole quarter
+    hours aligned to the clock, shorter ones to ``start_ns``'s minute)."""
     return _rates_buckets(_counted(events), start_ns, step_minutes)
 
 
@@ -1007,19 +1012,32 @@ def cache_rollup_cells(rows: Iterable[tuple], untagged_rows: Iterable[tuple], gr
     return out
 
 
+def _cache_tier(step_minutes: int | None) -> int:
+    """The coarsest rollup tier (minutes) whose rows fall wholly in one ``step_minutes``
+    bucket (``_rates_buckets``: steps of whole quarters lie on a quarter-aligned grid); no
+    step (a table over the whole window): hours."""
+    if step_minutes is None or step_minutes % 60 == 0:
+        return 60
+    return 15 if step_minutes % 15 == 0 else 1
+
+
 def _cache_lookups(reader: StoreReader, window: Window, group_by: str | None, cache: str | None,
-                   rollups: bool) -> list[tuple[int, str, str | None, int, int]]:
+                   rollups: bool, step_minutes: int | None = None) -> list[tuple[int, str, str | None, int, int]]:
     """The window's lookups as ``(t_ns, cache, group, hits, misses)``: its whole minutes from
-    the rollups when ``cache_rollup_cells`` can answer them, the ragged edges (and
-    everything otherwise) from the raw spans."""
+    the rollups when ``cache_rollup_cells`` can answer them — whole hours and quarter hours
+    from the coarser tiers where every row falls in one ``step_minutes`` bucket (a week is
+    168 hourly rows a series, not 10,080 minute rows) — the ragged edges (and everything
+    otherwise) from the raw spans. The checks of ``cache_rollup_cells`` hold per tier row as
+    they do per minute: a tier row is the sum of its minutes' rows."""
     m0, m1 = -(-window.start_ns // _NS_MIN), window.end_ns // _NS_MIN
     if rollups and m1 > m0:
-        with reader.engine.connect() as conn:
-            kept_from = reader._minutes_kept_from(conn)  # minute rollups older than this are pruned
-        if kept_from is None or m0 >= kept_from:
-            lo, hi = m0 * _NS_MIN, m1 * _NS_MIN
-            rows = reader.rollup_rows("cache", lo, hi, ("service", "name", "caller", "callee"))
-            untagged = (reader.rollup_rows(CACHE_UNTAGGED_KIND, lo, hi, ("service", "name", "caller"))
+        lo, hi = m0 * _NS_MIN, m1 * _NS_MIN
+        tier = _cache_tier(step_minutes)
+        rows = reader.exact_tier_rows("cache", lo, hi, ("service", "name", "caller", "callee"),
+                                      coarsest=tier, sketches=False)
+        if rows is not None:  # None: minute rollups pruned before the window (read raw)
+            untagged = (reader.exact_tier_rows(CACHE_UNTAGGED_KIND, lo, hi, ("service", "name", "caller"),
+                                               coarsest=tier, sketches=False) or ()
                         if group_by is not None else ())
             cells = cache_rollup_cells(rows, untagged, group_by, cache)
             if cells is not None:
@@ -1046,15 +1064,17 @@ def cache_rates(reader: StoreReader, window: Window, group_by: str | None = None
 
 def cache_series(reader: StoreReader, window: Window, group_by: str | None = None, cache: str | None = None,
                  step_minutes: int = 1, *, rollups: bool = True) -> list[dict]:
-    """Hit rate per cache and group over time (``step_minutes`` buckets), read as ``cache_rates``."""
-    return _rates_buckets(_cache_lookups(reader, window, group_by, cache, rollups), window.start_ns, step_minutes)
+    """Hit rate per cache and group over time (``step_minutes`` buckets, on the grid
+    ``_rates_buckets`` gives), read as ``cache_rates``."""
+    return _rates_buckets(_cache_lookups(reader, window, group_by, cache, rollups, step_minutes),
+                          window.start_ns, step_minutes)
 
 
 def cache_rates_and_series(reader: StoreReader, window: Window, group_by: str | None = None,
                            cache: str | None = None, step_minutes: int = 1) -> tuple[list[dict], list[dict]]:
     """``cache_rates`` and ``cache_series`` from one read of the lookups (the Cache page
     shows both; reading them twice cost it a third of its time)."""
-    lookups = _cache_lookups(reader, window, group_by, cache, True)
+    lookups = _cache_lookups(reader, window, group_by, cache, True, step_minutes)
     return _rates_table(lookups), _rates_buckets(lookups, window.start_ns, step_minutes)
 
 

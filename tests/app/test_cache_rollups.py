@@ -17,12 +17,12 @@ from modalscope.ingest.records import SpanRecord
 from modalscope.ingest.settle import CACHE_TAG_VALUES, settle
 from modalscope.ingest.settle_fast import CACHE_MAX_TAGS
 from modalscope.ingest.writer import write_spans
-from modalscope.models import MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, Rollup, Series
+from modalscope.models import MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, QuarterRollup, Rollup, Series
 from modalscope.models.reader import StoreReader
 
 MIN = 60_000_000_000
 MS = 1_000_000
-T0 = 29_000_000 * MIN  # a whole minute (and hour)
+T0 = 29_000_000 * MIN  # a whole minute
 MINUTES = 12
 
 HITS = [True, False, "false", "TRUE", 0, 1, "miss", "hit", 2.5, "maybe", None]  # last two: no lookup
@@ -34,16 +34,17 @@ def _span(rng: random.Random, i: int, t: int, service: str, attrs: dict, resourc
                       t + rng.randrange(1, 5_000) * MS, 0, attributes=attrs, resource=res)
 
 
-def cache_spans(seed: int = 3) -> list[SpanRecord]:
+def cache_spans(seed: int = 3, start: int = T0, minutes: int = MINUTES, per_minute: int = 24) -> list[SpanRecord]:
     """Several caches and services; tag keys on some lookups only; an overflowed key; keys
     with numbers, '', long values, past the first CACHE_MAX_TAGS tags, in the resource,
-    mixed span / resource; odd ``cache.hit`` values; spans that are no cache lookups."""
+    mixed span / resource; odd ``cache.hit`` values; spans that are no cache lookups.
+    ``per_minute`` ``kv`` lookups a minute, 10/24 as many ``prefix`` ones, 5/24 others."""
     rng = random.Random(seed)
     spans, i = [], 0
-    for m in range(MINUTES):
-        for _ in range(24):
+    for m in range(minutes):
+        for _ in range(per_minute):
             i += 1
-            t = T0 + m * MIN + rng.randrange(MIN)
+            t = start + m * MIN + rng.randrange(MIN)
             hit = rng.choice(HITS) if rng.random() < 0.3 else rng.random() < (0.3 if m in (5, 6) else 0.8)
             attrs = {"cache.name": "kv", "cache.hit": hit, "db.system": "redis"}
             if rng.random() < 0.85:  # some lookups lack the tag: the group None
@@ -60,9 +61,9 @@ def cache_spans(seed: int = 3) -> list[SpanRecord]:
             else:
                 resource["zone"] = "z2"  # the same key from the resource where the span lacks it
             spans.append(_span(rng, i, t, "front", attrs, resource))
-        for _ in range(10):
+        for _ in range(max(1, per_minute * 10 // 24)):
             i += 1
-            t = T0 + m * MIN + rng.randrange(MIN)
+            t = start + m * MIN + rng.randrange(MIN)
             service = rng.choice(["llm", "front"])
             attrs = {"cache.name": "prefix", "cache.hit": rng.choice(HITS) if rng.random() < 0.2 else
                      rng.random() < 0.5, "model": rng.choice(["small", "large"])}
@@ -71,9 +72,9 @@ def cache_spans(seed: int = 3) -> list[SpanRecord]:
             elif rng.random() < 0.5:
                 attrs["t8"] = "w"
             spans.append(_span(rng, i, t, service, attrs))
-        for _ in range(5):
+        for _ in range(max(1, per_minute * 5 // 24)):
             i += 1
-            spans.append(_span(rng, i, T0 + m * MIN + rng.randrange(MIN), "front", {"http.route": "/x"}))
+            spans.append(_span(rng, i, start + m * MIN + rng.randrange(MIN), "front", {"http.route": "/x"}))
     return spans
 
 
@@ -177,7 +178,7 @@ def test_lookups_settled_before_total_series_are_read_raw(store, monkeypatch):
     with store.engine.begin() as conn:
         ids = select(Series.id).where(Series.kind == "cache", Series.caller == "", Series.callee == "",
                                       Series.name == "kv")
-        for model in (Rollup, HourlyRollup):
+        for model in (Rollup, QuarterRollup, HourlyRollup):
             conn.execute(delete(model).where(model.series_id.in_(ids)))
     calls = RawCalls(store, monkeypatch)
     ours = queries.cache_rates(store, ALIGNED, None)
@@ -212,3 +213,64 @@ def test_empty_window_answers_nothing(store):
 def test_group_by_is_a_whole_key():
     assert queries.valid_group_by("user_tier") and not queries.valid_group_by("user_tier\n")
     assert not queries.valid_group_by(None) and not queries.valid_group_by("")
+
+
+# A long store: 200 minutes from a whole hour, a window with ragged edges around two whole
+# hours and whole quarters on each side (minutes 8..187 of the store are its whole minutes).
+H0 = 483_334 * 60 * MIN
+LONG = Window(H0 + 7 * MIN + 17_000_000_000, H0 + 188 * MIN + 5_123_456_789)
+WHOLE = range(8, 188)
+
+
+@pytest.fixture
+def long_store(engine):
+    write_spans(engine, cache_spans(seed=5, start=H0, minutes=200, per_minute=6))
+    settle(engine, force=True)
+    return StoreReader(engine)
+
+
+class CellRows:
+    """The minutes of the rollup rows ``cache_rollup_cells`` is given (each row's first minute)."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.minutes: set[int] = set()
+        real = queries.cache_rollup_cells
+
+        def spy(rows, untagged_rows, group_by, cache=None):
+            rows = list(rows)
+            self.minutes |= {r[0] - H0 // MIN for r in rows}
+            return real(rows, untagged_rows, group_by, cache)
+
+        monkeypatch.setattr(queries, "cache_rollup_cells", spy)
+
+
+def test_long_windows_answer_as_the_raw_spans(long_store):
+    for group_by, cache in FROM_ROLLUPS + FROM_RAW[:4]:
+        ours, raw = _both(long_store, LONG, group_by, cache)
+        assert ours == raw, (group_by, cache)
+        for step in (5, 15, 30, 60, 180):
+            ours, raw = _both(long_store, LONG, group_by, cache, step)
+            assert ours == raw, (group_by, cache, step)
+    rows = queries.cache_rates(long_store, LONG, "user_tier", "kv")
+    assert {r["group"] for r in rows} == {"gold", "silver", "bronze", None}
+
+
+@pytest.mark.parametrize("step,minutes", [
+    (None, set(range(8, 15)) | {15, 30, 45, 60, 120} | set(range(180, 188))),  # the table: hours
+    (180, set(range(8, 15)) | {15, 30, 45, 60, 120} | set(range(180, 188))),
+    (30, set(range(8, 15)) | set(range(15, 180, 15)) | set(range(180, 188))),  # quarters, no hours
+    (15, set(range(8, 15)) | set(range(15, 180, 15)) | set(range(180, 188))),
+    (5, set(WHOLE)),  # minute rows only: a quarter would straddle two 5-minute steps
+])
+def test_long_windows_read_the_coarsest_tier_a_step_allows(long_store, monkeypatch, step, minutes):
+    cells, calls = CellRows(monkeypatch), RawCalls(long_store, monkeypatch)
+    if step is None:
+        rows = queries.cache_rates(long_store, LONG, "user_tier")
+    else:
+        rows = queries.cache_series(long_store, LONG, "user_tier", None, step)
+        # steps of whole quarters lie on the clock's grid, shorter ones start at the window's minute
+        origin = 0 if step % 15 == 0 else LONG.start_ns // MIN * MIN
+        assert all((r["t_ns"] - origin) % (step * MIN) == 0 for r in rows)
+        assert min(r["t_ns"] for r in rows) <= LONG.start_ns
+    assert rows and cells.minutes == minutes
+    assert calls.windows == [(LONG.start_ns, H0 + 8 * MIN), (H0 + 188 * MIN, LONG.end_ns)]  # the edges only

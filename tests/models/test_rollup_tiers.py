@@ -154,8 +154,8 @@ def test_quarter_hour_steps_read_quarter_rows_and_give_the_minute_answer(engine,
     # The quarter rows are what is read: without them the whole quarters are missing.
     seen = []
     real = reader._series_rows
-    monkeypatch.setattr(reader, "_series_rows",
-                        lambda conn, where, cols, tiers: seen.extend(t[0] for t in tiers) or real(conn, where, cols, tiers))
+    monkeypatch.setattr(reader, "_series_rows", lambda conn, where, cols, tiers, **kw:
+                        seen.extend(t[0] for t in tiers) or real(conn, where, cols, tiers, **kw))
     reader.rollup_steps(RollupQuery("op", start, end, Filters(), ("service",)), 15)
     assert QuarterRollup in seen
 

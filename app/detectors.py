@@ -290,12 +290,13 @@ def _coarse_value(bin_index: np.ndarray) -> np.ndarray:
     return sketch.representative(np.clip(bin_index * COARSE + COARSE // 2, 0, sketch.NUM_KEYS - 1))
 
 
-def _coarse_quantile(mat: np.ndarray, q: float) -> np.ndarray:
-    """Per row of a (n, bins) count matrix, the ``q`` quantile (ns; nan for empty rows)."""
+def _coarse_quantile(mat: np.ndarray, q: float, first_bin: int = 0) -> np.ndarray:
+    """Per row of a (n, bins) count matrix, the ``q`` quantile (ns; nan for empty rows);
+    ``first_bin``: the coarse bin of the matrix's first column (a slice of the used bins)."""
     c = np.cumsum(mat, axis=1)
     tot = c[:, -1]
     target = np.floor(q * np.maximum(tot - 1, 0))
-    idx = np.argmax(c > target[:, None], axis=1)
+    idx = np.argmax(c > target[:, None], axis=1) + first_bin
     out = _coarse_value(idx).astype(float)
     out[tot <= 0] = np.nan
     return out
@@ -421,6 +422,29 @@ HINTS = {
 
 
 VOLUME_TIE = 0.10  # call volumes this close (relative) rank as ties
+HOT_CELLS_CHUNK = 4_000_000  # pairs x pairs x blocks compared at once (bytes of one bool array)
+
+
+def _hot_cells(counts: np.ndarray, p99: np.ndarray, min_samples: int) -> np.ndarray:
+    """Pairs x blocks: in the top quartile of both call volume and P99 among the block's
+    pairs with ``min_samples`` calls (``detect_hot_spot``; blocks with fewer than 4 such
+    pairs have none). All pairs against all pairs at once, some blocks at a time: a loop per
+    block and pair was most of the detector's time over a week of blocks."""
+    n_pairs, nblk = counts.shape
+    hot = np.zeros((n_pairs, nblk), dtype=bool)
+    step = max(1, HOT_CELLS_CHUNK // max(1, n_pairs * n_pairs))
+    for lo in range(0, nblk, step):
+        c, p = counts[:, lo:lo + step], p99[:, lo:lo + step]
+        ok = c >= min_samples
+        n = ok.sum(axis=0)
+        q = np.ceil(n / 4)
+        vols = np.where(ok, c, -np.inf)  # pairs without enough calls rank nowhere
+        lats = np.where(ok, p, -np.inf)
+        # [i, b]: how many ranked pairs have at least pair i's volume (less the tie) / P99
+        at_vol = (vols[None, :, :] >= (c * (1 - VOLUME_TIE))[:, None, :]).sum(axis=1)
+        at_lat = (lats[None, :, :] >= p[:, None, :]).sum(axis=1)
+        hot[:, lo:lo + step] = ok & (n >= 4)[None, :] & (at_vol <= q) & (at_lat <= q)
+    return hot
 
 
 def detect_hot_spot(frames: Frames, th: Thresholds) -> list[dict]:
@@ -446,18 +470,7 @@ def detect_hot_spot(frames: Frames, th: Thresholds) -> list[dict]:
         mat = _coarse_rows(df, (_block_of(df["minute"].to_numpy(), th) - blocks[0]) // b, nblk)
         counts[i] = mat.sum(axis=1)
         p99[i] = _coarse_quantile(mat, 0.99)
-    hot = np.zeros((len(names), nblk), dtype=bool)
-    for j in range(nblk):
-        ok = counts[:, j] >= th.min_samples
-        n = int(ok.sum())
-        if n < 4:
-            continue
-        q = math.ceil(n / 4)
-        vols = counts[ok, j]
-        lat = p99[ok, j]
-        for i in np.flatnonzero(ok):
-            if (vols >= counts[i, j] * (1 - VOLUME_TIE)).sum() <= q and (lat >= p99[i, j]).sum() <= q:
-                hot[i, j] = True
+    hot = _hot_cells(counts, p99, th.min_samples)
     out = []
     for i, (caller, callee) in enumerate(names):
         for a, e in _runs(hot[i]):
@@ -487,16 +500,18 @@ def detect_hot_spot(frames: Frames, th: Thresholds) -> list[dict]:
 BAND_CHUNK_MINUTES = 1440
 
 
-def _band_stats(cum: np.ndarray, ts: np.ndarray, B: int, W: int):
+def _band_stats(cum: np.ndarray, ts: np.ndarray, B: int, W: int, first_bin: int = 0):
     """For each minute in ``ts``: calls and coarse P50/P99 of its trailing ``B`` minutes and of
-    its next ``W`` (``cum``: cumulative minutes x bins), a day of minutes at a time."""
+    its next ``W`` (``cum``: cumulative minutes x bins, its first column coarse bin
+    ``first_bin``), a day of minutes at a time."""
     parts = []
     for lo in range(0, len(ts), BAND_CHUNK_MINUTES):
         t = ts[lo:lo + BAND_CHUNK_MINUTES]
         base = cum[t] - cum[t - B]
         win = cum[t + W] - cum[t]
-        parts.append((base.sum(axis=1), win.sum(axis=1), _coarse_quantile(base, 0.5), _coarse_quantile(base, 0.99),
-                      _coarse_quantile(win, 0.5), _coarse_quantile(win, 0.99)))
+        parts.append((base.sum(axis=1), win.sum(axis=1), _coarse_quantile(base, 0.5, first_bin),
+                      _coarse_quantile(base, 0.99, first_bin), _coarse_quantile(win, 0.5, first_bin),
+                      _coarse_quantile(win, 0.99, first_bin)))
     return tuple(np.concatenate(col) for col in zip(*parts))
 
 
@@ -518,11 +533,16 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
         return []
     for (caller, callee), df in _pair_series(frames).items():
         mat = _pair_minute_matrix(frames, df)
-        cum = np.vstack([np.zeros((1, mat.shape[1]), dtype=np.int64), np.cumsum(mat, axis=0, dtype=np.int64)])
+        # Only the bins the pair's calls fall in (a pair's latencies span a few dozen of the
+        # 256): the sums and quantiles below are the same, over a fraction of the columns.
+        used = np.flatnonzero(mat.any(axis=0))
         ts = np.arange(B, n - W + 1)
-        if not len(ts):
+        if not len(ts) or not len(used):
             continue
-        nb, nw, b50, b99, w50, w99 = _band_stats(cum, ts, B, W)
+        lo_bin, hi_bin = int(used[0]), int(used[-1]) + 1
+        cum = np.vstack([np.zeros((1, hi_bin - lo_bin), dtype=np.int64),
+                         np.cumsum(mat[:, lo_bin:hi_bin], axis=0, dtype=np.int64)])
+        nb, nw, b50, b99, w50, w99 = _band_stats(cum, ts, B, W, lo_bin)
         with np.errstate(invalid="ignore", divide="ignore"):
             cand = ((nb >= th.min_samples) & (nw >= th.min_samples) & (w99 >= th.band_ratio * b99)
                     & (np.abs(w50 / b50 - 1) <= th.band_p50_tolerance))

@@ -148,6 +148,47 @@ def test_block_matrices_are_the_minute_matrices_summed_into_blocks():
     assert (by_block == expected).all() and by_block.sum() == df["count"].sum()
 
 
+def _hot_cells_one_by_one(counts, p99, min_samples):
+    """The hot-spot rule cell by cell, as DESIGN.md states it."""
+    hot = np.zeros(counts.shape, dtype=bool)
+    for j in range(counts.shape[1]):
+        ok = counts[:, j] >= min_samples
+        n = int(ok.sum())
+        if n < 4:
+            continue
+        q = -(-n // 4)
+        for i in np.flatnonzero(ok):
+            hot[i, j] = ((counts[ok, j] >= counts[i, j] * (1 - d.VOLUME_TIE)).sum() <= q
+                         and (p99[ok, j] >= p99[i, j]).sum() <= q)
+    return hot
+
+
+@pytest.mark.parametrize("chunk", [1, 50, 4_000_000])
+def test_hot_cells_are_the_rule_cell_by_cell(monkeypatch, chunk):
+    """All pairs against all pairs, some blocks at a time: ties within VOLUME_TIE, equal P99s,
+    pairs under min_samples and blocks with fewer than 4 ranked pairs as the rule says."""
+    monkeypatch.setattr(d, "HOT_CELLS_CHUNK", chunk)
+    rng = np.random.default_rng(7)
+    for n_pairs in (3, 4, 9, 23):
+        counts = rng.choice([0, 5, 19, 20, 21, 22, 40, 100, 105], size=(n_pairs, 37)).astype(float)
+        p99 = rng.choice([1e6, 2e6, 2e6, 5e6, 9e6], size=counts.shape)
+        p99[counts == 0] = np.nan
+        for min_samples in (0, 20, 50):
+            want = _hot_cells_one_by_one(counts, p99, min_samples)
+            assert (d._hot_cells(counts, p99, min_samples) == want).all(), (n_pairs, min_samples)
+            if n_pairs >= 9 and min_samples == 20:
+                assert want.any() and not want.all()
+
+
+def test_coarse_quantiles_of_the_used_bins_are_those_of_all_bins():
+    rng = np.random.default_rng(3)
+    mat = np.zeros((50, sketch.NUM_KEYS // d.COARSE), dtype=np.int64)
+    mat[:, 40:61] = rng.integers(0, 4, size=(50, 21))
+    mat[7] = 0  # an empty row: nan
+    for q in (0.0, 0.5, 0.99, 1.0):
+        np.testing.assert_array_equal(d._coarse_quantile(mat[:, 40:61], q, 40), d._coarse_quantile(mat, q))
+
+
 @pytest.mark.parametrize("kw", [{"hot_p99": False}, {"tied": True}])
 def test_hot_spot_negatives(kw):
     # The busiest pair is fast; or every pair has the same volume (ties rank against).

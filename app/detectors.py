@@ -42,6 +42,7 @@ sketch, see ``models/sketch.py``):
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass, field, fields
@@ -179,6 +180,13 @@ LONG_TRACE_COLUMNS = ("trace_id", "root_service", "input_type", "start_ns", "dur
 
 
 def empty_frame(columns) -> pd.DataFrame:
+    """A frame of no rows with these (object) columns: a copy of one built once (building
+    one took 0.5 ms, and every ``Frames`` starts with five: 2.5 ms an exemplar look-up)."""
+    return _empty_frame(tuple(columns)).copy()
+
+
+@functools.lru_cache(maxsize=64)
+def _empty_frame(columns: tuple) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from ..ingest.records import KIND_CLIENT, KIND_NAMES, STAGES, STATUS_NAMES, SpanRecord
 from ..ingest.traces import critical_path, find_root, input_type_of, self_times, service_pairs, trace_duration_ns
 from ..models import sketch
-from ..models.reader import Filters, RollupQuery, SpanQuery, StoreReader
+from ..models.reader import Filters, RollupQuery, SpanQuery, StoreReader, TierPlan, tier_plan
 from ..models.sketch import Histogram
 from .params import Window, rfc3339
 
@@ -1012,13 +1012,27 @@ def cache_rollup_cells(rows: Iterable[tuple], untagged_rows: Iterable[tuple], gr
     return out
 
 
-def _cache_tier(step_minutes: int | None) -> int:
-    """The coarsest rollup tier (minutes) whose rows fall wholly in one ``step_minutes``
-    bucket (``_rates_buckets``: steps of whole quarters lie on a quarter-aligned grid); no
-    step (a table over the whole window): hours."""
-    if step_minutes is None or step_minutes % 60 == 0:
-        return 60
-    return 15 if step_minutes % 15 == 0 else 1
+def _cache_plan(lo_ns: int, hi_ns: int, step_minutes: int | None, kept_from: int | None) -> TierPlan | None:
+    """Which rollup rows answer the whole minutes ``[lo, hi)`` of a cache view: the coarsest
+    tier whose rows fall wholly in one ``step_minutes`` bucket (``_rates_buckets``: steps of
+    whole quarters lie on a quarter-aligned grid; no step, a table over the window: hours).
+    A window reaching before the minute rows retention keeps (``kept_from``) is rounded out
+    to whole hours there, as every rollup view is, when its step allows hours; else None
+    (its raw spans answer it)."""
+    hours = step_minutes is None or step_minutes % 60 == 0
+    if kept_from is not None and lo_ns // _NS_MIN < kept_from:
+        return tier_plan(lo_ns, hi_ns, kept_from) if hours else None
+    if hours or step_minutes % 15 == 0:
+        return tier_plan(lo_ns, hi_ns, hours=hours)
+    return TierPlan(((lo_ns // _NS_MIN, hi_ns // _NS_MIN),), (0, 0))
+
+
+def _plan_bounds(plan: TierPlan) -> tuple[int, int]:
+    """First and end minute a tier plan's rows cover (rounding out included)."""
+    spans = [(a, b) for a, b in plan.minute_ranges] + [(a * 15, b * 15) for a, b in plan.quarter_ranges]
+    if plan.hours[1] > plan.hours[0]:
+        spans.append((plan.hours[0] * 60, plan.hours[1] * 60))
+    return min(a for a, _ in spans), max(b for _, b in spans)
 
 
 def _cache_lookups(reader: StoreReader, window: Window, group_by: str | None, cache: str | None,
@@ -1026,26 +1040,24 @@ def _cache_lookups(reader: StoreReader, window: Window, group_by: str | None, ca
     """The window's lookups as ``(t_ns, cache, group, hits, misses)``: its whole minutes from
     the rollups when ``cache_rollup_cells`` can answer them — whole hours and quarter hours
     from the coarser tiers where every row falls in one ``step_minutes`` bucket (a week is
-    168 hourly rows a series, not 10,080 minute rows) — the ragged edges (and everything
-    otherwise) from the raw spans. The checks of ``cache_rollup_cells`` hold per tier row as
-    they do per minute: a tier row is the sum of its minutes' rows."""
+    168 hourly rows a series, not 10,080 minute rows; ``_cache_plan``) — the ragged edges
+    (and everything otherwise) from the raw spans. The checks of ``cache_rollup_cells`` hold
+    per tier row as they do per minute: a tier row is the sum of its minutes' rows."""
     m0, m1 = -(-window.start_ns // _NS_MIN), window.end_ns // _NS_MIN
-    if rollups and m1 > m0:
-        lo, hi = m0 * _NS_MIN, m1 * _NS_MIN
-        tier = _cache_tier(step_minutes)
-        rows = reader.exact_tier_rows("cache", lo, hi, ("service", "name", "caller", "callee"),
-                                      coarsest=tier, sketches=False)
-        if rows is not None:  # None: minute rollups pruned before the window (read raw)
-            untagged = (reader.exact_tier_rows(CACHE_UNTAGGED_KIND, lo, hi, ("service", "name", "caller"),
-                                               coarsest=tier, sketches=False) or ()
-                        if group_by is not None else ())
-            cells = cache_rollup_cells(rows, untagged, group_by, cache)
-            if cells is not None:
-                out = [(m * _NS_MIN, name, group, h, mi) for (m, name, group), (h, mi) in cells.items()]
-                for a, b in ((window.start_ns, lo), (hi, window.end_ns)):
-                    if b > a:
-                        out.extend(_counted(_cache_events(reader, Window(a, b), group_by, cache)))
-                return out
+    plan = (_cache_plan(m0 * _NS_MIN, m1 * _NS_MIN, step_minutes, reader.minutes_kept_from())
+            if rollups and m1 > m0 else None)
+    if plan is not None:
+        rows = reader.tier_rows("cache", plan, ("service", "name", "caller", "callee"), sketches=False)
+        untagged = (reader.tier_rows(CACHE_UNTAGGED_KIND, plan, ("service", "name", "caller"), sketches=False)
+                    if group_by is not None else ())
+        cells = cache_rollup_cells(rows, untagged, group_by, cache)
+        if cells is not None:
+            out = [(m * _NS_MIN, name, group, h, mi) for (m, name, group), (h, mi) in cells.items()]
+            first, end = _plan_bounds(plan)
+            for a, b in ((window.start_ns, first * _NS_MIN), (end * _NS_MIN, window.end_ns)):
+                if b > a:  # a ragged edge (none where the window was rounded out to an hour)
+                    out.extend(_counted(_cache_events(reader, Window(a, b), group_by, cache)))
+            return out
     return list(_counted(_cache_events(reader, window, group_by, cache)))
 
 

@@ -211,26 +211,27 @@ class StoreReader:
         """``(minute, ...)`` rows covering the window: quarter-hour rows (minute = the
         quarter's first) for its whole quarters, minute rows at its edges; None when the
         window reaches before the minutes retention keeps (quarters go with them)."""
-        return self.exact_tier_rows(q.kind, q.start_ns, q.end_ns, q.group_by, q.filters, coarsest=15)
-
-    def exact_tier_rows(self, kind: str, start_ns: int, end_ns: int, dims: tuple[str, ...],
-                        filters: Filters | None = None, *, coarsest: int = 60,
-                        sketches: bool = True) -> list[tuple] | None:
-        """``(minute, count, error_count, sum_ns, sketch, *dims)`` rows covering exactly the
-        window's minutes ``minute_range(start, end)``: its whole hours from the hourly tier
-        (``coarsest`` 60), whole quarter hours from the quarter tier (``coarsest`` ≥ 15),
-        the rest from minute rows; each row's minute is the first of its hour, quarter or
-        minute. None when the window reaches before the minute rows retention keeps
-        (quarters go with them): no tier then answers its edges exactly."""
-        first, last = minute_range(start_ns, end_ns)
+        first, _ = minute_range(q.start_ns, q.end_ns)
         with self.engine.connect() as conn:
             kept = self._minutes_kept_from(conn)
             if kept is not None and first < kept:
                 return None
-            if coarsest >= 15:
-                plan = tier_plan(start_ns, end_ns, hours=coarsest >= 60)
-            else:
-                plan = TierPlan(((first, last),) if last > first else (), (0, 0))
+            plan = tier_plan(q.start_ns, q.end_ns, hours=False)
+            return self._series_rows(conn, self._series_filter(q.kind, q.filters),
+                                     [getattr(Series, d) for d in q.group_by], plan_tiers(plan))
+
+    def minutes_kept_from(self) -> int | None:
+        """The oldest minute whose minute (and quarter-hour) rollups retention keeps; None
+        when nothing was ever pruned."""
+        with self.engine.connect() as conn:
+            return self._minutes_kept_from(conn)
+
+    def tier_rows(self, kind: str, plan: TierPlan, dims: tuple[str, ...], filters: Filters | None = None,
+                  sketches: bool = True) -> list[tuple]:
+        """``(minute, count, error_count, sum_ns, sketch, *dims)`` rows of a ``tier_plan``:
+        minute, quarter-hour and hourly rows, each row's minute the first of its minute,
+        quarter or hour (``sketches`` False: None for the blob)."""
+        with self.engine.connect() as conn:
             return self._series_rows(conn, self._series_filter(kind, filters or Filters()),
                                      [getattr(Series, d) for d in dims], plan_tiers(plan), sketches=sketches)
 

@@ -1,8 +1,8 @@
 """The cache page's hit rates from the ``cache`` rollups (TOTAL and tag series) equal the
 raw spans' answers, and the raw path is taken wherever the rollups cannot know a group
 (an overflowed key, numbers, '', long values, a key past the first tags, resource
-attributes, ``cache.*`` keys, data settled before TOTAL series existed, pruned minute
-rollups). Every test runs on SQLite and PostgreSQL."""
+attributes, ``cache.*`` keys, data settled before TOTAL series existed, finer steps
+than an hour before the minute rollups kept). Every test runs on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -189,14 +189,27 @@ def test_lookups_settled_before_total_series_are_read_raw(store, monkeypatch):
     assert calls.windows == []
 
 
-def test_pruned_minute_rollups_are_read_raw(store, monkeypatch):
+def test_pruned_minute_rollups_round_out_to_hours(store, monkeypatch):
+    """Before the minute rows retention keeps, the window is rounded out to whole hours (as
+    every rollup view): the table and hour steps from hourly rows, nothing read raw; steps
+    finer than an hour read the raw spans."""
     with store.engine.begin() as conn:
         conn.execute(Cursor.__table__.insert().values(name=MINUTE_BOUNDARY_CURSOR, position=T0 // MIN + 2,
                                                       holder=None, lease_expires_ns=0))
+    hour = Window(T0 // (60 * MIN) * 60 * MIN, (T0 // (60 * MIN) + 1) * 60 * MIN)  # the hour holding all the data
+    assert hour.start_ns < RAGGED.start_ns and RAGGED.end_ns < hour.end_ns
     calls = RawCalls(store, monkeypatch)
-    ours = queries.cache_rates(store, ALIGNED, "user_tier")
-    assert calls.windows == [(ALIGNED.start_ns, ALIGNED.end_ns)]
-    assert ours == queries.cache_rates(store, ALIGNED, "user_tier", rollups=False)
+    for group_by in ("user_tier", None):
+        rates, series = (queries.cache_rates(store, RAGGED, group_by),
+                         queries.cache_series(store, RAGGED, group_by, None, 60))
+        assert calls.windows == []
+        assert rates == queries.cache_rates(store, hour, group_by, rollups=False)
+        assert rates != queries.cache_rates(store, RAGGED, group_by, rollups=False)  # rounded out indeed
+        assert series == queries.cache_series(store, hour, group_by, None, 60, rollups=False)
+        calls.windows.clear()
+    ours = queries.cache_series(store, RAGGED, "user_tier", None, 5)
+    assert calls.windows == [(RAGGED.start_ns, RAGGED.end_ns)]
+    assert ours == queries.cache_series(store, RAGGED, "user_tier", None, 5, rollups=False)
     calls.windows.clear()
     later = Window(T0 + 2 * MIN, ALIGNED.end_ns)
     ours = queries.cache_rates(store, later, "user_tier")

@@ -1155,6 +1155,20 @@ def detect_cold_start(frames: Frames, th: Thresholds) -> list[dict]:
     return out
 
 
+def _counts_above(keys_col, counts_col, key: int) -> np.ndarray:
+    """Per row of sparse sketches (a frame's ``keys``/``counts`` columns), its count in keys
+    past ``key``: one concatenate and one bincount, not a mask per row."""
+    n = len(keys_col)
+    lens = np.fromiter((len(k) for k in keys_col), dtype=np.int64, count=n)
+    if not n or not lens.sum():
+        return np.zeros(n, dtype=np.int64)
+    keys = np.concatenate([np.asarray(k) for k in keys_col])
+    counts = np.concatenate([np.asarray(c) for c in counts_col]).astype(np.float64)
+    past = keys > key
+    rows = np.repeat(np.arange(n), lens)[past]
+    return np.rint(np.bincount(rows, weights=counts[past], minlength=n)).astype(np.int64)
+
+
 def detect_baseline_regression(frames: Frames, th: Thresholds) -> list[dict]:
     """``baseline_regression``: P95 per input type over its baseline P95 (``baseline``
     setting, default the seed's table) by more than ``baseline_margin``.
@@ -1177,7 +1191,7 @@ def detect_baseline_regression(frames: Frames, th: Thresholds) -> list[dict]:
         base95 = table[it][1] * 1e6
         limit = base95 * (1 + th.baseline_margin)
         k_lim = sketch.key_of(limit)
-        above = np.array([int(np.asarray(c)[np.asarray(k) > k_lim].sum()) for k, c in zip(g["keys"], g["counts"])])
+        above = _counts_above(g["keys"], g["counts"], k_lim)
         g = g.assign(above=above, block=_block_of(g["minute"].to_numpy(), th))
         stats = g.groupby("block")[["count", "above"]].sum()
         fl = np.array([n >= th.min_samples and a / n > 0.05

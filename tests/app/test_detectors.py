@@ -509,3 +509,17 @@ def test_a_services_rollups_over_several_stretches_are_read_at_once(engine):
     assert reader.series_rollup_rows("inst", "svc-a", [], ("name",)) == []
     from modalscope.app.findings import _merged
     assert _merged([(5, 9), (1, 3), (3, 4), (8, 12), (20, 21)]) == [(1, 4), (5, 12), (20, 21)]
+
+
+def test_counts_past_a_key_per_row_are_the_masked_sums():
+    rng = np.random.default_rng(5)
+    keys_col, counts_col = [], []
+    for i in range(40):
+        k = np.sort(rng.choice(4096, size=int(rng.integers(0, 12)), replace=False)).astype(np.int32)
+        keys_col.append(k)
+        counts_col.append(rng.integers(1, 1000, size=len(k)).astype(np.int32))
+    for key in (0, 1000, 2048, 4095):
+        want = [int(c[k > key].sum()) for k, c in zip(keys_col, counts_col)]
+        assert d._counts_above(keys_col, counts_col, key).tolist() == want
+    assert d._counts_above([], [], 5).tolist() == []
+    assert d._counts_above([np.array([], dtype=np.int32)] * 2, [np.array([], dtype=np.int32)] * 2, 5).tolist() == [0, 0]

@@ -659,6 +659,38 @@ def _in_run(frames: Frames, df: pd.DataFrame, s_min: int, e_min: int) -> pd.Data
     return df[(df["start_ns"] >= s_min * NS_MIN) & (df["start_ns"] < e_min * NS_MIN)]
 
 
+def _penetrated(stats: pd.DataFrame, th: Thresholds) -> dict[str, list[tuple[int, str, float, float, int, float]]]:
+    """Tag value -> ``(block, dominant value, hit rate, dominant's hit rate, lookups, dominant's
+    share)`` of the blocks where its hit rate fell below ``(1 - cache_drop)`` x the dominant
+    value's (the busiest, the first of equals, with ``cache_dominant_share`` of the block's
+    lookups and ``min_samples``), in block order. ``stats``: ``block``, ``tag``, ``n``,
+    ``hits`` per block and value, sorted by both. All blocks at once: a loop per block was
+    most of the detector's time over a week."""
+    if stats.empty:
+        return {}
+    by_block = stats.groupby("block", sort=False)
+    dom_at = stats.index.get_indexer(by_block["n"].idxmax())  # the first of equal maxima
+    block_of_row = by_block.ngroup().to_numpy()
+    n = stats["n"].to_numpy()
+    hits = stats["hits"].to_numpy()
+    tags = stats["tag"].to_numpy()
+    total = by_block["n"].transform("sum").to_numpy()
+    dom = dom_at[block_of_row]  # each row's block's dominant row
+    dom_n, dom_hits, dom_tag = n[dom], hits[dom], tags[dom]
+    with np.errstate(invalid="ignore", divide="ignore"):  # (blocks of no lookups: nan, never flagged)
+        share = dom_n / total
+        dom_rate = dom_hits / dom_n
+        rate = hits / n
+        fell = ((share >= th.cache_dominant_share) & (dom_n >= th.min_samples) & (tags != dom_tag)
+                & (n >= th.min_samples) & (rate < (1 - th.cache_drop) * dom_rate))
+    flagged: dict[str, list[tuple[int, str, float, float, int, float]]] = {}
+    blocks = stats["block"].to_numpy()
+    for i in np.flatnonzero(fell):
+        flagged.setdefault(tags[i], []).append((int(blocks[i]), str(dom_tag[i]), rate[i], dom_rate[i], int(n[i]),
+                                                share[i]))
+    return flagged
+
+
 def detect_cache_penetration(frames: Frames, th: Thresholds) -> list[dict]:
     """``cache_penetration``: per cache (``cache.name``, hits from ``cache.hit``) and per tag
     (a string attribute of the lookups with 2-20 values), the hit rate of one tag value
@@ -680,20 +712,7 @@ def detect_cache_penetration(frames: Frames, th: Thresholds) -> list[dict]:
             continue
         stats = kdf.groupby(["block", "value"], as_index=False)[["count", "hits"]].sum()
         stats = stats.rename(columns={"count": "n", "value": "tag"})
-        flagged: dict[str, list[tuple[int, str, float, float, int, float]]] = {}
-        for blk, g in stats.groupby("block"):
-            total = g["n"].sum()
-            dom = g.loc[g["n"].idxmax()]
-            share = dom["n"] / total
-            if share < th.cache_dominant_share or dom["n"] < th.min_samples:
-                continue
-            dom_rate = dom["hits"] / dom["n"]
-            for tag, n, hits in zip(g["tag"], g["n"], g["hits"]):
-                if tag == dom["tag"] or n < th.min_samples:
-                    continue
-                rate = hits / n
-                if rate < (1 - th.cache_drop) * dom_rate:
-                    flagged.setdefault(tag, []).append((int(blk), str(dom["tag"]), rate, dom_rate, int(n), share))
+        flagged = _penetrated(stats, th)
         for value, items in flagged.items():
             items.sort()
             blks = np.array([x[0] for x in items])
@@ -767,11 +786,10 @@ def _sync_blocks(frames: Frames, th: Thresholds):
     if df.empty:
         return None
     df = df.assign(block=_block_of(df["minute"].to_numpy(), th))
-    rows = []
-    for blk, g in df.groupby("block", sort=True):
-        h = histogram_of(g["keys"], g["counts"])
-        rows.append((blk, h.quantile(0.5) / 1e6 if h.count else np.nan, int(g["count"].sum())))
-    stats = pd.DataFrame(rows, columns=["block", "median", "size"]).set_index("block")
+    blocks, row_block = np.unique(df["block"].to_numpy(), return_inverse=True)
+    medians = _row_quantiles(row_block, df["keys"], df["counts"], len(blocks), 0.5) / 1e6
+    sizes = np.bincount(row_block, weights=df["count"].to_numpy(dtype=np.float64), minlength=len(blocks))
+    stats = pd.DataFrame({"block": blocks, "median": medians, "size": np.rint(sizes).astype(np.int64)}).set_index("block")
 
     def median_of(sel) -> tuple[float, int, list]:
         inside = df[sel(df["block"])]
@@ -1152,6 +1170,41 @@ def detect_cold_start(frames: Frames, th: Thresholds) -> list[dict]:
             "ratio": round(float(np.median(ratio)), 3), "threshold_ratio": th.cold_factor,
             "warmup_s": th.cold_warmup_s, "sample_count": int(len(f)), "steady_count": int(counts.sum()),
         }, HINTS["cold_start"], f.sort_values("duration_ns", ascending=False)["trace_id"].tolist()))
+    return out
+
+
+#: Rows x sketch keys counted at once by ``_row_quantiles`` (8 bytes a cell).
+ROW_QUANTILE_CELLS = 1 << 20
+
+
+def _row_quantiles(row_of: np.ndarray, keys_col, counts_col, n_rows: int, q: float) -> np.ndarray:
+    """The ``q`` quantile (ns, nan when empty) of each of ``n_rows`` histograms, row
+    ``row_of[i]`` merging the sparse sketch ``keys_col[i]``/``counts_col[i]``: what
+    ``histogram_of(...).quantile(q)`` gives each row's sketches (numpy's linear definition
+    over representative values), some rows at a time instead of a histogram a row."""
+    out = np.full(n_rows, np.nan)
+    lens = np.fromiter((len(k) for k in keys_col), dtype=np.int64, count=len(keys_col))
+    if not n_rows or not lens.sum():
+        return out
+    entry_row = np.repeat(np.asarray(row_of, dtype=np.int64), lens)
+    keys = np.concatenate([np.asarray(k) for k in keys_col]).astype(np.int64)
+    counts = np.concatenate([np.asarray(c) for c in counts_col]).astype(np.float64)
+    order = np.argsort(entry_row, kind="stable")
+    entry_row, keys, counts = entry_row[order], keys[order], counts[order]
+    step = max(1, ROW_QUANTILE_CELLS // sketch.NUM_KEYS)
+    for lo in range(0, n_rows, step):
+        a, b = np.searchsorted(entry_row, [lo, lo + step])
+        m = min(step, n_rows - lo)
+        dense = np.rint(np.bincount((entry_row[a:b] - lo) * sketch.NUM_KEYS + keys[a:b], weights=counts[a:b],
+                                    minlength=m * sketch.NUM_KEYS)).astype(np.int64).reshape(m, sketch.NUM_KEYS)
+        cum = np.cumsum(dense, axis=1)
+        n = cum[:, -1]
+        h = min(max(q, 0.0), 1.0) * (n - 1)
+        first = np.floor(h)
+        second = np.minimum(first + 1, n - 1)
+        v_lo = sketch.representative(np.argmax(cum > first[:, None], axis=1))
+        v_hi = sketch.representative(np.argmax(cum > second[:, None], axis=1))
+        out[lo:lo + m] = np.where(n > 0, v_lo + (h - first) * (v_hi - v_lo), np.nan)
     return out
 
 

@@ -523,3 +523,61 @@ def test_counts_past_a_key_per_row_are_the_masked_sums():
         assert d._counts_above(keys_col, counts_col, key).tolist() == want
     assert d._counts_above([], [], 5).tolist() == []
     assert d._counts_above([np.array([], dtype=np.int32)] * 2, [np.array([], dtype=np.int32)] * 2, 5).tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("cells", [sketch.NUM_KEYS, 3 * sketch.NUM_KEYS, 1 << 20])
+def test_row_quantiles_are_each_rows_histogram_quantile(monkeypatch, cells):
+    """``_row_quantiles`` (the fusion detector's block medians), some rows at a time, gives
+    exactly ``histogram_of(...).quantile`` of each row's sketches; empty rows nan."""
+    monkeypatch.setattr(d, "ROW_QUANTILE_CELLS", cells)
+    rng = np.random.default_rng(11)
+    n_rows, keys_col, counts_col, row_of = 9, [], [], []
+    for i in range(60):
+        k, c = sparse(rng.lognormal(16, 1.5, size=int(rng.integers(0, 40))))
+        keys_col.append(k)
+        counts_col.append(c)
+        row_of.append(int(rng.choice([0, 1, 2, 4, 5, 6, 8])))  # rows 3 and 7 get nothing
+    for q in (0.0, 0.5, 0.95, 0.99, 1.0):
+        got = d._row_quantiles(np.array(row_of), keys_col, counts_col, n_rows, q)
+        for r in range(n_rows):
+            mine = [i for i in range(60) if row_of[i] == r]
+            want = d.histogram_of([keys_col[i] for i in mine], [counts_col[i] for i in mine]).quantile(q)
+            assert (np.isnan(got[r]) if want is None else got[r] == want), (q, r)
+    assert np.isnan(d._row_quantiles(np.array([], dtype=int), [], [], 3, 0.5)).all()
+
+
+def _penetrated_block_by_block(stats, th):
+    """The cache-penetration rule block by block (the detector's loop before it was vectorised)."""
+    flagged = {}
+    for blk, g in stats.groupby("block"):
+        total = g["n"].sum()
+        dom = g.loc[g["n"].idxmax()]
+        share = dom["n"] / total
+        if share < th.cache_dominant_share or dom["n"] < th.min_samples:
+            continue
+        dom_rate = dom["hits"] / dom["n"]
+        for tag, n, hits in zip(g["tag"], g["n"], g["hits"]):
+            if tag == dom["tag"] or n < th.min_samples:
+                continue
+            rate = hits / n
+            if rate < (1 - th.cache_drop) * dom_rate:
+                flagged.setdefault(tag, []).append((int(blk), str(dom["tag"]), rate, dom_rate, int(n), share))
+    return flagged
+
+
+def test_penetrated_blocks_are_the_rule_block_by_block():
+    """All blocks at once: dominant value (first of equal volumes), its share and samples,
+    the other values' hit rates, as the rule reads block by block."""
+    rng = np.random.default_rng(2)
+    th = d.Thresholds()
+    rows = []
+    for blk in range(0, 1000, 5):
+        for tag in rng.choice(["bronze", "gold", "silver", "x"], size=int(rng.integers(1, 5)), replace=False):
+            n = int(rng.choice([0, 5, 30, 30, 60, 200]))
+            rows.append((blk, str(tag), n, int(rng.integers(0, n + 1)) if n else 0))
+    stats = pd.DataFrame(rows, columns=["block", "tag", "n", "hits"]).sort_values(["block", "tag"]).reset_index(drop=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        want = _penetrated_block_by_block(stats, th)
+    assert len(want) >= 2 and sum(map(len, want.values())) > 5  # the data has what the rule is about
+    assert d._penetrated(stats, th) == want
+    assert d._penetrated(stats.iloc[:0], th) == {}

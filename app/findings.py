@@ -162,7 +162,9 @@ def load_frames(reader: StoreReader, window: Window, th: d.Thresholds) -> d.Fram
                            ("input_type",), with_sum=True)
     pairs = _sketch_frame(reader.rollup_rows("pair", data_start, window.end_ns, ("caller", "callee")),
                           ("caller", "callee"), with_sum=False)
-    ts_rows = reader.rollup_rows("tstage", data_start, window.end_ns, ("input_type", "stage"), sketches=False)
+    # (the preprocessing stage's only: no detector reads the other stages' time)
+    ts_rows = reader.rollup_rows("tstage", data_start, window.end_ns, ("input_type", "stage"),
+                                 Filters(stage="preprocessing"), sketches=False)
     min_long = int(th.lb_min_ceiling_s * (1 - th.lb_band) * 1e9)
     long_rows = reader.long_traces(window.start_ns, window.end_ns, min_long)
     tstage = pd.DataFrame({"input_type": [r[5] for r in ts_rows], "stage": [r[6] for r in ts_rows],

@@ -789,7 +789,8 @@ def _sync_blocks(frames: Frames, th: Thresholds):
     blocks, row_block = np.unique(df["block"].to_numpy(), return_inverse=True)
     medians = _row_quantiles(row_block, df["keys"], df["counts"], len(blocks), 0.5) / 1e6
     sizes = np.bincount(row_block, weights=df["count"].to_numpy(dtype=np.float64), minlength=len(blocks))
-    stats = pd.DataFrame({"block": blocks, "median": medians, "size": np.rint(sizes).astype(np.int64)}).set_index("block")
+    stats = pd.DataFrame({"block": blocks, "median": medians,
+                          "size": np.rint(sizes).astype(np.int64)}).set_index("block")
 
     def median_of(sel) -> tuple[float, int, list]:
         inside = df[sel(df["block"])]

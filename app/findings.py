@@ -114,14 +114,15 @@ def _new_instances(reader: StoreReader, data_start: int, window: Window, th: d.T
     for service, births in by_service.items():
         # One read of the service's minutes after all its births (a week holds ~600 births:
         # a statement each cost more than the rows).
-        inst = reader.series_rollup_rows("inst", service, _merged((b, b + looked_at) for _, b in births), ("name",),
-                                         series_ids=ids.get(service, []))
+        inst = reader.series_rollup_rows("inst", service, _merged((b, b + looked_at) for _, b in births),
+                                         ("name",), series_ids=ids.get(service, []))
         minutes = [r[0] for r in inst]
         for instance, born in births:
             after = inst[bisect.bisect_left(minutes, born):bisect.bisect_left(minutes, born + looked_at)]
             # (minute, count, errors, sum, sketch, name) rows straight into two histograms: a
             # frame per new instance cost more than the check (a day of demo data has ~120).
-            first = sketch.merge_blobs([r[4] for r in after if r[5] == instance and r[0] < born + warm_minutes and r[4]])
+            first = sketch.merge_blobs([r[4] for r in after
+                                        if r[5] == instance and r[0] < born + warm_minutes and r[4]])
             steady = sketch.merge_blobs([r[4] for r in after if r[0] >= born + warm_minutes and r[4]])
             if not d.cold_start_histograms_candidate(first, steady, th):
                 continue

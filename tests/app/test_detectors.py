@@ -522,7 +522,8 @@ def test_counts_past_a_key_per_row_are_the_masked_sums():
         want = [int(c[k > key].sum()) for k, c in zip(keys_col, counts_col)]
         assert d._counts_above(keys_col, counts_col, key).tolist() == want
     assert d._counts_above([], [], 5).tolist() == []
-    assert d._counts_above([np.array([], dtype=np.int32)] * 2, [np.array([], dtype=np.int32)] * 2, 5).tolist() == [0, 0]
+    none = [np.array([], dtype=np.int32)] * 2
+    assert d._counts_above(none, none, 5).tolist() == [0, 0]
 
 
 @pytest.mark.parametrize("cells", [sketch.NUM_KEYS, 3 * sketch.NUM_KEYS, 1 << 20])
@@ -575,7 +576,8 @@ def test_penetrated_blocks_are_the_rule_block_by_block():
         for tag in rng.choice(["bronze", "gold", "silver", "x"], size=int(rng.integers(1, 5)), replace=False):
             n = int(rng.choice([0, 5, 30, 30, 60, 200]))
             rows.append((blk, str(tag), n, int(rng.integers(0, n + 1)) if n else 0))
-    stats = pd.DataFrame(rows, columns=["block", "tag", "n", "hits"]).sort_values(["block", "tag"]).reset_index(drop=True)
+    stats = (pd.DataFrame(rows, columns=["block", "tag", "n", "hits"]).sort_values(["block", "tag"])
+             .reset_index(drop=True))
     with np.errstate(invalid="ignore", divide="ignore"):
         want = _penetrated_block_by_block(stats, th)
     assert len(want) >= 2 and sum(map(len, want.values())) > 5  # the data has what the rule is about

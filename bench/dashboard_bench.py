@@ -82,7 +82,10 @@ COPY_TABLES = ("series", "spans", "pair_calls", "traces", "rollups", "rollups_15
 PCT = {"pairs": (("p50_ms", 0.5), ("p90_ms", 0.9), ("p99_ms", 0.99)),
        "input_types": (("p50_ms", 0.5), ("p95_ms", 0.95), ("p99_ms", 0.99)),
        "stages": (("p50_ms", 0.5), ("p95_ms", 0.95), ("p99_ms", 0.99))}
-KEYS = {"pairs": ("caller", "callee"), "input_types": ("input_type",), "stages": ("input_type", "stage")}
+KEYS = {"pairs": ("caller", "callee"), "input_types": ("input_type",), "stages": ("input_type", "stage"),
+        "cache": ("cache", "group")}
+PCT["cache"] = (("hit_rate", None),)  # compared as the percentiles are: relative error, and counts
+CACHE_GROUP_BY = "user_tier"  # the Cache page's group in every window (Subject.group_by)
 
 
 def default_db(spans: int) -> str:
@@ -270,7 +273,7 @@ class Subject:
     band: tuple[float, float] | None
     trace_id: str
     stage: str = "preprocessing"
-    group_by: str = "user_tier"
+    group_by: str = CACHE_GROUP_BY
     extra: dict = field(default_factory=dict)
 
 
@@ -477,7 +480,8 @@ def build_calls(app, client, reader, window, subject: Subject) -> list[Call]:
     calls += [
         Call("api", "/api/v1/traces?stage", api(f"/api/v1/traces?{q}&stage={subject.stage}&limit=20")),
         Call("api", "/api/v1/traces/<id>", api(f"/api/v1/traces/{subject.trace_id}")),
-        Call("api", f"/api/v1/cache?group_by={subject.group_by}", api(f"/api/v1/cache?{q}&group_by={subject.group_by}")),
+        Call("api", f"/api/v1/cache?group_by={subject.group_by}", api(f"/api/v1/cache?{q}&group_by={subject.group_by}"),
+             "cache", cache_rows),
         Call("api", "/api/v1/anomalies", api(f"/api/v1/anomalies?{q}")),
         Call("api", "/api/v1/compare" + ("?caller&callee" if pair_q else ""),
              api(f"/api/v1/compare?{q}" + (f"&{pair_q}" if pair_q else ""))),
@@ -542,7 +546,8 @@ def build_calls(app, client, reader, window, subject: Subject) -> list[Call]:
         Call("query", "stages: vit_layers", lambda: queries.vit_layers(reader, window)),
         Call("query", "stages: stages", lambda: queries.stages(reader, window, group_by="input_type"), "stages",
              lambda rows: rows),
-        Call("query", "cache: cache_rates", lambda: queries.cache_rates(reader, window, subject.group_by)),
+        Call("query", "cache: cache_rates", lambda: queries.cache_rates(reader, window, subject.group_by), "cache",
+             cache_rows),
         Call("query", "cache: cache_series",
              lambda: queries.cache_series(reader, window, subject.group_by, step_minutes=st.step_minutes(window, 60))),
         Call("query", "compare: compare" + (" (pair)" if pair_f else ""),
@@ -733,7 +738,59 @@ def exact_pairs(engine, window) -> dict[tuple, dict]:
     return _quantile_rows(m, KEYS["pairs"], "pairs", errors)
 
 
-EXACT = {"pairs": exact_pairs, "input_types": exact_input_types, "stages": exact_stages}
+def _cache_hit(value) -> bool | None:
+    """``cache.hit`` re-stated from DESIGN.md: a boolean, or from sources without booleans a
+    number (non-zero: hit) or one of true/1/hit/yes, false/0/miss/no; anything else is no
+    lookup."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return value != 0 if math.isfinite(value) else None
+    if isinstance(value, str):
+        v = value.strip().lower()
+        return True if v in ("true", "1", "hit", "yes") else False if v in ("false", "0", "miss", "no") else None
+    return None
+
+
+def _cache_group(attrs: dict, resource: str | None) -> str | None:
+    """The lookup's ``CACHE_GROUP_BY``: the span attribute, else the resource attribute, as text."""
+    value = attrs.get(CACHE_GROUP_BY)
+    if value is None and resource:
+        res = json.loads(resource)
+        value = res.get(CACHE_GROUP_BY) if isinstance(res, dict) else None
+    if value is None or isinstance(value, (dict, list)):
+        return None
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def exact_cache(engine, window) -> dict[tuple, dict]:
+    """Per cache and ``CACHE_GROUP_BY`` value, lookups and hit rate from the raw spans."""
+    import pandas as pd
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        df = pd.read_sql(text("SELECT attributes, resource FROM spans WHERE start_ns >= :a AND start_ns < :b "
+                              "AND attributes LIKE '%\"cache.name\"%'"), conn,
+                         params={"a": window.start_ns, "b": window.end_ns})
+    rows = []
+    for attributes, resource in df.itertuples(index=False):
+        attrs = json.loads(attributes)
+        cache, hit = attrs.get("cache.name"), _cache_hit(attrs.get("cache.hit"))
+        if cache is None or isinstance(cache, (dict, list)) or hit is None:
+            continue
+        rows.append((str(cache), _cache_group(attrs, resource), hit))
+    lookups = pd.DataFrame(rows, columns=["cache", "group", "hit"])
+    g = lookups.groupby(["cache", "group"], dropna=False)["hit"].agg(["size", "sum"])
+    return {(cache, None if pd.isna(group) else group): {"count": int(n), "hit_rate": float(hits) / n}
+            for (cache, group), (n, hits) in g.iterrows()}
+
+
+def cache_rows(rows: list[dict]) -> list[dict]:
+    """The cache view's rows with their lookups as ``count`` (``compare_rows``)."""
+    return [{**r, "count": r["hits"] + r["misses"]} for r in rows]
+
+
+EXACT = {"pairs": exact_pairs, "input_types": exact_input_types, "stages": exact_stages, "cache": exact_cache}
 
 
 def compare_rows(kind: str, ours: list[dict], exact: dict[tuple, dict]) -> dict:

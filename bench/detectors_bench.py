@@ -16,7 +16,7 @@ scratch PostgreSQL database when ``--postgres`` names a server).
 ``--windows 1,3,6,12,24,168`` instead times ``find`` over the last N hours of the store
 (``--db``: any store, e.g. ``dashboard_bench.py``'s of ten million spans), shortest first,
 with the process's peak RSS after each: what an absolute window's first request costs by
-its length.
+its length, and each detector's median time.
 
     .venv/bin/python bench/detectors_bench.py --db /tmp/modalscope-bench/store-10000000.db \
         --windows 1,3,6,12,24,168
@@ -125,6 +125,7 @@ def window_lengths(path: str, hours: list[float], repeat: int) -> int:
     th = Thresholds.from_env()
     print("| window | total ms | read | detectors | exemplars | findings | peak RSS MB |")
     print("|---|---|---|---|---|---|---|")
+    per_detector: dict[str, dict[float, float]] = {}  # detector -> window -> median ms
     for h in sorted(hours):
         window = Window(end - int(h * 3600e9), end)
         runs = []
@@ -140,6 +141,13 @@ def window_lengths(path: str, hours: list[float], repeat: int) -> int:
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(f"| {h:g} h | {span('total_s')} | {span('read_s')} | {span('detect_s')} | {span('exemplars_s')} "
               f"| {len(found)} | {rss:,.0f} |", flush=True)
+        for kind in runs[0]["per_detector_s"]:
+            per_detector.setdefault(kind, {})[h] = statistics.median(r["per_detector_s"][kind] * 1000 for r in runs)
+    print()
+    print("| detector (median ms) | " + " | ".join(f"{h:g} h" for h in sorted(hours)) + " |")
+    print("|---|" + "---|" * len(hours))
+    for kind, by_window in per_detector.items():
+        print(f"| {kind} | " + " | ".join(f"{by_window[h]:,.1f}" for h in sorted(hours)) + " |")
     print(benchlib.machine_line(benchlib.machine_info()))
     engine.dispose()
     return 0

@@ -1,6 +1,7 @@
 """The benchmark's exact answers come from the raw spans alone (bench/dashboard_bench.py):
-its input-type rule, re-stated from DESIGN.md, must agree with the settler's, and its
-per-input-type counts with the traces the settler wrote."""
+its input-type and cache.hit rules, re-stated from DESIGN.md, must agree with the settler's,
+its per-input-type counts with the traces the settler wrote, and its cache answer with the
+cache view's."""
 
 from __future__ import annotations
 
@@ -80,3 +81,51 @@ def test_exact_input_types_from_raw_spans_count_the_settled_traces(engine):
             Trace.start_ns >= window.start_ns, Trace.start_ns < window.end_ns).group_by(Trace.input_type)).all())
     assert {k[0]: v["count"] for k, v in exact.items()} == want
     assert len(want) >= 3
+
+
+HITS = st.sampled_from([True, False, 0, 1, 2, -1, 0.0, 0.5, math.inf, float("nan"), "true", " HIT ", "yes", "1",
+                        "false", "Miss", "no", "0", "maybe", "", None, [True], {"a": 1}])
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=HITS)
+def test_the_benchs_cache_hit_rule_agrees_with_the_settlers(value):
+    from modalscope.ingest.settle_fast import cache_hit_value
+
+    assert BENCH._cache_hit(value) == cache_hit_value(value)
+
+
+def test_exact_cache_from_raw_spans_is_the_cache_views_answer(engine):
+    """The bench's pandas answer for the cache view equals the view's (rollups and raw
+    spans) on lookups with odd ``cache.hit`` values, the group as a span or a resource
+    attribute, or missing; counts and hit rates per (cache, group)."""
+    import random
+
+    from modalscope.app import queries
+    from modalscope.ingest.writer import write_spans
+    from modalscope.models.reader import StoreReader
+
+    rng = random.Random(4)
+    t0 = (time.time_ns() // MIN - 30) * MIN
+    spans = []
+    for i in range(600):
+        attrs = {"cache.name": rng.choice(["kv", "prefix", 7]),
+                 "cache.hit": rng.choice([True, False, "hit", "miss", 0, 1, "maybe", None])}
+        resource = {"service.name": "svc"}
+        where = rng.random()
+        if where < 0.5:
+            attrs["user_tier"] = rng.choice(["gold", "bronze", True, 3])
+        elif where < 0.8:
+            resource["user_tier"] = rng.choice(["silver", "gold"])
+        start = t0 + rng.randrange(20 * MIN)
+        spans.append(SpanRecord(f"{i + 1:032x}", f"{i + 1:016x}", None, "svc", "cache.get", 3, start,
+                                start + 1_000_000, 0, attributes=attrs, resource=resource))
+    write_spans(engine, spans)
+    settle(engine, force=True)
+    window = Window(t0 + 2 * MIN + 7_000_000_000, t0 + 18 * MIN)
+    exact = BENCH.exact_cache(engine, window)
+    for rollups in (True, False):
+        rows = queries.cache_rates(StoreReader(engine), window, "user_tier", rollups=rollups)
+        assert {(r["cache"], r["group"]): (r["hits"] + r["misses"], round(r["hit_rate"], 6)) for r in rows} == {
+            k: (v["count"], round(v["hit_rate"], 6)) for k, v in exact.items()}
+    assert {g for _, g in exact} == {"gold", "bronze", "true", "3", "silver", None}

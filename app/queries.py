@@ -1019,10 +1019,11 @@ def _cache_plan(lo_ns: int, hi_ns: int, step_minutes: int | None, kept_from: int
     A window reaching before the minute rows retention keeps (``kept_from``) is rounded out
     to whole hours there, as every rollup view is, when its step allows hours; else None
     (its raw spans answer it)."""
-    hours = step_minutes is None or step_minutes % 60 == 0
+    step = None if step_minutes is None else max(1, int(step_minutes))  # as _rates_buckets reads it
+    hours = step is None or step % 60 == 0
     if kept_from is not None and lo_ns // _NS_MIN < kept_from:
         return tier_plan(lo_ns, hi_ns, kept_from) if hours else None
-    if hours or step_minutes % 15 == 0:
+    if hours or step % 15 == 0:
         return tier_plan(lo_ns, hi_ns, hours=hours)
     return TierPlan(((lo_ns // _NS_MIN, hi_ns // _NS_MIN),), (0, 0))
 

@@ -274,6 +274,7 @@ def test_long_windows_answer_as_the_raw_spans(long_store):
     (30, set(range(8, 15)) | set(range(15, 180, 15)) | set(range(180, 188))),  # quarters, no hours
     (15, set(range(8, 15)) | set(range(15, 180, 15)) | set(range(180, 188))),
     (5, set(WHOLE)),  # minute rows only: a quarter would straddle two 5-minute steps
+    (0, set(WHOLE)),  # (read as one minute, as the buckets read it)
 ])
 def test_long_windows_read_the_coarsest_tier_a_step_allows(long_store, monkeypatch, step, minutes):
     cells, calls = CellRows(monkeypatch), RawCalls(long_store, monkeypatch)
@@ -282,8 +283,8 @@ def test_long_windows_read_the_coarsest_tier_a_step_allows(long_store, monkeypat
     else:
         rows = queries.cache_series(long_store, LONG, "user_tier", None, step)
         # steps of whole quarters lie on the clock's grid, shorter ones start at the window's minute
-        origin = 0 if step % 15 == 0 else LONG.start_ns // MIN * MIN
-        assert all((r["t_ns"] - origin) % (step * MIN) == 0 for r in rows)
+        origin = 0 if step and step % 15 == 0 else LONG.start_ns // MIN * MIN
+        assert all((r["t_ns"] - origin) % (max(1, step) * MIN) == 0 for r in rows)
         assert min(r["t_ns"] for r in rows) <= LONG.start_ns
     assert rows and cells.minutes == minutes
     assert calls.windows == [(LONG.start_ns, H0 + 8 * MIN), (H0 + 188 * MIN, LONG.end_ns)]  # the edges only

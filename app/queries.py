@@ -1043,7 +1043,9 @@ def _cache_lookups(reader: StoreReader, window: Window, group_by: str | None, ca
     from the coarser tiers where every row falls in one ``step_minutes`` bucket (a week is
     168 hourly rows a series, not 10,080 minute rows; ``_cache_plan``) — the ragged edges
     (and everything otherwise) from the raw spans. The checks of ``cache_rollup_cells`` hold
-    per tier row as they do per minute: a tier row is the sum of its minutes' rows."""
+    per tier row as they do per minute: a tier row is the sum of its minutes' rows (except
+    in the one hour a store settled before TOTAL series existed was upgraded: a minute
+    without its TOTAL row can hide in an hour that has one)."""
     m0, m1 = -(-window.start_ns // _NS_MIN), window.end_ns // _NS_MIN
     plan = (_cache_plan(m0 * _NS_MIN, m1 * _NS_MIN, step_minutes, reader.minutes_kept_from())
             if rollups and m1 > m0 else None)

@@ -283,14 +283,18 @@ def _coarse_rows(df: pd.DataFrame, rows: np.ndarray, n_rows: int) -> np.ndarray:
     lens = np.fromiter((len(k) for k in df["keys"]), dtype=np.int64, count=len(df))
     if not lens.sum():
         return np.zeros((n_rows, nb), dtype=np.int32)
-    rows = np.repeat(np.asarray(rows, dtype=np.int64), lens)
-    keys = np.concatenate(list(df["keys"])).astype(np.int64, copy=False)
-    counts = np.concatenate(list(df["counts"])).astype(np.int64, copy=False)
-    ok = (rows >= 0) & (rows < n_rows)
-    cells = rows[ok] * nb + keys[ok] // COARSE
+    rows = np.asarray(rows, dtype=np.int64)
+    inside = (rows >= 0) & (rows < n_rows)
+    # Cells as row * bins + key // COARSE, computed per sketch row before the repeat (one
+    # multiply a row, not an entry); int64 only where the cell index needs it.
+    base = np.repeat(rows * nb, lens)
+    cells = base + (np.concatenate(list(df["keys"])) // COARSE)
+    counts = np.concatenate(list(df["counts"]))
+    if not inside.all():  # (rows outside [0, n_rows) dropped)
+        ok = np.repeat(inside, lens)
+        cells, counts = cells[ok], counts[ok]
     # (int32: a cell is one pair's calls in one minute or block and one ~17 % latency bin)
-    return np.rint(np.bincount(cells, weights=counts[ok], minlength=n_rows * nb)).astype(np.int32).reshape(
-        n_rows, nb)
+    return np.rint(np.bincount(cells, weights=counts, minlength=n_rows * nb)).astype(np.int32).reshape(n_rows, nb)
 
 
 def _coarse_value(bin_index: np.ndarray) -> np.ndarray:
@@ -477,8 +481,12 @@ def detect_hot_spot(frames: Frames, th: Thresholds) -> list[dict]:
         df = series[key]
         mat = _coarse_rows(df, (_block_of(df["minute"].to_numpy(), th) - blocks[0]) // b, nblk)
         counts[i] = mat.sum(axis=1)
-        p99[i] = _coarse_quantile(mat, 0.99)
+        used = np.flatnonzero(mat.any(axis=0))  # (the bins the pair's calls fall in: the same quantiles)
+        if len(used):
+            p99[i] = _coarse_quantile(mat[:, used[0]:used[-1] + 1], 0.99, int(used[0]))
     hot = _hot_cells(counts, p99, th.min_samples)
+    columns = [(key, series[key]["minute"].to_numpy(),
+                {c: series[key][c].to_numpy() for c in ("count", "keys", "counts")}) for key in names] if hot.any() else []
     out = []
     for i, (caller, callee) in enumerate(names):
         for a, e in _runs(hot[i]):
@@ -488,11 +496,11 @@ def detect_hot_spot(frames: Frames, th: Thresholds) -> list[dict]:
             df = series[(caller, callee)]
             inside = df[(df["minute"] >= s_min) & (df["minute"] < e_min)]
             h = histogram_of(inside["keys"], inside["counts"])
-            others = frames.pairs[(frames.pairs["minute"] >= s_min) & (frames.pairs["minute"] < e_min)]
-            all_p99 = []
-            for (c2, e2), g in others.groupby(["caller", "callee"]):
-                if (c2, e2) != (caller, callee) and g["count"].sum() >= th.min_samples:
-                    all_p99.append(histogram_of(g["keys"], g["counts"]).quantile(0.99))
+            all_p99 = []  # the other pairs' P99 over the same blocks (each pair's rows: no frame-wide mask)
+            for key, m, g in columns:
+                sel = (m >= s_min) & (m < e_min)
+                if key != (caller, callee) and sel.any() and g["count"][sel].sum() >= th.min_samples:
+                    all_p99.append(histogram_of(g["keys"][sel], g["counts"][sel]).quantile(0.99))
             s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
             out.append(finding("hot_spot", "warning", {"caller": caller, "callee": callee}, s_ns, e_ns, {
                 "p99_ms": _ms(h.quantile(0.99)), "p50_ms": _ms(h.quantile(0.5)),

@@ -583,3 +583,21 @@ def test_penetrated_blocks_are_the_rule_block_by_block():
     assert len(want) >= 2 and sum(map(len, want.values())) > 5  # the data has what the rule is about
     assert d._penetrated(stats, th) == want
     assert d._penetrated(stats.iloc[:0], th) == {}
+
+
+def test_coarse_rows_add_each_sketch_to_its_row_and_drop_rows_outside():
+    rng = np.random.default_rng(9)
+    rows_df = []
+    for _ in range(30):
+        k, c = sparse(rng.lognormal(17, 1.2, size=int(rng.integers(0, 30))))
+        rows_df.append({"keys": k, "counts": c})
+    df = pd.DataFrame(rows_df)
+    nb = sketch.NUM_KEYS // d.COARSE
+    for rows in (rng.integers(0, 7, size=30), rng.integers(-3, 10, size=30)):
+        want = np.zeros((7, nb), dtype=np.int64)
+        for r, k, c in zip(rows, df["keys"], df["counts"]):
+            if 0 <= r < 7:
+                np.add.at(want[r], k // d.COARSE, c)
+        got = d._coarse_rows(df, rows, 7)
+        assert got.dtype == np.int32 and (got == want).all()
+    assert (d._coarse_rows(df.iloc[:0], np.array([], dtype=int), 4) == 0).all()

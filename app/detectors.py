@@ -280,21 +280,29 @@ def _coarse_rows(df: pd.DataFrame, rows: np.ndarray, n_rows: int) -> np.ndarray:
     nb = sketch.NUM_KEYS // COARSE
     if df.empty or not n_rows:
         return np.zeros((n_rows, nb), dtype=np.int32)
-    lens = np.fromiter((len(k) for k in df["keys"]), dtype=np.int64, count=len(df))
-    if not lens.sum():
+    lens, keys, counts = _flat_sketches(df["keys"], df["counts"])
+    if not len(keys):
         return np.zeros((n_rows, nb), dtype=np.int32)
     rows = np.asarray(rows, dtype=np.int64)
     inside = (rows >= 0) & (rows < n_rows)
     # Cells as row * bins + key // COARSE, computed per sketch row before the repeat (one
     # multiply a row, not an entry); int64 only where the cell index needs it.
-    base = np.repeat(rows * nb, lens)
-    cells = base + (np.concatenate(list(df["keys"])) // COARSE)
-    counts = np.concatenate(list(df["counts"]))
+    cells = np.repeat(rows * nb, lens) + keys // COARSE
     if not inside.all():  # (rows outside [0, n_rows) dropped)
         ok = np.repeat(inside, lens)
         cells, counts = cells[ok], counts[ok]
     # (int32: a cell is one pair's calls in one minute or block and one ~17 % latency bin)
     return np.rint(np.bincount(cells, weights=counts, minlength=n_rows * nb)).astype(np.int32).reshape(n_rows, nb)
+
+
+def _flat_sketches(keys_col, counts_col) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(lengths, keys, counts)`` of sparse sketch columns (a frame's ``keys``/``counts``):
+    each row's length and all rows' entries concatenated once, in row order."""
+    lens = np.fromiter((len(k) for k in keys_col), dtype=np.int64, count=len(keys_col))
+    if not lens.sum():
+        return lens, np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32)
+    return (lens, np.concatenate([np.asarray(k) for k in keys_col]),
+            np.concatenate([np.asarray(c) for c in counts_col]))
 
 
 def _coarse_value(bin_index: np.ndarray) -> np.ndarray:
@@ -1192,12 +1200,11 @@ def _row_quantiles(row_of: np.ndarray, keys_col, counts_col, n_rows: int, q: flo
     ``histogram_of(...).quantile(q)`` gives each row's sketches (numpy's linear definition
     over representative values), some rows at a time instead of a histogram a row."""
     out = np.full(n_rows, np.nan)
-    lens = np.fromiter((len(k) for k in keys_col), dtype=np.int64, count=len(keys_col))
-    if not n_rows or not lens.sum():
+    lens, keys, counts = _flat_sketches(keys_col, counts_col)
+    if not n_rows or not len(keys):
         return out
     entry_row = np.repeat(np.asarray(row_of, dtype=np.int64), lens)
-    keys = np.concatenate([np.asarray(k) for k in keys_col]).astype(np.int64)
-    counts = np.concatenate([np.asarray(c) for c in counts_col]).astype(np.float64)
+    keys, counts = keys.astype(np.int64), counts.astype(np.float64)
     order = np.argsort(entry_row, kind="stable")
     entry_row, keys, counts = entry_row[order], keys[order], counts[order]
     step = max(1, ROW_QUANTILE_CELLS // sketch.NUM_KEYS)
@@ -1221,14 +1228,12 @@ def _counts_above(keys_col, counts_col, key: int) -> np.ndarray:
     """Per row of sparse sketches (a frame's ``keys``/``counts`` columns), its count in keys
     past ``key``: one concatenate and one bincount, not a mask per row."""
     n = len(keys_col)
-    lens = np.fromiter((len(k) for k in keys_col), dtype=np.int64, count=n)
-    if not n or not lens.sum():
+    lens, keys, counts = _flat_sketches(keys_col, counts_col)
+    if not len(keys):
         return np.zeros(n, dtype=np.int64)
-    keys = np.concatenate([np.asarray(k) for k in keys_col])
-    counts = np.concatenate([np.asarray(c) for c in counts_col]).astype(np.float64)
     past = keys > key
     rows = np.repeat(np.arange(n), lens)[past]
-    return np.rint(np.bincount(rows, weights=counts[past], minlength=n)).astype(np.int64)
+    return np.rint(np.bincount(rows, weights=counts[past].astype(np.float64), minlength=n)).astype(np.int64)
 
 
 def detect_baseline_regression(frames: Frames, th: Thresholds) -> list[dict]:

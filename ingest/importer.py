@@ -12,7 +12,10 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import time
 import zlib
+from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -22,7 +25,7 @@ from .otlp import DecodeError, decode_json, decode_protobuf
 from .records import SpanRecord
 from .settle import SettlerProcess, settle
 from .stages import StageRules
-from .writer import write_spans
+from .writer import BatchWriter
 
 BATCH_SPANS = 5000
 
@@ -35,10 +38,13 @@ class ImportReport:
     new_spans: int = 0
     traces: int = 0
     skipped: list[str] = field(default_factory=list)  # "FILE:LINE: reason"
+    written_s: float = 0.0  # from the start until the last span was committed
+    settled_s: float = 0.0  # ... until every imported trace was settled (the import's end)
 
     def summary(self) -> str:
         return (f"imported {self.spans} spans ({self.new_spans} new) in {self.traces} traces "
-                f"from {self.requests} requests in {self.files} files; {len(self.skipped)} skipped")
+                f"from {self.requests} requests in {self.files} files; {len(self.skipped)} skipped; "
+                f"written in {self.written_s:.1f} s, settled in {self.settled_s:.1f} s")
 
 
 def _is_json(line: bytes) -> bool:
@@ -100,63 +106,83 @@ def import_files(engine: Engine, paths: list[str], rules: StageRules,
     Either way every imported trace is settled before this returns."""
     if settle_in_background is None:
         settle_in_background = sum(os.path.getsize(p) for p in paths if os.path.isfile(p)) >= BACKGROUND_SETTLE_BYTES
+    t0 = time.perf_counter()
     settler = None
     if settle_in_background:
         settler = SettlerProcess(engine.url.render_as_string(hide_password=False), BACKGROUND_SETTLE_SECONDS).start()
     try:
-        return _import(engine, paths, rules, progress, settler)
+        report = _import(engine, paths, rules, progress, settler, t0)
     finally:
         if settler is not None:
             settler.stop()
+    report.settled_s = time.perf_counter() - t0
+    return report
 
 
-def _import(engine: Engine, paths: list[str], rules: StageRules, progress, settler) -> ImportReport:
+# Decoded spans waiting for the writer thread at most: decoding runs ahead of the store by
+# this much (a few tens of MB), no further.
+MAX_QUEUED_SPANS = 40_000
+
+
+def _import(engine: Engine, paths: list[str], rules: StageRules, progress, settler, t0: float) -> ImportReport:
+    """Decode in this thread while a writer thread commits what was decoded before (the
+    receivers' ``BatchWriter``): SQLite's part of a write runs beside the next decode."""
     report = ImportReport()
-    pending: list[SpanRecord] = []
     trace_ids: set[str] = set()
+    writer = BatchWriter(engine, max_queue_spans=1 << 62, max_batch_spans=BATCH_SPANS * 4,
+                         isolate_failures=False).start()
+    in_flight: deque[Future] = deque()
 
-    def flush() -> None:
-        if pending:
-            result = write_spans(engine, pending)
-            report.new_spans += result.inserted
-            pending.clear()
+    def settle_done(block: bool) -> None:
+        # A write that failed stops the import (what was committed before it stays, whole
+        # requests only); the finished ones are dropped from the queue as they complete.
+        while in_flight and (in_flight[0].done() or block):
+            in_flight.popleft().result()
+            block = block and writer.queued_spans >= MAX_QUEUED_SPANS
 
-    for path in paths:
-        if not os.path.isfile(path):
-            report.skipped.append(f"{path}:0: no such file")
-            continue
-        report.files += 1
-        size = os.path.getsize(path)
-        done = 0  # bytes of this file reported to ``progress``
-        try:
-            for line_no, payload, fmt, read in iter_requests(path):
-                if progress is not None and read > done:
-                    progress(min(read, size) - done)
-                    done = min(read, size)
-                try:
-                    result = decode_json(payload, source="import") if fmt == "json" else decode_protobuf(payload, source="import")
-                except DecodeError as exc:
-                    report.skipped.append(f"{path}:{line_no}: {exc}")
-                    continue
-                if result.rejected:
-                    reason = "; ".join(result.errors[:3]) or "invalid spans"
-                    report.skipped.append(f"{path}:{line_no}: {result.rejected} span(s) rejected: {reason}")
-                    continue
-                report.requests += 1
-                rules.tag(result.spans)
-                pending.extend(result.spans)
-                report.spans += len(result.spans)
-                trace_ids.update(s.trace_id for s in result.spans)
-                if len(pending) >= BATCH_SPANS:
-                    flush()
-        except (OSError, EOFError, zlib.error) as exc:
-            reason = getattr(exc, "strerror", None) or str(exc) or exc.__class__.__name__
-            report.skipped.append(f"{path}:0: cannot read: {reason}")
-            continue
-        finally:
-            if progress is not None and size > done:
-                progress(size - done)
-    flush()
+    try:
+        for path in paths:
+            if not os.path.isfile(path):
+                report.skipped.append(f"{path}:0: no such file")
+                continue
+            report.files += 1
+            size = os.path.getsize(path)
+            done = 0  # bytes of this file reported to ``progress``
+            try:
+                for line_no, payload, fmt, read in iter_requests(path):
+                    if progress is not None and read > done:
+                        progress(min(read, size) - done)
+                        done = min(read, size)
+                    try:
+                        result = (decode_json(payload, source="import") if fmt == "json"
+                                  else decode_protobuf(payload, source="import"))
+                    except DecodeError as exc:
+                        report.skipped.append(f"{path}:{line_no}: {exc}")
+                        continue
+                    if result.rejected:
+                        reason = "; ".join(result.errors[:3]) or "invalid spans"
+                        report.skipped.append(f"{path}:{line_no}: {result.rejected} span(s) rejected: {reason}")
+                        continue
+                    report.requests += 1
+                    rules.tag(result.spans)
+                    report.spans += len(result.spans)
+                    trace_ids.update(s.trace_id for s in result.spans)
+                    if result.spans:
+                        in_flight.append(writer.submit(result.spans))
+                    settle_done(block=writer.queued_spans >= MAX_QUEUED_SPANS)
+            except (OSError, EOFError, zlib.error) as exc:
+                reason = getattr(exc, "strerror", None) or str(exc) or exc.__class__.__name__
+                report.skipped.append(f"{path}:0: cannot read: {reason}")
+                continue
+            finally:
+                if progress is not None and size > done:
+                    progress(size - done)
+        writer.close(timeout=None)
+        settle_done(block=True)
+    finally:
+        writer.close(timeout=None)  # after a failure: what was queued is still written, then stop
+    report.new_spans = writer.spans_written
+    report.written_s = time.perf_counter() - t0
     report.traces = len(trace_ids)
     if settler is not None:
         settler.stop()  # its last pass done, the rest is settled here

@@ -201,8 +201,14 @@ class BatchWriter:
         on_written=None,
         unavailable_retry_seconds: float = 10.0,
         lag: SettleLag | None = None,
+        isolate_failures: bool = True,
     ) -> None:
+        """``isolate_failures``: after a batch fails (not an outage), write its requests one by
+        one so that one poisoned request does not sink the others (a server's choice); without
+        it the batch's requests all get its error and nothing is logged (an import that stops
+        at the first failure, as its one-line error)."""
         self.engine = engine
+        self.isolate_failures = isolate_failures
         self.lag = lag
         self.max_queue_spans = max_queue_spans
         self.max_batch_spans = max_batch_spans
@@ -339,6 +345,9 @@ class BatchWriter:
                         continue
                     log.warning("span store still unavailable after %.0f s; %d spans refused (clients retry): %s",
                                 time.monotonic() - t0, n, _one_line(exc))
+                    outcomes = [(fut, exc) for _, fut in batch]
+                    break
+                if not self.isolate_failures:
                     outcomes = [(fut, exc) for _, fut in batch]
                     break
                 log.exception("writing %d spans failed; retrying request by request", n)

@@ -10,6 +10,7 @@ import time
 from sqlalchemy import func, select
 
 from modalscope.ingest.importer import import_files, iter_requests
+from modalscope.ingest.otlp import decode_json
 from modalscope.models import Span
 from tests.factories import multimodal_trace, rules
 from tests.otlp_payloads import json_line
@@ -86,3 +87,71 @@ def test_settling_in_background_gives_the_same_store(db_url, tmp_path, monkeypat
     assert not any(t[-1] for t in b["traces"].values())  # nothing left pending
     serial.dispose()
     engine.dispose()
+
+
+def test_decoding_runs_ahead_of_a_slow_store_by_a_bound(engine, tmp_path, monkeypatch):
+    """Files are decoded while the writer thread commits earlier requests, but never more
+    than ``MAX_QUEUED_SPANS`` ahead of it (a slow store must not fill memory), and every
+    span still arrives, counted once."""
+    from modalscope.ingest import importer, writer
+
+    lines = _lines(60)
+    f = tmp_path / "spans.jsonl"
+    f.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(importer, "MAX_QUEUED_SPANS", 40)
+    real_write, queued = writer.write_spans, []
+
+    def slow_write(eng, records, *a, **k):
+        time.sleep(0.01)
+        return real_write(eng, records, *a, **k)
+
+    real_submit = writer.BatchWriter.submit
+
+    def watched_submit(self, records):
+        queued.append(self.queued_spans)  # spans still waiting when the next request comes
+        return real_submit(self, records)
+
+    monkeypatch.setattr(writer, "write_spans", slow_write)
+    monkeypatch.setattr(writer.BatchWriter, "submit", watched_submit)
+    report = import_files(engine, [str(f)], rules())
+    assert report.requests == 60 and not report.skipped
+    assert max(queued) > 0  # the decoder did run ahead of the writer
+    # at most the bound plus the one request that crossed it
+    assert max(queued) < 40 + max(len(decode_json(x.encode(), source="import").spans) for x in lines)
+    assert report.written_s <= report.settled_s
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(Span)).scalar_one() == report.spans == report.new_spans
+
+
+def test_a_failed_write_stops_the_import_with_committed_requests_whole(engine, tmp_path, monkeypatch):
+    """When the store refuses a write (not an outage: a broken row), the import stops with
+    that error; what was committed before it is whole requests, and nothing is half-written."""
+    from modalscope.ingest import importer, writer
+
+    lines = _lines(30)
+    f = tmp_path / "spans.jsonl"
+    f.write_text("\n".join(lines) + "\n")
+    real_write, calls = writer.write_spans, []
+
+    def failing_write(eng, records, *a, **k):
+        calls.append(len(records))
+        if len(calls) >= 2:
+            raise ValueError("disk says no")
+        return real_write(eng, records, *a, **k)
+
+    monkeypatch.setattr(importer, "BATCH_SPANS", 10)  # commits of a few requests: several of them
+    monkeypatch.setattr(writer, "write_spans", failing_write)
+    try:
+        import_files(engine, [str(f)], rules())
+    except ValueError as exc:
+        assert "disk says no" in str(exc)
+    else:
+        raise AssertionError("the import went on after a failed write")
+    sizes = {}
+    for line in lines:
+        spans = decode_json(line.encode(), source="import").spans
+        sizes[spans[0].trace_id] = len(spans)
+    with engine.connect() as conn:
+        stored = dict(conn.execute(select(Span.trace_id, func.count()).group_by(Span.trace_id)).all())
+    assert stored  # the first writes were committed
+    assert all(stored[t] == sizes[t] for t in stored)  # each stored trace is whole

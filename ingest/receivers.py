@@ -188,8 +188,10 @@ class ReceiverStartError(RuntimeError):
 def run_receiver_process(settings: Settings, control) -> None:
     """Entry point of an extra receiver process (spawned): serve until ``control`` closes."""
     from ..models.engine import make_engine
+    from .runtime import tune_gc
     from .stages import load_rules
 
+    tune_gc()
     # Ctrl-C reaches the whole process group; the first process decides when to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stopping = threading.Event()

@@ -570,8 +570,10 @@ def run_settler_process(database_url: str, settle_seconds: float, interval: floa
     import signal
 
     from ..models.engine import make_engine
+    from .runtime import tune_gc
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    tune_gc()
     # Acknowledging spans comes first; settling may lag a burst and catch up after it.
     try:
         os.nice(5)

@@ -290,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
+    from .ingest.runtime import tune_gc
+
+    tune_gc()  # every command decodes, writes or reads spans in bulk
     from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
     from .ingest.stages import RulesError

@@ -155,3 +155,23 @@ def test_a_failed_write_stops_the_import_with_committed_requests_whole(engine, t
         stored = dict(conn.execute(select(Span.trace_id, func.count()).group_by(Span.trace_id)).all())
     assert stored  # the first writes were committed
     assert all(stored[t] == sizes[t] for t in stored)  # each stored trace is whole
+
+
+def test_tune_gc_raises_the_young_threshold_and_never_lowers_it():
+    import gc
+
+    from modalscope.ingest.runtime import YOUNG_COLLECTION_ALLOCATIONS, tune_gc
+
+    saved = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        tune_gc()
+        assert gc.get_threshold() == (YOUNG_COLLECTION_ALLOCATIONS, 10, 10)
+        gc.set_threshold(YOUNG_COLLECTION_ALLOCATIONS * 2, 5, 7)
+        tune_gc()
+        assert gc.get_threshold() == (YOUNG_COLLECTION_ALLOCATIONS * 2, 5, 7)
+        gc.set_threshold(0)  # a process that turned the collector off keeps it off
+        tune_gc()
+        assert gc.get_threshold()[0] == 0
+    finally:
+        gc.set_threshold(*saved)

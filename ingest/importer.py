@@ -129,8 +129,10 @@ def _import(engine: Engine, paths: list[str], rules: StageRules, progress, settl
     receivers' ``BatchWriter``): SQLite's part of a write runs beside the next decode."""
     report = ImportReport()
     trace_ids: set[str] = set()
+    # No retry of an unavailable store either: the import stops with its error in one line
+    # (re-running it is safe), as it did when it wrote in this thread.
     writer = BatchWriter(engine, max_queue_spans=1 << 62, max_batch_spans=BATCH_SPANS * 4,
-                         isolate_failures=False).start()
+                         isolate_failures=False, unavailable_retry_seconds=0).start()
     in_flight: deque[Future] = deque()
 
     def settle_done(block: bool) -> None:

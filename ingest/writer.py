@@ -216,7 +216,8 @@ class BatchWriter:
         self.on_written = on_written
         # A batch the store refused as unavailable (PostgreSQL restarting, SQLite locked,
         # full or read-only) is retried for this long before its requests are answered
-        # 503/UNAVAILABLE: a short outage stays invisible to clients.
+        # 503/UNAVAILABLE: a short outage stays invisible to clients. 0: no retry, and the
+        # error goes to the caller like any other (an import's one-line error).
         self.unavailable_retry_seconds = unavailable_retry_seconds
         self._unavailable_since: float | None = None
         self._queue: queue.Queue = queue.Queue()
@@ -335,7 +336,7 @@ class BatchWriter:
             try:
                 result = write_spans(self.engine, records)
             except Exception as exc:  # a failed commit acknowledges nothing
-                if storage_unavailable(exc):
+                if storage_unavailable(exc) and self.unavailable_retry_seconds > 0:
                     if self._unavailable_since is None:
                         self._unavailable_since = t0
                         log.warning("span store unavailable, retrying: %s", _one_line(exc))

@@ -45,12 +45,13 @@ class Proc:
     """A `modalscope` command in a process group of its own, output in files (a full pipe
     would block a chatty process)."""
 
-    def __init__(self, args: list[str], env: dict[str, str], workdir: Path, name: str) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], workdir: Path, name: str,
+                 entry: list[str] | None = None) -> None:
         self.name = name
         self.out_path = workdir / f"{name}.out"
         self.err_path = workdir / f"{name}.err"
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
-            self.popen = subprocess.Popen([sys.executable, "-m", "modalscope", *args], env=env, cwd=workdir,
+            self.popen = subprocess.Popen([sys.executable, *(entry or ["-m", "modalscope"]), *args], env=env, cwd=workdir,
                                           stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
         self.pid = self.popen.pid
 
@@ -86,8 +87,10 @@ class Processes:
         self.workdir = workdir
         self.procs: list[Proc] = []
 
-    def start(self, args: list[str], env: dict[str, str], name: str | None = None) -> Proc:
-        proc = Proc(args, env, self.workdir, name or f"{args[0]}-{len(self.procs)}")
+    def start(self, args: list[str], env: dict[str, str], name: str | None = None,
+              entry: list[str] | None = None) -> Proc:
+        """``entry``: what runs instead of ``-m modalscope`` (a script that tunes it first)."""
+        proc = Proc(args, env, self.workdir, name or f"{args[0]}-{len(self.procs)}", entry)
         self.procs.append(proc)
         return proc
 

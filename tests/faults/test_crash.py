@@ -141,8 +141,20 @@ def test_cloud_trace_poller_killed_mid_pass_resumes_from_its_watermark(db_url, p
 
 # -- import ---------------------------------------------------------------------------------
 
+# The importer commits up to 20,000 spans at a time, more than this test's file: the first
+# run commits 1,000 at a time, with 1,000 decoded ahead, so that the kill lands mid-file.
+SMALL_COMMITS_IMPORT = """
+import sys
+import modalscope.ingest.importer as importer
+importer.BATCH_SPANS = 250
+importer.MAX_QUEUED_SPANS = 1000
+from modalscope.cli import main
+raise SystemExit(main())
+"""
+
+
 def test_interrupted_import_rerun_stores_every_span_once(db_url, procs, store, tmp_path):
-    traces = make_traces(2000, seed=3)  # 14,000 spans; the importer commits every 5,000
+    traces = make_traces(2000, seed=3)  # 14,000 spans
     path = tmp_path / "spans.jsonl"
     with open(path, "w") as fh:
         for batch in batches_of(traces, 20):
@@ -150,7 +162,7 @@ def test_interrupted_import_rerun_stores_every_span_once(db_url, procs, store, t
     expected = set().union(*(span_keys(t) for t in traces))
     env = clean_env(MODALSCOPE_DATABASE_URL=db_url)
 
-    first = procs.start(["import", str(path)], env, "import-1")
+    first = procs.start(["import", str(path)], env, "import-1", entry=["-c", SMALL_COMMITS_IMPORT])
     wait_until(lambda: _span_count(store) > 0 or first.poll() is not None, 120, "the first commit")
     # The next commit waits for the lock; the importer is killed mid-file.
     with write_lock(db_url):

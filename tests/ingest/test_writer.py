@@ -61,6 +61,25 @@ def test_resending_changes_nothing(engine):
     assert sum(pair_counts) == len(traces)  # one gateway->vision-encoder call a trace
 
 
+def test_a_write_larger_than_one_pipeline_counts_new_spans_and_their_traces_exactly(engine, monkeypatch):
+    """PostgreSQL sends a write's rows in pipelines of PG_ROWS_PER_PIPELINE: new spans and
+    their traces are counted over all of them, resent ones in any pipeline skipped."""
+    from modalscope.models import dialect
+
+    monkeypatch.setattr(dialect, "PG_ROWS_PER_PIPELINE", 7)  # several pipelines, a partial last one
+    traces = _traces(n=12, seed=11)
+    old = [s for t in traces[:5] for s in t]
+    new = [s for t in traces[5:] for s in t]
+    assert write_spans(engine, old).inserted == len(old)
+    mixed = old[::2] + new + old[1::2]  # resent spans before, between and after the new ones
+    assert len(mixed) > 3 * dialect.PG_ROWS_PER_PIPELINE
+    assert write_spans(engine, mixed).inserted == len(new)
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(Span)).scalar_one() == len(old) + len(new)
+        pending = set(conn.execute(select(Trace.trace_id).where(Trace.pending.is_(True))).scalars())
+    assert {s.trace_id for s in new} <= pending
+
+
 def test_split_in_reverse_order_equals_one_request(engine, tmp_path):
     from modalscope.models.engine import make_engine
     from modalscope.models.migrate import upgrade

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from typing import Any
 
+import orjson
 from google.protobuf.message import DecodeError as _ProtobufDecodeError
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -582,6 +583,16 @@ def _load_json(data: bytes | str | dict) -> Any:
         # Already parsed, so escapes cannot be seen: check the strings themselves (this
         # costs about as much as the parse; pass bytes when speed matters).
         return data if _utf8_clean(data) else _fix_surrogates(data)
+    try:
+        # orjson parses a request ~3x faster than json (a quarter of an OTLP/JSON import's
+        # decoding). What it refuses (a byte order mark, NaN, lone surrogates, bad UTF-8,
+        # numbers out of range) goes the way below, which accepts or explains it as before.
+        obj = orjson.loads(data)
+    except (orjson.JSONDecodeError, TypeError):
+        pass
+    else:
+        if type(obj) is dict:
+            return obj
     if isinstance(data, (bytes, bytearray, memoryview)):
         try:
             text = bytes(data).decode("utf-8")

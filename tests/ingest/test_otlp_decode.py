@@ -685,6 +685,35 @@ def test_json_lone_surrogate_replaced():
     assert rec.name == "a\ufffdb"
 
 
+def test_json_bytes_decode_as_the_standard_parser_reads_them():
+    """Bytes go through orjson, and what it refuses through the standard parser, so every
+    body decodes as ``json.loads`` reads it: a byte order mark, a bare NaN, numbers past
+    64 bits, a lone surrogate, big unsigned timestamps as numbers."""
+    span = {"traceId": JTID, "spanId": JROOT, "name": "n", "startTimeUnixNano": 1544712660000000001,
+            "endTimeUnixNano": "1544712660000000002",
+            "attributes": [{"key": "ok", "value": {"intValue": "-9223372036854775808"}},
+                           {"key": "big", "value": {"intValue": 2 ** 64}}]}
+    text = json.dumps(_json_request(span))
+    bodies = {
+        "plain": text.encode(),
+        "bom": "\ufeff".encode() + text.encode(),
+        "nan": text.replace('"name": "n"', '"name": "n", "x": NaN').encode(),
+        "surrogate": text.replace('"name": "n"', '"name": "n\\ud800"').encode(),
+    }
+    for label, body in bodies.items():
+        expected = decode_json(json.loads(body.decode("utf-8-sig")))
+        got = decode_json(body)
+        assert got == expected, label
+        # The 65-bit intValue sinks its span, whichever parser read it.
+        assert (got.rejected, got.spans, got.errors) == (1, [], ["intValue must be a 64-bit integer"]), label
+    good = dict(span, attributes=span["attributes"][:1])
+    (rec,) = decode_json(json.dumps(_json_request(good)).encode()).spans
+    # A timestamp as a JSON number keeps every digit (not rounded through a double).
+    assert rec.start_ns == 1544712660000000001 and rec.attributes == {"ok": -2 ** 63}
+    (rec,) = decode_json(b"\xef\xbb\xbf" + json.dumps(_json_request(dict(good, name="a\ud800b"))).encode()).spans
+    assert rec.name == "a\ufffdb"
+
+
 def test_json_name_and_string_bounds():
     span = {
         "traceId": JTID,

@@ -61,22 +61,29 @@ def test_resending_changes_nothing(engine):
     assert sum(pair_counts) == len(traces)  # one gateway->vision-encoder call a trace
 
 
-def test_a_write_larger_than_one_pipeline_counts_new_spans_and_their_traces_exactly(engine, monkeypatch):
-    """PostgreSQL sends a write's rows in pipelines of PG_ROWS_PER_PIPELINE: new spans and
-    their traces are counted over all of them, resent ones in any pipeline skipped."""
-    from modalscope.models import dialect
+def test_a_write_mixing_new_and_resent_spans_counts_the_new_ones_and_their_traces_exactly(engine):
+    """New spans and their traces are counted exactly whatever else the write holds: spans
+    stored before, the same span twice, and (PostgreSQL's copy table is emptied only at
+    commit) a second write in the same transaction."""
+    from modalscope.ingest.writer import SPAN_COLUMNS, span_rows
+    from modalscope.models.dialect import insert_spans
 
-    monkeypatch.setattr(dialect, "PG_ROWS_PER_PIPELINE", 7)  # several pipelines, a partial last one
     traces = _traces(n=12, seed=11)
     old = [s for t in traces[:5] for s in t]
-    new = [s for t in traces[5:] for s in t]
+    new = [s for t in traces[5:9] for s in t]
+    later = [s for t in traces[9:] for s in t]
     assert write_spans(engine, old).inserted == len(old)
-    mixed = old[::2] + new + old[1::2]  # resent spans before, between and after the new ones
-    assert len(mixed) > 3 * dialect.PG_ROWS_PER_PIPELINE
+    mixed = old[::2] + new + new[:3] + old[1::2]  # resent spans around the new ones, three twice
     assert write_spans(engine, mixed).inserted == len(new)
+    with engine.begin() as conn:
+        first = insert_spans(conn, SPAN_COLUMNS, span_rows(later[:4] + old[:2]))
+        second = insert_spans(conn, SPAN_COLUMNS, span_rows(later))
+    assert first[0] == 4 and second[0] == len(later) - 4
+    assert {s.trace_id for s in later} >= second[1]
     with engine.connect() as conn:
-        assert conn.execute(select(func.count()).select_from(Span)).scalar_one() == len(old) + len(new)
+        stored = conn.execute(select(func.count()).select_from(Span)).scalar_one()
         pending = set(conn.execute(select(Trace.trace_id).where(Trace.pending.is_(True))).scalars())
+    assert stored == len(old) + len(new) + len(later)
     assert {s.trace_id for s in new} <= pending
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import time
 
@@ -85,6 +86,23 @@ def test_a_write_mixing_new_and_resent_spans_counts_the_new_ones_and_their_trace
         pending = set(conn.execute(select(Trace.trace_id).where(Trace.pending.is_(True))).scalars())
     assert stored == len(old) + len(new) + len(later)
     assert {s.trace_id for s in new} <= pending
+
+
+def test_span_text_with_copy_and_sql_metacharacters_is_stored_as_sent(engine):
+    """Tabs, newlines, backslashes, COPY's end-of-data and NULL markers, quotes and a NUL
+    (in a text column stored as U+FFFD) round-trip through the write, COPY included."""
+    nasty = "a\tb\nc\\.\n\\.\r\\N\\x'\";--\x00 é 🙂"
+    (trace,) = _traces(n=1, seed=5)
+    trace[0] = dataclasses.replace(trace[0], name=nasty, status_message=nasty,
+                                   attributes={"prompt": nasty, nasty: 1})
+    assert write_spans(engine, trace).inserted == len(trace)
+    with engine.connect() as conn:
+        row = conn.execute(select(Span.name, Span.status_message, Span.attributes, Span.parent_span_id)
+                           .where(Span.span_id == trace[0].span_id)).one()
+    stored = nasty.replace("\x00", "\ufffd")
+    assert row.name == stored and row.status_message == stored and row.parent_span_id is None
+    # Inside the attributes' JSON a NUL is an escape, not a character: it comes back as sent.
+    assert json.loads(row.attributes) == {"prompt": nasty, nasty: 1}
 
 
 def test_split_in_reverse_order_equals_one_request(engine, tmp_path):

@@ -144,7 +144,6 @@ def test_cloud_trace_poller_killed_mid_pass_resumes_from_its_watermark(db_url, p
 # The importer commits up to 20,000 spans at a time, more than this test's file: the first
 # run commits 1,000 at a time, with 1,000 decoded ahead, so that the kill lands mid-file.
 SMALL_COMMITS_IMPORT = """
-import sys
 import modalscope.ingest.importer as importer
 importer.BATCH_SPANS = 250
 importer.MAX_QUEUED_SPANS = 1000

@@ -588,12 +588,9 @@ def _load_json(data: bytes | str | dict) -> Any:
         # span; parsing is half of decoding OTLP/JSON). What it refuses (a byte order mark,
         # NaN, lone surrogates, bad UTF-8, numbers out of range) goes the way below, which
         # accepts or explains it as before.
-        obj = orjson.loads(data)
-    except (orjson.JSONDecodeError, TypeError):
+        return orjson.loads(data)  # parsed without error: no lone surrogate to fix either
+    except orjson.JSONDecodeError:
         pass
-    else:
-        if type(obj) is dict:
-            return obj
     if isinstance(data, (bytes, bytearray, memoryview)):
         try:
             text = bytes(data).decode("utf-8")

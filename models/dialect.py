@@ -69,7 +69,8 @@ def insert_spans(conn: Connection, columns: tuple[str, ...], rows: list[tuple]) 
     # rows). Half the time of psycopg's pipelined INSERTs (20,000 spans: 0.60-0.70 s against
     # 1.06-1.29 s here, resent ones 0.23-0.28 s against 0.70-0.90 s), and nothing held per row:
     # a pipeline kept every row's result until read (~80 MB for a receiver's 20,000-span batch).
-    # The table is created by the first write of each connection; a write in the same
+    # Each write creates the table when its connection has none (one cheap statement; no
+    # flag to go stale when the transaction that created it rolls back). A write in the same
     # transaction as another copies its rows after the first's, which then conflict and are
     # skipped, so the counts stay exact.
     cols = ", ".join(columns)

@@ -173,8 +173,11 @@ class PruneSchedule:
     """Runs ``prune`` at most every ``interval`` seconds from a loop that ticks often (the settler's)."""
 
     def __init__(self, engine: Engine, policy: RetentionPolicy | None, interval: float = PRUNE_INTERVAL_SECONDS,
-                 first_after: float = 60.0, budget: float = TICK_BUDGET_SECONDS, batch: int = BATCH_ROWS) -> None:
+                 first_after: float = 60.0, budget: float = TICK_BUDGET_SECONDS, batch: int = BATCH_ROWS,
+                 backlog_pause: float = 1.0) -> None:
+        """``backlog_pause``: seconds between two ticks' batches while a backlog lasts."""
         self.engine = engine
+        self.backlog_pause = backlog_pause
         self.batch = batch
         self.policy = policy
         self.interval = interval
@@ -196,7 +199,7 @@ class PruneSchedule:
             self._next = time.monotonic() + self.interval
             return None
         backlog = time.monotonic() > deadline
-        self._next = time.monotonic() + (1.0 if backlog else self.interval)
+        self._next = time.monotonic() + (self.backlog_pause if backlog else self.interval)
         return result
 
 

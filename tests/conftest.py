@@ -9,6 +9,7 @@ reason — unless ``MODALSCOPE_REQUIRE_POSTGRES=1`` (``.ci/run`` sets it), which
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 
@@ -75,6 +76,12 @@ class _Postgres:
         self.created.append(name)
         return name
 
+    def clone(self, name: str, template: str) -> None:
+        """Replace database ``name`` (nobody connected) with a copy of ``template``."""
+        with _pg_connect() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+
     def drop(self, name: str) -> None:
         try:
             with _pg_connect() as conn:
@@ -85,6 +92,13 @@ class _Postgres:
     def drop_all(self) -> None:
         for name in reversed(self.created):
             self.drop(name)
+
+
+@pytest.fixture(scope="module")
+def filled_templates(_postgres, _sqlite_template, tmp_path_factory):
+    """Filled stores a module's tests copy (``FilledTemplates``); its PostgreSQL databases
+    are dropped with the run's others."""
+    return FilledTemplates(_postgres, _sqlite_template, tmp_path_factory.mktemp("filled"))
 
 
 @pytest.fixture(scope="session")
@@ -141,3 +155,60 @@ def empty_db_url(request, tmp_path, _postgres):
         yield _pg_url(name)
     finally:
         _postgres.drop(name)
+
+
+class FilledTemplates:
+    """Stores filled once and copied for each test that asks (``fill_like``): a module whose
+    tests each start from the same settled demo traffic pays for the fill once a backend,
+    not once a test (a PostgreSQL fill and settle took 4-5 s a test). Each test still gets
+    its own database, so what it writes is its own."""
+
+    def __init__(self, postgres: _Postgres, sqlite_template, root) -> None:
+        self.postgres = postgres
+        self.sqlite_template = sqlite_template
+        self.root = root
+        self.built: dict[tuple[str, str], str] = {}
+
+    def fill_like(self, engine, db_url: str, key: str, build) -> None:
+        """Make ``engine``'s (empty, migrated) database a copy of the store ``build(engine)``
+        makes, building that store on the first call for this backend and ``key``. The
+        engine's pooled connections are closed; it reconnects to the copy."""
+        import shutil
+
+        from sqlalchemy.engine import make_url
+
+        backend = engine.dialect.name
+        if (backend, key) not in self.built:
+            self.built[(backend, key)] = self._build(backend, key, build)
+        template = self.built[(backend, key)]
+        engine.dispose()
+        if backend == "sqlite":
+            path = make_url(db_url).database
+            for suffix in ("-wal", "-shm"):
+                if os.path.exists(path + suffix):
+                    os.unlink(path + suffix)
+            shutil.copyfile(template, path)
+        else:
+            self.postgres.clone(make_url(db_url).database, template)
+
+    def _build(self, backend: str, key: str, build) -> str:
+        import shutil
+
+        if backend == "sqlite":
+            path = str(self.root / f"filled-{key}.db")
+            shutil.copyfile(self.sqlite_template, path)
+            url = f"sqlite:///{path}"
+        else:
+            name = self.postgres.new_database()
+            path, url = name, _pg_url(name)
+        eng = make_engine(url, write=True)
+        try:
+            build(eng)
+        finally:
+            eng.dispose()
+        if backend == "sqlite":  # everything in the main file before it is copied
+            import sqlite3
+
+            with contextlib.closing(sqlite3.connect(path)) as conn:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return path

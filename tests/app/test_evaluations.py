@@ -291,8 +291,13 @@ def test_the_schedule_evaluates_each_range_once_a_period(filled):
     assert ev.EvaluationSchedule(filled, (3600,), every_s=0).maybe_run() == 0
 
 
+# Every 4 s: the first evaluation waits a random part of a quarter period (at most 1 s here;
+# at the default 60 s, up to 15 s of each test's time).
+EVERY_S = 4.0
+
+
 def test_the_settler_thread_evaluates_ahead(filled):
-    settler = Settler(filled, 5.0, interval=0.05, findings=((3600,), 60.0)).start()
+    settler = Settler(filled, 5.0, interval=0.05, findings=((3600,), EVERY_S)).start()
     try:
         deadline = time.monotonic() + 60
         while _rows(filled) == 0 and time.monotonic() < deadline:
@@ -308,7 +313,7 @@ def test_the_settler_thread_evaluates_ahead(filled):
 
 
 def test_the_settler_process_evaluates_ahead(filled, db_url):
-    settler = SettlerProcess(db_url, 5.0, interval=0.05, findings=((3600, 86400), 60.0)).start()
+    settler = SettlerProcess(db_url, 5.0, interval=0.05, findings=((3600, 86400), EVERY_S)).start()
     try:
         deadline = time.monotonic() + 90
         while _rows(filled) < 2 and time.monotonic() < deadline:

@@ -125,16 +125,21 @@ def test_the_schedule_waits_its_interval(engine):
 def test_a_backlog_is_pruned_a_budget_at_a_time(engine):
     now = time.time_ns()
     _fill(engine, now, [300 + i * 0.01 for i in range(30)], seed=13)
-    sched = PruneSchedule(engine, RetentionPolicy(7, 2, 90), interval=3600, first_after=0, budget=0.0, batch=10)
+    pause = 0.05  # (the default pause, a second, made the ~20 ticks this backlog takes 20 s)
+    sched = PruneSchedule(engine, RetentionPolicy(7, 2, 90), interval=3600, first_after=0, budget=0.0, batch=10,
+                          backlog_pause=pause)
     first = sched.tick()
-    # A zero budget stops after one batch of each table; the rest is due a second later.
+    # A zero budget stops after one batch of each table; the rest is due a pause later, not
+    # an interval later.
     assert first is not None and first.traces == 10 and _count(engine, Trace) == 20
-    assert sched._next - time.monotonic() <= 1.0
-    time.sleep(1.0)
+    assert 0 < sched._next - time.monotonic() <= pause
+    assert sched.tick() is None  # not due before the pause is over
+    ticks = 0
     while _count(engine, Span) or _count(engine, Trace):
+        time.sleep(pause)
         assert sched.tick() is not None
-        time.sleep(1.0)
-    assert _count(engine, Span) == 0
+        ticks += 1
+    assert _count(engine, Span) == 0 and ticks >= 2  # a batch of each table a tick: several ticks
 
 
 def test_db_prune_command_prints_one_line(tmp_path):

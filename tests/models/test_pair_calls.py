@@ -86,12 +86,20 @@ def test_a_late_child_moves_the_call_to_its_service(engine):
                                    Filters(caller="gateway", callee="encoder-lb")) == []
 
 
+@pytest.fixture(scope="module")
+def _demo_config():
+    return demo.DemoConfig(now_ns=(time.time_ns() // MIN - 5) * MIN, seed=3, hours=0.25, rate=1.2)
+
+
 @pytest.fixture
-def demo_store(engine):
-    config = demo.DemoConfig(now_ns=(time.time_ns() // MIN - 5) * MIN, seed=3, hours=0.25, rate=1.2)
-    demo.fill(engine, config)
-    settle(engine, force=True)
-    return config
+def demo_store(engine, db_url, filled_templates, _demo_config):
+    """A quarter hour of demo traffic, settled: filled once a backend, copied for each test."""
+    def build(eng):
+        demo.fill(eng, _demo_config)
+        settle(eng, force=True)
+
+    filled_templates.fill_like(engine, db_url, "pair-calls-demo", build)
+    return _demo_config
 
 
 def _raw_span_search(engine):
@@ -260,7 +268,9 @@ def test_pending_calls_through_the_span_index_give_the_raw_span_search_answers(e
     from modalscope.models import reader as reader_module
 
     monkeypatch.setattr(reader_module, "PENDING_WALK_AFTER", 7)  # so a few dozen pending traces walk
-    monkeypatch.setattr(reader_module, "PENDING_CHUNK", 7)
+    # (chunks of 60 of the ~1,100 pending traces: many chunks and a partial last one; 7 a
+    # chunk made this test's statements a third of the module's time)
+    monkeypatch.setattr(reader_module, "PENDING_CHUNK", 60)
     monkeypatch.setattr(reader_module, "PENDING_WALK_ENTRIES_PER_TRACE", entries_per_trace)
     reader = StoreReader(engine)
     demo.fill(engine, demo.DemoConfig(now_ns=demo_store.now_ns, seed=11, hours=0.25, rate=1.2))

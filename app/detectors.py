@@ -216,6 +216,10 @@ class Frames:
     # first seen after the raw spans begin. With it, ``spans`` may hold only the spans
     # around those births.
     new_instances: set | None = None
+    # ``(lengths, keys, counts)`` of ``pairs``' sketches, every row's entries in row order,
+    # as the reader decoded them (``findings._sketch_frame``); None: concatenated from the
+    # frame's ``keys``/``counts`` when needed.
+    pair_sketches: tuple | None = None
 
     @property
     def first_minute(self) -> int:
@@ -267,20 +271,20 @@ def _ms(ns: float | None) -> float | None:
 COARSE = 16  # sketch keys per coarse bin (~17 % wide): enough to see a P99 double
 
 
-def _coarse_matrix(df: pd.DataFrame, first_minute: int, n_minutes: int) -> np.ndarray:
+def _coarse_matrix(df: pd.DataFrame, first_minute: int, n_minutes: int, flat=None) -> np.ndarray:
     """Minutes x coarse latency bins of the sparse sketches in ``df`` (rows of one series)."""
-    return _coarse_rows(df, df["minute"].to_numpy(dtype=np.int64) - first_minute, n_minutes)
+    return _coarse_rows(df, df["minute"].to_numpy(dtype=np.int64) - first_minute, n_minutes, flat)
 
 
-def _coarse_rows(df: pd.DataFrame, rows: np.ndarray, n_rows: int) -> np.ndarray:
+def _coarse_rows(df: pd.DataFrame, rows: np.ndarray, n_rows: int, flat=None) -> np.ndarray:
     """Rows x coarse latency bins (int32) of the sparse sketches in ``df``: each of its rows
     added to row ``rows[i]`` (those outside ``[0, n_rows)`` dropped). One concatenate and one
     bincount: a conversion per row and np.add.at were most of the hot-spot detector's time
-    over a day of minutes."""
+    over a day of minutes. ``flat``: ``df``'s ``_flat_sketches`` when the caller has them."""
     nb = sketch.NUM_KEYS // COARSE
     if df.empty or not n_rows:
         return np.zeros((n_rows, nb), dtype=np.int32)
-    lens, keys, counts = _flat_sketches(df["keys"], df["counts"])
+    lens, keys, counts = flat if flat is not None else _flat_sketches(df["keys"], df["counts"])
     if not len(keys):
         return np.zeros((n_rows, nb), dtype=np.int32)
     rows = np.asarray(rows, dtype=np.int64)
@@ -298,11 +302,11 @@ def _coarse_rows(df: pd.DataFrame, rows: np.ndarray, n_rows: int) -> np.ndarray:
 def _flat_sketches(keys_col, counts_col) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(lengths, keys, counts)`` of sparse sketch columns (a frame's ``keys``/``counts``):
     each row's length and all rows' entries concatenated once, in row order."""
-    lens = np.fromiter((len(k) for k in keys_col), dtype=np.int64, count=len(keys_col))
+    # (map and a plain list: a generator and np.asarray a row cost twice as much)
+    lens = np.fromiter(map(len, keys_col), dtype=np.int64, count=len(keys_col))
     if not lens.sum():
         return lens, np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32)
-    return (lens, np.concatenate([np.asarray(k) for k in keys_col]),
-            np.concatenate([np.asarray(c) for c in counts_col]))
+    return lens, np.concatenate(list(keys_col)), np.concatenate(list(counts_col))
 
 
 def _coarse_value(bin_index: np.ndarray) -> np.ndarray:
@@ -398,11 +402,38 @@ def _pair_series(frames: Frames) -> dict[tuple[str, str], pd.DataFrame]:
     return series
 
 
-def _pair_minute_matrix(frames: Frames, df: pd.DataFrame) -> np.ndarray:
-    """Minutes (from ``frames.first_minute``) x coarse bins of one pair (``df``: its rows).
-    Built per pair and dropped after it: a week of minutes is ~10 MB a pair, and keeping
-    every pair's (a shared cache) took a worker past 500 MB."""
-    return _coarse_matrix(df, frames.first_minute, frames.end_minute - frames.first_minute)
+def _pair_flats(frames: Frames) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Each pair's ``_flat_sketches`` (row lengths, keys, counts), all cut from the whole
+    frame's entries (``frames.pair_sketches``, or one concatenation of its rows) and shared
+    by the hot-spot and band-break detectors: concatenating each pair's rows again in each
+    detector was a quarter of their time over a day (the ~22 MB a day of pairs holds, once
+    more)."""
+    df = frames.pairs
+    cached = frames.__dict__.get("_pair_flats_cache")
+    if cached is not None and cached[0] is df:
+        return cached[1]
+    out = {}
+    if not df.empty:
+        flat = frames.pair_sketches
+        if flat is None or len(flat[0]) != len(df):
+            flat = _flat_sketches(df["keys"], df["counts"])
+        lens, keys, counts = flat
+        starts = np.cumsum(lens) - lens
+        for key, pos in df.groupby(["caller", "callee"], sort=True).indices.items():
+            own = lens[pos]
+            # each row's entries: its start in the frame's arrays, then consecutive
+            take = np.repeat(starts[pos] - (np.cumsum(own) - own), own) + np.arange(int(own.sum()))
+            out[key] = (own, keys[take], counts[take])
+    frames.__dict__["_pair_flats_cache"] = (df, out)
+    return out
+
+
+def _pair_minute_matrix(frames: Frames, df: pd.DataFrame, flat=None) -> np.ndarray:
+    """Minutes (from ``frames.first_minute``) x coarse bins of one pair (``df``: its rows;
+    ``flat``: their ``_flat_sketches``). Built per pair and dropped after it: a week of
+    minutes is ~10 MB a pair, and keeping every pair's (a shared cache) took a worker past
+    500 MB."""
+    return _coarse_matrix(df, frames.first_minute, frames.end_minute - frames.first_minute, flat)
 
 
 # ==========================================================================================
@@ -483,11 +514,12 @@ def detect_hot_spot(frames: Frames, th: Thresholds) -> list[dict]:
     nblk = len(blocks)
     b = max(1, th.block_minutes)
     names = list(series)
+    flats = _pair_flats(frames)
     counts = np.zeros((len(names), nblk))
     p99 = np.full((len(names), nblk), np.nan)
     for i, key in enumerate(names):
         df = series[key]
-        mat = _coarse_rows(df, (_block_of(df["minute"].to_numpy(), th) - blocks[0]) // b, nblk)
+        mat = _coarse_rows(df, (_block_of(df["minute"].to_numpy(), th) - blocks[0]) // b, nblk, flats[key])
         counts[i] = mat.sum(axis=1)
         used = np.flatnonzero(mat.any(axis=0))  # (the bins the pair's calls fall in: the same quantiles)
         if len(used):
@@ -555,8 +587,9 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
     first, n = frames.first_minute, frames.end_minute - frames.first_minute
     if n < B + W:
         return []
+    flats = _pair_flats(frames)
     for (caller, callee), df in _pair_series(frames).items():
-        mat = _pair_minute_matrix(frames, df)
+        mat = _pair_minute_matrix(frames, df, flats[(caller, callee)])
         # Only the bins the pair's calls fall in (a pair's latencies span a few dozen of the
         # 256): the sums and quantiles below are the same, over a fraction of the columns.
         used = np.flatnonzero(mat.any(axis=0))

@@ -31,10 +31,12 @@ from . import detectors as d
 from .params import Window
 
 
-def _sketch_frame(rows: list[tuple], dims: tuple[str, ...], with_sum: bool) -> pd.DataFrame:
+def _sketch_frame(rows: list[tuple], dims: tuple[str, ...], with_sum: bool,
+                  flat_out: list | None = None) -> pd.DataFrame:
     """(minute, count, errors, sum, sketch, *dims) rows as a frame, each row's sketch as
     ``keys``/``counts`` arrays: views into one ``frombuffer`` over all the blobs (decoding
-    row by row was a third of the detectors' read). Empties ``rows``."""
+    row by row was a third of the detectors' read). Empties ``rows``. ``flat_out``: gets
+    ``(lengths, keys, counts)``, every row's entries in row order (``Frames.pair_sketches``)."""
     cols = list(zip(*rows)) if rows else [()] * (5 + len(dims))
     # The rows are the caller's fresh read: emptied here, so a week of them (a third of a
     # million tuples) and their blobs are freed as the frame is built, not after.
@@ -53,6 +55,8 @@ def _sketch_frame(rows: list[tuple], dims: tuple[str, ...], with_sum: bool) -> p
         data["sum_ns"] = list(cols[3])
     data["keys"] = [all_keys[a:b] for a, b in bounds]
     data["counts"] = [all_counts[a:b] for a, b in bounds]
+    if flat_out is not None:
+        flat_out.append((np.diff(np.asarray([0] + ends, dtype=np.int64)), all_keys, all_counts))
     return pd.DataFrame(data)
 
 
@@ -161,8 +165,9 @@ def load_frames(reader: StoreReader, window: Window, th: d.Thresholds) -> d.Fram
     data_start = _data_start(window, th)
     traces = _sketch_frame(reader.rollup_rows("trace", data_start, window.end_ns, ("input_type",)),
                            ("input_type",), with_sum=True)
+    pair_sketches: list = []
     pairs = _sketch_frame(reader.rollup_rows("pair", data_start, window.end_ns, ("caller", "callee")),
-                          ("caller", "callee"), with_sum=False)
+                          ("caller", "callee"), with_sum=False, flat_out=pair_sketches)
     # (the preprocessing stage's only: no detector reads the other stages' time)
     ts_rows = reader.rollup_rows("tstage", data_start, window.end_ns, ("input_type", "stage"),
                                  Filters(stage="preprocessing"), sketches=False)
@@ -174,7 +179,8 @@ def load_frames(reader: StoreReader, window: Window, th: d.Thresholds) -> d.Fram
     new_instances, span_rows = _new_instances(reader, data_start, window, th)
     long_traces = (pd.DataFrame(long_rows)[list(d.LONG_TRACE_COLUMNS)] if long_rows
                    else d.empty_frame(d.LONG_TRACE_COLUMNS))
-    return d.Frames(window.start_ns, window.end_ns, data_start, pairs=pairs, traces=traces, tstage=tstage,
+    return d.Frames(window.start_ns, window.end_ns, data_start, pairs=pairs, pair_sketches=pair_sketches[0],
+                    traces=traces, tstage=tstage,
                     spans=_spans_frame(span_rows), long_traces=long_traces, new_instances=new_instances,
                     **_convention_frames(reader, data_start, window.end_ns))
 

@@ -289,3 +289,27 @@ def test_retention_and_retag_keep_the_convention_rollups_consistent(engine):
     prune(engine, policy, now_ns=(T0 + 3 * 24 * 60) * MIN)
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(Rollup)).scalar_one() == 0
+
+
+def test_the_pair_sketches_the_reader_hands_on_are_the_frames_rows(engine):
+    """``load_frames`` passes the pair rollups' decoded sketches on as flat arrays
+    (``Frames.pair_sketches``); they are exactly the frame's rows' keys and counts, in row
+    order, so the pair detectors cut each pair's entries from them."""
+    from tests.app.conftest import side_calls_trace
+    from tests.factories import multimodal_trace
+
+    rng = random.Random(6)
+    base = T0 * MIN
+    spans = [s for i in range(40) for s in multimodal_trace(rng, base + i * 7_000_000_000, images=1 + i % 3)]
+    spans += [s for i in range(40) for s in side_calls_trace(rng, base + i * 7_000_000_000 + 3_000_000_000,
+                                                              db_ms=3 + i, llm_ms=100 + i)]
+    write_spans(engine, spans)
+    settle(engine, force=True)
+    frames = findings.load_frames(StoreReader(engine), Window(base, base + 10 * MIN), TH)
+    assert len(frames.pairs) >= 8 and frames.pairs[["caller", "callee"]].drop_duplicates().shape[0] >= 2
+    lens, keys, counts = frames.pair_sketches
+    want = d._flat_sketches(frames.pairs["keys"], frames.pairs["counts"])
+    assert np.array_equal(lens, want[0]) and np.array_equal(keys, want[1]) and np.array_equal(counts, want[2])
+    for key, g in frames.pairs.groupby(["caller", "callee"]):
+        cut = d._pair_flats(frames)[key]
+        assert all(np.array_equal(x, y) for x, y in zip(cut, d._flat_sketches(g["keys"], g["counts"])))

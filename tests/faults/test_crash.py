@@ -146,7 +146,7 @@ def test_cloud_trace_poller_killed_mid_pass_resumes_from_its_watermark(db_url, p
 SMALL_COMMITS_IMPORT = """
 import modalscope.ingest.importer as importer
 importer.BATCH_SPANS = 250
-importer.MAX_QUEUED_SPANS = 1000
+importer.MAX_QUEUED_SPANS = importer.MAX_QUEUED_JSON_SPANS = 1000
 from modalscope.cli import main
 raise SystemExit(main())
 """

@@ -7,13 +7,14 @@ import gzip
 import random
 import time
 
+import pytest
 from sqlalchemy import func, select
 
 from modalscope.ingest.importer import import_files, iter_requests
 from modalscope.ingest.otlp import decode_json
 from modalscope.models import Span
 from tests.factories import multimodal_trace, rules
-from tests.otlp_payloads import json_line
+from tests.otlp_payloads import json_line, request_protobuf
 
 MIN = 60_000_000_000
 
@@ -89,16 +90,29 @@ def test_settling_in_background_gives_the_same_store(db_url, tmp_path, monkeypat
     engine.dispose()
 
 
-def test_decoding_runs_ahead_of_a_slow_store_by_a_bound(engine, tmp_path, monkeypatch):
+@pytest.mark.parametrize("fmt", ["json", "protobuf"])
+def test_decoding_runs_ahead_of_a_slow_store_by_a_bound(engine, tmp_path, monkeypatch, fmt):
     """Files are decoded while the writer thread commits earlier requests, but never more
-    than ``MAX_QUEUED_SPANS`` ahead of it (a slow store must not fill memory), and every
-    span still arrives, counted once."""
+    than ``MAX_QUEUED_SPANS`` (``MAX_QUEUED_JSON_SPANS`` for OTLP/JSON) ahead of it (a slow
+    store must not fill memory), and every span still arrives, counted once."""
     from modalscope.ingest import importer, writer
 
     lines = _lines(60)
-    f = tmp_path / "spans.jsonl"
-    f.write_text("\n".join(lines) + "\n")
-    monkeypatch.setattr(importer, "MAX_QUEUED_SPANS", 40)
+    if fmt == "json":
+        f = tmp_path / "spans.jsonl"
+        f.write_text("\n".join(lines) + "\n")
+        files = [str(f)]
+        # the other format's bound is far off: this one is what holds the decoder back
+        monkeypatch.setattr(importer, "MAX_QUEUED_JSON_SPANS", 40)
+        monkeypatch.setattr(importer, "MAX_QUEUED_SPANS", 1_000_000)
+    else:
+        files = []
+        for i, line in enumerate(lines):
+            path = tmp_path / f"request-{i:03d}.pb"
+            path.write_bytes(request_protobuf(decode_json(line.encode(), source="import").spans))
+            files.append(str(path))
+        monkeypatch.setattr(importer, "MAX_QUEUED_SPANS", 40)
+        monkeypatch.setattr(importer, "MAX_QUEUED_JSON_SPANS", 1_000_000)
     real_write, queued = writer.write_spans, []
 
     def slow_write(eng, records, *a, **k):
@@ -113,7 +127,7 @@ def test_decoding_runs_ahead_of_a_slow_store_by_a_bound(engine, tmp_path, monkey
 
     monkeypatch.setattr(writer, "write_spans", slow_write)
     monkeypatch.setattr(writer.BatchWriter, "submit", watched_submit)
-    report = import_files(engine, [str(f)], rules())
+    report = import_files(engine, files, rules())
     assert report.requests == 60 and not report.skipped
     assert max(queued) > 0  # the decoder did run ahead of the writer
     # at most the bound plus the one request that crossed it

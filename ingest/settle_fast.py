@@ -367,8 +367,7 @@ def summarize_rows(rows: Sequence[tuple]) -> BatchSummary:
             layers = cols[LAYER]
             idx = np.flatnonzero(np.fromiter((v is not None for v in layers), dtype=bool, count=n))
             if len(idx):
-                combo = pd.MultiIndex.from_arrays([op_codes[idx], np.asarray(layers, dtype=object)[idx]])
-                codes, uniques = pd.factorize(combo)
+                codes, uniques = _factorize_rows(op_codes[idx], np.asarray(layers, dtype=object)[idx])
                 lkeys = np.array([key_id(("layer",) + keys[op_key[oc]][1:6] + (lv,)) for oc, lv in uniques],
                                  dtype=np.int64)
                 parts_t.append(t_codes[idx])
@@ -509,6 +508,29 @@ def _batch_sizes(values: Sequence) -> np.ndarray:
     return out
 
 
+def _factorize_rows(*columns) -> tuple[np.ndarray, list[tuple]]:
+    """Codes of the rows of several equally long columns and their distinct value tuples,
+    in order of first appearance: what ``pd.factorize(pd.MultiIndex.from_arrays(columns))``
+    gives, without the MultiIndex (5x slower: most of a settle batch's convention work when
+    every span carries ``gpu.cuda_graph``). Each column is factorized alone and the codes
+    combined into one integer a row (None is a value, as it is in a MultiIndex)."""
+    combined = np.zeros(len(columns[0]), dtype=np.int64)
+    uniques = []
+    for col in columns:
+        codes, uniq = pd.factorize(np.asarray(col), use_na_sentinel=False)
+        combined = combined * len(uniq) + codes
+        uniques.append(uniq)
+    codes, seen = pd.factorize(combined)
+    rows = []
+    for c in seen.tolist():
+        values = []
+        for uniq in reversed(uniques):
+            c, r = divmod(c, len(uniq))
+            values.append(uniq[r])
+        rows.append(tuple(reversed(values)))
+    return codes, rows
+
+
 def _batch_and_cuda(cols, t_codes: np.ndarray, start: np.ndarray, dur: np.ndarray, key_id, parts) -> None:
     """Append the ``batch`` and ``cuda`` contributions (see ``convention_contributions``) of
     every span with an extracted BATCH or GRAPH value to ``parts``."""
@@ -535,8 +557,7 @@ def _batch_and_cuda(cols, t_codes: np.ndarray, start: np.ndarray, dur: np.ndarra
         idx = np.flatnonzero(has)
         fb = np.fromiter((graph_raw[i] == "fallback" for i in idx.tolist()), dtype=bool, count=len(idx))
         names = np.asarray(cols[NAME], dtype=object)[idx]
-        combo = pd.MultiIndex.from_arrays([services[idx], names, fb])
-        codes, uniques = pd.factorize(combo)
+        codes, uniques = _factorize_rows(services[idx], names, fb)
         keys = np.array([key_id(("cuda", sv, nm, "", "", "", "fallback" if f else "captured"))
                          for sv, nm, f in uniques], dtype=np.int64)
         parts_t.append(t_codes[idx])

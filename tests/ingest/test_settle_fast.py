@@ -217,3 +217,27 @@ def test_loader_gives_the_resource_of_cache_lookups_only(engine):
         rows = {r[1]: r for r in load_trace_rows(conn, [tid])}
     assert orjson.loads(rows[f"{1:016x}"][RESOURCE]) == res
     assert rows[f"{2:016x}"][RESOURCE] == "" and rows[f"{3:016x}"][RESOURCE] == ""
+
+
+def test_factorize_rows_is_the_multiindex_factorize():
+    """Codes and distinct tuples (first appearance first) of several columns, as pandas
+    factorizes a MultiIndex of them: strings with None among them, booleans, integers."""
+    import numpy as np
+    import pandas as pd
+
+    from modalscope.ingest.settle_fast import _factorize_rows
+
+    def plain(rows):
+        return [tuple(None if isinstance(v, float) and v != v else (v.item() if hasattr(v, "item") else v)
+                      for v in t) for t in rows]
+
+    rng = np.random.default_rng(3)
+    for n in (1, 7, 3000):
+        names = np.array([f"s{i}" for i in rng.integers(0, 4, n)], dtype=object)
+        maybe = np.array([None if i == 0 else f"n{i}" for i in rng.integers(0, 9, n)], dtype=object)
+        flags = rng.random(n) < 0.3
+        ints = rng.integers(0, 50, n)
+        for cols in ((names, maybe, flags), (ints, maybe), (names, flags)):
+            want_codes, want = pd.factorize(pd.MultiIndex.from_arrays(list(cols)))
+            codes, got = _factorize_rows(*cols)
+            assert np.array_equal(codes, want_codes) and plain(got) == plain(want), n

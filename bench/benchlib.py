@@ -372,7 +372,7 @@ class Receiver:
         env.pop("MODALSCOPE_INGEST_TOKEN", None)
         cmd = [sys.executable, "-m", "modalscope", "ingest", "otlp", "--processes", str(self.processes)]
         if self.pyspy:
-            cmd = ["py-spy", "record", "--format", "raw", "-o", self.pyspy, "--", *cmd]
+            cmd = ["py-spy", "record", "--subprocesses", "--format", "raw", "-o", self.pyspy, "--", *cmd]
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, cwd=TMP_ROOT)
         self._reader = threading.Thread(target=self._read, daemon=True)

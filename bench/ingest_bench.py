@@ -507,7 +507,7 @@ def main() -> int:
     ap.add_argument("--ack-only", action="store_true", default=bool(os.environ.get("BENCH_ACK_ONLY")),
                     help="do not wait for settling (env BENCH_ACK_ONLY=1)")
     ap.add_argument("--pyspy", default=os.environ.get("BENCH_PYSPY"), metavar="FILE",
-                    help="run the receiver under `py-spy record --format raw -o FILE` (env BENCH_PYSPY)")
+                    help="run the receiver under `py-spy record --subprocesses --format raw -o FILE` (its settler too; env BENCH_PYSPY)")
     args = ap.parse_args()
     if args.database_url and not bl.is_postgres(args.database_url):
         ap.error("--database-url must be a PostgreSQL URL (SQLite is the default: fresh files under /tmp)")

@@ -191,14 +191,23 @@ class PruneSchedule:
         if self.policy is None or time.monotonic() < self._next:
             return None
         deadline = time.monotonic() + self.budget
+        stopped: list[bool] = []
+
+        def stop() -> bool:
+            # Asked only after a full batch: a table stopped here may hold more past retention.
+            if should_stop() or time.monotonic() > deadline:
+                stopped.append(True)
+            return bool(stopped)
+
         try:
-            result = prune(self.engine, self.policy, batch=self.batch,
-                           should_stop=lambda: should_stop() or time.monotonic() > deadline)
+            result = prune(self.engine, self.policy, batch=self.batch, should_stop=stop)
         except Exception:  # noqa: BLE001 - retention retries at the next interval; ingest goes on
             log.exception("retention pass failed")
             self._next = time.monotonic() + self.interval
             return None
-        backlog = time.monotonic() > deadline
+        # A backlog only when a table was stopped with a full batch behind it (a pass that
+        # finished every table just past its budget is done: an interval until the next).
+        backlog = bool(stopped)
         self._next = time.monotonic() + (self.backlog_pause if backlog else self.interval)
         return result
 

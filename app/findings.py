@@ -20,6 +20,7 @@ import contextlib
 import gc
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import orjson
@@ -237,6 +238,15 @@ def _exemplar_rows(reader: StoreReader, f: dict, w: Window) -> list[dict]:
     return []
 
 
+#: Exemplar look-ups run this many at a time where the database does the work in another
+#: process (PostgreSQL: most of a look-up is the server's and the round trip; 27 findings
+#: over 24 h at 10.4 M spans, 215-284 -> 147-176 ms with 3). SQLite answers inside this
+#: process, under the interpreter lock: there they run one after another (no faster in
+#: threads, measured).
+EXEMPLAR_THREADS = 3
+EXEMPLAR_THREADED_DIALECTS = frozenset({"postgresql"})
+
+
 def add_exemplars(reader: StoreReader, findings: list[dict]) -> None:
     """Exemplar traces for rollup-based findings (the others carry theirs already).
 
@@ -245,25 +255,33 @@ def add_exemplars(reader: StoreReader, findings: list[dict]) -> None:
     fewer than ``MAX_EXEMPLARS`` (a band break's window starts at its first outlier; a hot
     spot or a regression holds over the whole run), and to the whole window when that found
     nothing or the window is no longer. (A flood of ~20,000 spans/s puts over a million
-    spans in a minute.)
+    spans in a minute.) Each finding's look-up touches only that finding.
     """
-    for f in findings:
-        if f["exemplar_trace_ids"]:
-            continue
-        w = _window_of(f)
-        rows: list[dict] = []
-        try:
-            for first in EXEMPLAR_WINDOWS_NS:
-                if w.end_ns - w.start_ns <= first:
-                    break
-                rows = _exemplar_rows(reader, f, Window(w.start_ns, w.start_ns + first)) or rows
-                if len(rows) >= d.MAX_EXEMPLARS:
-                    break
-            if not rows or (len(rows) < d.MAX_EXEMPLARS and w.end_ns - w.start_ns <= EXEMPLAR_WINDOWS_NS[-1]):
-                rows = _exemplar_rows(reader, f, w) or rows
-        except Exception:  # noqa: BLE001 - exemplars are a courtesy; the finding stands without them
-            rows = []
-        f["exemplar_trace_ids"] = [r["trace_id"].lower() for r in rows][: d.MAX_EXEMPLARS]
+    todo = [f for f in findings if not f["exemplar_trace_ids"]]
+    if len(todo) > 1 and EXEMPLAR_THREADS > 1 and reader.engine.dialect.name in EXEMPLAR_THREADED_DIALECTS:
+        with ThreadPoolExecutor(min(EXEMPLAR_THREADS, len(todo)), thread_name_prefix="exemplars") as pool:
+            for _ in pool.map(lambda f: _add_exemplar(reader, f), todo):
+                pass
+    else:
+        for f in todo:
+            _add_exemplar(reader, f)
+
+
+def _add_exemplar(reader: StoreReader, f: dict) -> None:
+    w = _window_of(f)
+    rows: list[dict] = []
+    try:
+        for first in EXEMPLAR_WINDOWS_NS:
+            if w.end_ns - w.start_ns <= first:
+                break
+            rows = _exemplar_rows(reader, f, Window(w.start_ns, w.start_ns + first)) or rows
+            if len(rows) >= d.MAX_EXEMPLARS:
+                break
+        if not rows or (len(rows) < d.MAX_EXEMPLARS and w.end_ns - w.start_ns <= EXEMPLAR_WINDOWS_NS[-1]):
+            rows = _exemplar_rows(reader, f, w) or rows
+    except Exception:  # noqa: BLE001 - exemplars are a courtesy; the finding stands without them
+        rows = []
+    f["exemplar_trace_ids"] = [r["trace_id"].lower() for r in rows][: d.MAX_EXEMPLARS]
 
 
 def matches(f: dict, filters: Filters) -> bool:

@@ -313,3 +313,38 @@ def test_the_pair_sketches_the_reader_hands_on_are_the_frames_rows(engine):
     for key, g in frames.pairs.groupby(["caller", "callee"]):
         cut = d._pair_flats(frames)[key]
         assert all(np.array_equal(x, y) for x, y in zip(cut, d._flat_sketches(g["keys"], g["counts"])))
+
+
+def test_exemplar_look_ups_in_threads_find_what_they_find_one_after_another(engine, monkeypatch):
+    """On PostgreSQL the exemplar look-ups run a few at a time: each finding gets the same
+    exemplars (and attribute findings the same evidence) as when they run one after another,
+    in the same order of findings; here on both databases."""
+    import copy
+    import threading
+    import time as _time
+
+    from modalscope.ingest import demo
+
+    now = _time.time_ns() // MIN * MIN
+    demo.fill(engine, demo.DemoConfig(now_ns=now, hours=1.0, rate=0.15))
+    settle(engine, force=True)
+    reader = StoreReader(engine)
+    found = findings.find(reader, Window(now - 60 * MIN, now), exemplars=False)
+    # the demo's patterns: several findings, rollup- and attribute-based, whose look-ups read raw spans
+    assert len(found) >= 3 and any(f["kind"] in d.ATTRIBUTE_KINDS for f in found)
+    assert sum(not f["exemplar_trace_ids"] for f in found) >= 3
+    serial, threaded = copy.deepcopy(found), copy.deepcopy(found)
+    monkeypatch.setattr(findings, "EXEMPLAR_THREADED_DIALECTS", frozenset())
+    findings.add_exemplars(reader, serial)
+    looked_up_in: set[str] = set()
+    real = findings._exemplar_rows
+
+    def watched(*a, **k):
+        looked_up_in.add(threading.current_thread().name)
+        return real(*a, **k)
+
+    monkeypatch.setattr(findings, "_exemplar_rows", watched)
+    monkeypatch.setattr(findings, "EXEMPLAR_THREADED_DIALECTS", frozenset({engine.dialect.name}))
+    findings.add_exemplars(reader, threaded)
+    assert threaded == serial and any(f["exemplar_trace_ids"] for f in serial)
+    assert looked_up_in and all(name.startswith("exemplars") for name in looked_up_in)

@@ -191,13 +191,13 @@ class PruneSchedule:
         if self.policy is None or time.monotonic() < self._next:
             return None
         deadline = time.monotonic() + self.budget
-        stopped: list[bool] = []
+        stopped = False
 
         def stop() -> bool:
             # Asked only after a full batch: a table stopped here may hold more past retention.
-            if should_stop() or time.monotonic() > deadline:
-                stopped.append(True)
-            return bool(stopped)
+            nonlocal stopped
+            stopped = stopped or should_stop() or time.monotonic() > deadline
+            return stopped
 
         try:
             result = prune(self.engine, self.policy, batch=self.batch, should_stop=stop)
@@ -207,7 +207,7 @@ class PruneSchedule:
             return None
         # A backlog only when a table was stopped with a full batch behind it (a pass that
         # finished every table just past its budget is done: an interval until the next).
-        backlog = bool(stopped)
+        backlog = stopped
         self._next = time.monotonic() + (self.backlog_pause if backlog else self.interval)
         return result
 

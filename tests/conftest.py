@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import sqlite3
 import uuid
 
 import pytest
@@ -119,8 +121,6 @@ def _sqlite_template(tmp_path_factory):
 def db_url(request, tmp_path, _postgres, _sqlite_template):
     """A migrated, empty database URL: SQLite file, then a fresh PostgreSQL database."""
     if request.param == "sqlite":
-        import shutil
-
         path = tmp_path / "modalscope.db"
         shutil.copyfile(_sqlite_template, path)
         yield f"sqlite:///{path}"
@@ -173,8 +173,6 @@ class FilledTemplates:
         """Make ``engine``'s (empty, migrated) database a copy of the store ``build(engine)``
         makes, building that store on the first call for this backend and ``key``. The
         engine's pooled connections are closed; it reconnects to the copy."""
-        import shutil
-
         from sqlalchemy.engine import make_url
 
         backend = engine.dialect.name
@@ -192,8 +190,6 @@ class FilledTemplates:
             self.postgres.clone(make_url(db_url).database, template)
 
     def _build(self, backend: str, key: str, build) -> str:
-        import shutil
-
         if backend == "sqlite":
             path = str(self.root / f"filled-{key}.db")
             shutil.copyfile(self.sqlite_template, path)
@@ -207,8 +203,6 @@ class FilledTemplates:
         finally:
             eng.dispose()
         if backend == "sqlite":  # everything in the main file before it is copied
-            import sqlite3
-
             with contextlib.closing(sqlite3.connect(path)) as conn:
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return path

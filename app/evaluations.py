@@ -148,9 +148,66 @@ def store_absolute(engine: Engine, window: Window, th: d.Thresholds, found: list
             evaluated_ns=started_ns, findings=orjson.dumps(found).decode()))
 
 
+#: Stored evaluations (the newest overlapping the window) whose exemplars a new one may take.
+EXEMPLAR_SOURCES = 8
+
+
+class StoredExemplars:
+    """Exemplars stored evaluations already looked up, for ``findings.add_exemplars``.
+
+    Most of a new evaluation's findings were found before: the settler re-evaluates the last
+    24 h every minute, and an absolute window opened from the dashboard is mostly the relative
+    one it was pinned from. A look-up reads the raw spans of the finding's own window (a fifth
+    of a 24 h evaluation's time at ten million spans). A finding identical to a stored one
+    (kind, severity, subject, window, evidence: ``findings.finding_identity``) takes that one's
+    exemplars and hint when no write logged since that evaluation (less ``CHANGE_MARGIN_S``)
+    touched the finding's minutes: the look-up would read the same spans and pick the same
+    traces. Stored evaluations are read on the first question, at most ``EXEMPLAR_SOURCES``.
+    """
+
+    def __init__(self, engine: Engine, window: Window, th: d.Thresholds) -> None:
+        self.engine, self.window, self.key = engine, window, thresholds_key(th)
+        self._stored: dict[bytes, tuple[int, dict]] | None = None
+
+    def _load(self) -> dict[bytes, tuple[int, dict]]:
+        fe, out = FindingEvaluation, {}
+        q = (select(fe.findings, fe.evaluated_ns)
+             .where(fe.thresholds_key == self.key, fe.start_ns < self.window.end_ns, fe.end_ns > self.window.start_ns)
+             .order_by(fe.evaluated_ns.desc()).limit(EXEMPLAR_SOURCES))
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(q).all()
+        except Exception:  # noqa: BLE001 - a store not yet upgraded to 0004 looks every exemplar up
+            log.warning("could not read stored findings for their exemplars", exc_info=True)
+            return out
+        for findings, evaluated_ns in rows:  # newest first: the first copy of a finding is kept
+            for f in orjson.loads(findings):
+                if f.get("exemplar_trace_ids"):
+                    out.setdefault(fnd.finding_identity(f), (evaluated_ns, f))
+        return out
+
+    def __call__(self, f: dict) -> dict | None:
+        """The stored copy of ``f`` whose exemplars still hold, or None."""
+        if self._stored is None:
+            self._stored = self._load()
+        hit = self._stored.get(fnd.finding_identity(f))
+        if hit is None:
+            return None
+        evaluated_ns, stored = hit
+        w = fnd.finding_window(stored)
+        try:
+            with self.engine.connect() as conn:
+                if changes.changed_since(conn, evaluated_ns - CHANGE_MARGIN_S * NS,
+                                         w.start_ns // d.NS_MIN, -(-w.end_ns // d.NS_MIN)):
+                    return None
+        except Exception:  # noqa: BLE001 - a store not yet upgraded to 0009: look it up
+            return None
+        return stored
+
+
 def evaluate(reader: StoreReader, window: Window, th: d.Thresholds) -> Evaluation:
     """Run the catalog over ``window`` (unfiltered) and store the result."""
-    found = fnd.find(reader, window, Filters(), th)
+    found = fnd.find(reader, window, Filters(), th, known=StoredExemplars(reader.engine, window, th))
     ev = Evaluation(found, window.start_ns, window.end_ns, time.time_ns(), stored=False)
     try:
         store(reader.engine, window, thresholds_key(th), found, ev.evaluated_ns)
@@ -197,7 +254,7 @@ def _absolute(reader: StoreReader, window: Window, th: d.Thresholds) -> Evaluati
     if hit is not None:
         return hit
     started_ns = time.time_ns()  # before the first read: a write after it makes the result stale
-    found = fnd.find(reader, window, Filters(), th)
+    found = fnd.find(reader, window, Filters(), th, known=StoredExemplars(reader.engine, window, th))
     try:
         store_absolute(reader.engine, window, th, found, started_ns)
     except Exception:  # noqa: BLE001 - a cache: a store that refuses the write (read-only role) still answers

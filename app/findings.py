@@ -10,7 +10,8 @@ from the traces table. Exemplar look-ups for rollup-based findings search the fi
 first minute, then its first five (``EXEMPLAR_WINDOWS_NS``): a bounded raw read.
 
 Public (called by the API, the CLI and the pages; keep these signatures): ``load_frames``,
-``add_exemplars``, ``matches``, ``find``, ``judged_window``, ``read_minutes``.
+``add_exemplars``, ``matches``, ``find``, ``judged_window``, ``read_minutes``, ``finding_identity``,
+``finding_window``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import contextlib
 import gc
 import math
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -186,7 +188,8 @@ def load_frames(reader: StoreReader, window: Window, th: d.Thresholds) -> d.Fram
                     **_convention_frames(reader, data_start, window.end_ns))
 
 
-def _window_of(f: dict) -> Window:
+def finding_window(f: dict) -> Window:
+    """A finding's ``start``/``end`` as a window."""
     from .params import parse_time
 
     return Window(parse_time(f["start"], "start"), parse_time(f["end"], "end"))
@@ -247,8 +250,20 @@ EXEMPLAR_THREADS = 3
 EXEMPLAR_THREADED_DIALECTS = frozenset({"postgresql"})
 
 
-def add_exemplars(reader: StoreReader, findings: list[dict]) -> None:
+def finding_identity(f: dict) -> bytes:
+    """What an exemplar look-up depends on: a finding's kind, severity, subject, window and
+    evidence (not its exemplars, nor its hint, which the look-up may rewrite)."""
+    return orjson.dumps({k: f.get(k) for k in ("kind", "severity", "subject", "start", "end", "evidence")},
+                        option=orjson.OPT_SORT_KEYS)
+
+
+def add_exemplars(reader: StoreReader, findings: list[dict],
+                  known: Callable[[dict], dict | None] | None = None) -> None:
     """Exemplar traces for rollup-based findings (the others carry theirs already).
+
+    ``known(f)``: an identical finding whose exemplars were already looked up over the same,
+    unchanged raw spans (``evaluations.StoredExemplars``), or None; its exemplars and hint
+    are taken instead of a look-up.
 
     A look-up reads raw spans sorted by duration, so its cost grows with its window: each
     one first searches the finding's first minute, widens to its first five while it has
@@ -258,6 +273,15 @@ def add_exemplars(reader: StoreReader, findings: list[dict]) -> None:
     spans in a minute.) Each finding's look-up touches only that finding.
     """
     todo = [f for f in findings if not f["exemplar_trace_ids"]]
+    if known is not None and todo:
+        left = []
+        for f in todo:
+            same = known(f)
+            if same is None:
+                left.append(f)
+            else:
+                f["exemplar_trace_ids"], f["hint"] = list(same["exemplar_trace_ids"]), same["hint"]
+        todo = left
     if len(todo) > 1 and EXEMPLAR_THREADS > 1 and reader.engine.dialect.name in EXEMPLAR_THREADED_DIALECTS:
         with ThreadPoolExecutor(min(EXEMPLAR_THREADS, len(todo)), thread_name_prefix="exemplars") as pool:
             for _ in pool.map(lambda f: _add_exemplar(reader, f), todo):
@@ -268,7 +292,7 @@ def add_exemplars(reader: StoreReader, findings: list[dict]) -> None:
 
 
 def _add_exemplar(reader: StoreReader, f: dict) -> None:
-    w = _window_of(f)
+    w = finding_window(f)
     rows: list[dict] = []
     try:
         for first in EXEMPLAR_WINDOWS_NS:
@@ -337,8 +361,10 @@ def read_minutes(reader: StoreReader, window: Window, th: d.Thresholds) -> tuple
 
 
 def find(reader: StoreReader, window: Window, filters: Filters = Filters(), th: d.Thresholds | None = None,
-         exemplars: bool = True, timings: dict | None = None) -> list[dict]:
-    """Every finding in the window (at most its last ``MAX_WINDOW_S``), most severe first."""
+         exemplars: bool = True, timings: dict | None = None,
+         known: Callable[[dict], dict | None] | None = None) -> list[dict]:
+    """Every finding in the window (at most its last ``MAX_WINDOW_S``), most severe first;
+    ``known``: exemplars already looked up (``add_exemplars``)."""
     th = th or d.Thresholds()
     window = judged_window(window)  # every caller (pages, CLI, API) is bounded here
     t0 = time.perf_counter()
@@ -354,7 +380,7 @@ def find(reader: StoreReader, window: Window, filters: Filters = Filters(), th: 
         t2 = time.perf_counter()
     out = [f for f in out if matches(f, filters)]
     if exemplars:
-        add_exemplars(reader, out)
+        add_exemplars(reader, out, known)
     t3 = time.perf_counter()
     if timings is not None:
         timings.update({"read_s": t1 - t0, "detect_s": t2 - t1, "exemplars_s": t3 - t2, "total_s": t3 - t0,

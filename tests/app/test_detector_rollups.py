@@ -204,7 +204,7 @@ def test_attribute_findings_read_a_bounded_number_of_raw_spans_for_exemplars(eng
     for kind, key in (("cache_penetration", "cache.name"), ("batching_failure", "batch.size"),
                       ("cuda_graph_fallback", "gpu.cuda_graph")):
         f = found[kind]
-        start = f["start"] if isinstance(f["start"], int) else findings._window_of(f).start_ns
+        start = f["start"] if isinstance(f["start"], int) else findings.finding_window(f).start_ns
         first = sorted((s for s in spans if key in s.attributes and s.start_ns >= start
                         and (kind == "cache_penetration" or s.service == f["subject"]["service"])),
                        key=lambda s: s.start_ns)[:40]

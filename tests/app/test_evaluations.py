@@ -154,6 +154,68 @@ def test_a_late_trace_settled_into_the_minutes_read_makes_the_stored_findings_st
     assert not ev.find_for(reader, window, Filters(), th, relative=False).stored
 
 
+def _mark_stored_exemplars(engine, trace_id: str) -> None:
+    """Give every stored finding that has exemplars the exemplar ``trace_id`` alone."""
+    import orjson
+
+    with engine.begin() as conn:
+        for row_id, found in conn.execute(select(FindingEvaluation.id, FindingEvaluation.findings)).all():
+            marked = [dict(f, exemplar_trace_ids=[trace_id] if f["exemplar_trace_ids"] else []) for f in orjson.loads(found)]
+            conn.execute(update(FindingEvaluation).where(FindingEvaluation.id == row_id)
+                         .values(findings=orjson.dumps(marked).decode()))
+
+
+def test_a_new_window_takes_the_exemplars_of_identical_stored_findings_while_their_minutes_are_unchanged(
+        filled, monkeypatch):
+    """The exemplar look-ups (raw reads) of findings a stored evaluation already has are not
+    made again: an absolute window pinned from the relative one shares most of its findings.
+    A finding whose minutes a logged write touched since is looked up again, exactly."""
+    _settled_long_ago(filled)
+    reader, th = StoreReader(filled), Thresholds()
+    end = time.time_ns() // (60 * S) * (60 * S) - 60 * S
+    window = Window(end - HOUR + 60 * S, end)
+    ev.find_for(reader, window, Filters(), th, relative=True)
+    plain = fnd.find(reader, window, Filters(), th)
+    looked_up = [f for f in fnd.find(reader, window, Filters(), th, exemplars=False) if not f["exemplar_trace_ids"]]
+    assert len(looked_up) >= 3, "the demo hour has findings whose exemplars are looked up"
+    # Marked, so a taken exemplar shows where it came from.
+    marker = "ab" * 16
+    _mark_stored_exemplars(filled, marker)
+    lookups = []
+    real_rows = fnd._exemplar_rows
+    monkeypatch.setattr(fnd, "_exemplar_rows", lambda r, f, w: lookups.append(f["kind"]) or real_rows(r, f, w))
+    # An absolute window a few seconds apart: its findings are the stored ones (none at its edges).
+    moved = Window(window.start_ns + 5 * S, window.end_ns)
+    got = ev.find_for(reader, moved, Filters(), th, relative=False)
+    assert not got.stored and not lookups
+    ids = {fnd.finding_identity(f) for f in looked_up}
+    taken = [f for f in got.findings if fnd.finding_identity(f) in ids]
+    assert len(taken) == len(looked_up) and all(f["exemplar_trace_ids"] == [marker] for f in taken)
+    # The others carried their own exemplars from the raw spans, as before.
+    assert [f for f in got.findings if fnd.finding_identity(f) not in ids] == [
+        f for f in plain if fnd.finding_identity(f) not in ids]
+
+    # A write logged over one finding's first minute: the findings over that minute are looked
+    # up again (exactly as before), the rest are taken.
+    minute = fnd.finding_window(looked_up[0]).start_ns // (60 * S)
+    with filled.begin() as conn:
+        changes.record(conn, minute, minute)
+    touched = {fnd.finding_identity(f) for f in looked_up
+               if fnd.finding_window(f).start_ns // (60 * S) <= minute < -(-fnd.finding_window(f).end_ns // (60 * S))}
+    lookups.clear()
+    again = ev.find_for(reader, Window(window.start_ns + 10 * S, window.end_ns), Filters(), th, relative=False)
+    by_id = {fnd.finding_identity(f): f for f in again.findings}
+    exact = {fnd.finding_identity(f): f["exemplar_trace_ids"] for f in plain}
+    assert set(lookups) == {f["kind"] for f in looked_up if fnd.finding_identity(f) in touched}
+    for i in ids:
+        assert by_id[i]["exemplar_trace_ids"] == (exact[i] if i in touched else [marker])
+
+    # Other thresholds: nothing is taken from an evaluation made with different settings.
+    lookups.clear()
+    ev.find_for(reader, moved, Filters(), dataclasses.replace(th, cold_factor=3.01), relative=False)
+    assert len(lookups) >= len(looked_up)
+
+
 def test_an_absolute_window_still_receiving_spans_is_evaluated_once_per_fresh_period(filled):
     """Spans written into a window after its evaluation wait at most ABSOLUTE_FRESH_S, as a
     relative window's do: a team opening an ongoing incident's window together runs the

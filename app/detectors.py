@@ -762,7 +762,7 @@ def detect_cache_penetration(frames: Frames, th: Thresholds) -> list[dict]:
     df = df.assign(block=_block_of(df["minute"].to_numpy(), th), hits=df["count"] - df["misses"])
     out = []
     b = max(1, th.block_minutes)
-    raw = _attr_spans(frames, "cache.name") if not frames.spans.empty else None
+    raw = _attr_spans(frames, "cache.name") if frames.cache is None and not frames.spans.empty else None
     for (cache, key), kdf in df.groupby(["cache", "key"], sort=True):
         values = set(kdf.loc[kdf["count"] > 0, "value"])
         if "" in values or not 2 <= len(values) <= MAX_TAG_VALUES:
@@ -964,7 +964,7 @@ def detect_batching_failure(frames: Frames, th: Thresholds) -> list[dict]:
     load = _load_by_block(frames, th)
     med = float(load.median()) if len(load) else 0.0
     b = max(1, th.block_minutes)
-    raw = _attr_spans(frames, "batch.size") if not frames.spans.empty else None
+    raw = _attr_spans(frames, "batch.size") if frames.batch is None and not frames.spans.empty else None
     out = []
     for service, g in df.groupby("service"):
         stats = g.groupby("block")[["count", "ones", "sum"]].sum()
@@ -1024,7 +1024,10 @@ def detect_cuda_graph_fallback(frames: Frames, th: Thresholds) -> list[dict]:
         return []
     df = df.assign(block=_block_of(df["minute"].to_numpy(), th),
                    fb=df["count"].where(df["fallback"].astype(bool), 0))
-    raw = _attr_spans(frames, "gpu.cuda_graph") if not frames.spans.empty else None
+    # Raw spans are the source only without the rollups: beside them, frames.spans holds only
+    # the SERVER spans read around new instances (no attributes), which once turned every
+    # fallback's extra latency into None on a day with a cold-start candidate.
+    raw = _attr_spans(frames, "gpu.cuda_graph") if frames.cuda is None and not frames.spans.empty else None
     b = max(1, th.block_minutes)
     out = []
     for service, g in df.groupby("service"):

@@ -185,6 +185,25 @@ def test_detectors_find_the_same_from_stored_rollups_as_from_raw_spans(engine):
     assert "instance w-1" in by_kind["cuda_graph_fallback"]["hint"]
 
 
+def test_raw_spans_read_around_a_new_instance_change_no_finding_from_the_rollups(engine):
+    """Beside the convention rollups, ``frames.spans`` holds only the SERVER spans read around
+    new instances (without attributes): the attribute detectors' evidence and hints stay the
+    rollups' (a CUDA Graph fallback's extra latency was None on a day with a cold start)."""
+    spans = pattern_traces()
+    write_spans(engine, spans)
+    settle(engine, force=True)
+    window = Window(T0 * MIN, (T0 + 60) * MIN)
+    frames = findings.load_frames(StoreReader(engine), window, TH)
+    around_birth = raw_frames([s for s in spans if s.kind == 2], frames.traces, window).spans.assign(
+        attrs=lambda df: [{} for _ in range(len(df))])
+    plain = [f for f in d.run_all(frames, TH) if f["kind"] in KINDS]
+    with_raw = [f for f in d.run_all(dataclasses.replace(frames, spans=around_birth), TH) if f["kind"] in KINDS]
+    assert sorted(f["kind"] for f in plain) == sorted(KINDS)
+    assert with_raw == plain
+    (cuda,) = [f for f in with_raw if f["kind"] == "cuda_graph_fallback"]
+    assert cuda["evidence"]["extra_latency_ratio"] is not None
+
+
 def test_attribute_findings_read_a_bounded_number_of_raw_spans_for_exemplars(engine, monkeypatch):
     """An attribute finding's exemplars come from at most EXEMPLAR_MAX_SPANS raw spans, the
     earliest of its window (a flood puts millions in five minutes): with a bound of 40, every

@@ -216,6 +216,10 @@ class Frames:
     # first seen after the raw spans begin. With it, ``spans`` may hold only the spans
     # around those births.
     new_instances: set | None = None
+    # ``cold_start`` findings an earlier evaluation made from the same, unchanged raw spans
+    # around births it checked (``findings._new_instances``): reported as found, when they
+    # fall in this window, instead of reading those spans again.
+    cold_starts_known: list | None = None
     # ``(lengths, keys, counts)`` of ``pairs``' sketches, every row's entries in row order,
     # as the reader decoded them (``findings._sketch_frame``); None: concatenated from the
     # frame's ``keys``/``counts`` when needed.
@@ -1151,6 +1155,16 @@ def detect_cold_start(frames: Frames, th: Thresholds) -> list[dict]:
     service's other spans in the half hour after that instance's warm-up, all instances).
     Needs ``min_events`` first requests and ``min_samples`` steady ones.
     """
+    known = []
+    for f in frames.cold_starts_known or ():
+        s_ns = datetime.fromisoformat(f["start"].replace("Z", "+00:00")).timestamp()
+        e_ns = datetime.fromisoformat(f["end"].replace("Z", "+00:00")).timestamp()
+        if _reportable(frames, int(s_ns) // 60, -(-int(e_ns) // 60)):
+            known.append(f)
+    return known + _cold_starts_from_spans(frames, th)
+
+
+def _cold_starts_from_spans(frames: Frames, th: Thresholds) -> list[dict]:
     df = frames.spans
     if df.empty:
         return []

@@ -148,66 +148,116 @@ def store_absolute(engine: Engine, window: Window, th: d.Thresholds, found: list
             evaluated_ns=started_ns, findings=orjson.dumps(found).decode()))
 
 
-#: Stored evaluations (the newest overlapping the window) whose exemplars a new one may take.
-EXEMPLAR_SOURCES = 8
+#: Stored evaluations (the newest overlapping the window) a new one may take results from.
+KNOWN_SOURCES = 8
 
 
-class StoredExemplars:
-    """Exemplars stored evaluations already looked up, for ``findings.add_exemplars``.
+@dataclass(frozen=True)
+class _Stored:
+    window: Window  # the window its detectors judged
+    evaluated_ns: int
+    findings: list[dict]
 
-    Most of a new evaluation's findings were found before: the settler re-evaluates the last
-    24 h every minute, and an absolute window opened from the dashboard is mostly the relative
-    one it was pinned from. A look-up reads the raw spans of the finding's own window (a fifth
-    of a 24 h evaluation's time at ten million spans). A finding identical to a stored one
-    (kind, severity, subject, window, evidence: ``findings.finding_identity``) takes that one's
-    exemplars and hint when no write logged since that evaluation (less ``CHANGE_MARGIN_S``)
-    touched the finding's minutes: the look-up would read the same spans and pick the same
-    traces. Stored evaluations are read on the first question, at most ``EXEMPLAR_SOURCES``.
+
+class StoredFindings:
+    """What stored evaluations already computed from raw spans, for ``findings.find``.
+
+    Most of a new evaluation was evaluated before: the settler re-evaluates the last 24 h every
+    minute, and an absolute window opened from the dashboard is mostly the relative one it was
+    pinned from. Two parts of an evaluation read raw spans, and both depend only on the spans
+    they read, not on the window (at ten million spans, half of a 24 h window's first request):
+
+    - a finding's exemplar look-up (``exemplars``): a finding identical to a stored one (kind,
+      severity, subject, window, evidence: ``findings.finding_identity``) takes that one's
+      exemplars and hint;
+    - a new instance's cold-start check (``cold_start``): a stored evaluation that checked the
+      same birth found the same ``cold_start`` finding, or none;
+
+    each only while no write logged since that evaluation (less ``CHANGE_MARGIN_S``) touched
+    the minutes those spans are in. At most ``KNOWN_SOURCES`` stored evaluations overlapping
+    the window are read, on the first question.
     """
 
-    def __init__(self, engine: Engine, window: Window, th: d.Thresholds) -> None:
-        self.engine, self.window, self.key = engine, window, thresholds_key(th)
-        self._stored: dict[bytes, tuple[int, dict]] | None = None
+    def __init__(self, reader: StoreReader, window: Window, th: d.Thresholds) -> None:
+        self.reader, self.th, self.key = reader, th, thresholds_key(th)
+        self.window = fnd.judged_window(window)
+        self._stored: list[_Stored] | None = None
+        self._identities: dict[bytes, tuple[int, dict]] = {}
+        self._seen: dict[tuple[int, int], set[tuple[str, str]]] = {}
 
-    def _load(self) -> dict[bytes, tuple[int, dict]]:
-        fe, out = FindingEvaluation, {}
-        q = (select(fe.findings, fe.evaluated_ns)
-             .where(fe.thresholds_key == self.key, fe.start_ns < self.window.end_ns, fe.end_ns > self.window.start_ns)
-             .order_by(fe.evaluated_ns.desc()).limit(EXEMPLAR_SOURCES))
+    def _load(self) -> list[_Stored]:
+        if self._stored is not None:
+            return self._stored
+        fe, self._stored = FindingEvaluation, []
+        q = (select(fe.findings, fe.start_ns, fe.end_ns, fe.evaluated_ns)
+             .where(fe.thresholds_key == self.key, fe.start_ns < self.window.end_ns,
+                    fe.end_ns > self.window.start_ns)
+             .order_by(fe.evaluated_ns.desc()).limit(KNOWN_SOURCES))
         try:
-            with self.engine.connect() as conn:
+            with self.reader.engine.connect() as conn:
                 rows = conn.execute(q).all()
-        except Exception:  # noqa: BLE001 - a store not yet upgraded to 0004 looks every exemplar up
-            log.warning("could not read stored findings for their exemplars", exc_info=True)
-            return out
-        for findings, evaluated_ns in rows:  # newest first: the first copy of a finding is kept
-            for f in orjson.loads(findings):
+        except Exception:  # noqa: BLE001 - a store not yet upgraded to 0004 computes everything
+            log.warning("could not read stored findings evaluations", exc_info=True)
+            return self._stored
+        for found, start_ns, end_ns, evaluated_ns in rows:  # newest first
+            stored = _Stored(fnd.judged_window(Window(start_ns, end_ns)), evaluated_ns, orjson.loads(found))
+            self._stored.append(stored)
+            for f in stored.findings:  # the newest copy of a finding is kept
                 if f.get("exemplar_trace_ids"):
-                    out.setdefault(fnd.finding_identity(f), (evaluated_ns, f))
-        return out
+                    self._identities.setdefault(fnd.finding_identity(f), (evaluated_ns, f))
+        return self._stored
 
-    def __call__(self, f: dict) -> dict | None:
+    def _unchanged(self, evaluated_ns: int, first_minute: int, last_minute: int) -> bool:
+        try:
+            with self.reader.engine.connect() as conn:
+                return not changes.changed_since(conn, evaluated_ns - CHANGE_MARGIN_S * NS, first_minute, last_minute)
+        except Exception:  # noqa: BLE001 - a store not yet upgraded to 0009: compute it
+            return False
+
+    def exemplars(self, f: dict) -> dict | None:
         """The stored copy of ``f`` whose exemplars still hold, or None."""
-        if self._stored is None:
-            self._stored = self._load()
-        hit = self._stored.get(fnd.finding_identity(f))
+        self._load()
+        hit = self._identities.get(fnd.finding_identity(f))
         if hit is None:
             return None
         evaluated_ns, stored = hit
         w = fnd.finding_window(stored)
-        try:
-            with self.engine.connect() as conn:
-                if changes.changed_since(conn, evaluated_ns - CHANGE_MARGIN_S * NS,
-                                         w.start_ns // d.NS_MIN, -(-w.end_ns // d.NS_MIN)):
-                    return None
-        except Exception:  # noqa: BLE001 - a store not yet upgraded to 0009: look it up
-            return None
-        return stored
+        return stored if self._unchanged(evaluated_ns, w.start_ns // d.NS_MIN, -(-w.end_ns // d.NS_MIN)) else None
+
+    def _seen_between(self, first_minute: int, end_minute: int) -> set[tuple[str, str]]:
+        """(service, instance) of the instances seen in minutes ``[first_minute, end_minute)``."""
+        key = (first_minute, end_minute)
+        if key not in self._seen:
+            self._seen[key] = {(svc, name) for svc, name, _ in self.reader.first_minutes(
+                "inst", first_minute * d.NS_MIN, end_minute * d.NS_MIN)}
+        return self._seen[key]
+
+    def cold_start(self, service: str, instance: str, born_minute: int) -> list[dict] | None:
+        """The ``cold_start`` finding (or none) of the newest stored evaluation that checked
+        this instance born at ``born_minute`` (the minutes of its check unchanged since)."""
+        th, here = self.th, -(-fnd._data_start(self.window, self.th) // d.NS_MIN)
+        for ev in self._load():
+            w = ev.window
+            first_data = -(-fnd._data_start(w, th) // d.NS_MIN)
+            # It saw this birth (first seen 2 minutes after its data began, before its end) and
+            # would have reported a cold start found there (from its window's first minute on).
+            if not (born_minute >= first_data + 2 and -(-w.start_ns // d.NS_MIN) <= born_minute
+                    and born_minute * d.NS_MIN < w.end_ns):
+                continue
+            # Its data began earlier: the instance must not show before the birth there either.
+            if first_data < here and (service, instance) in self._seen_between(first_data, here):
+                continue
+            if not self._unchanged(ev.evaluated_ns, born_minute, born_minute + fnd._cold_start_minutes(th)):
+                return None  # (older evaluations are older than the change too)
+            return [f for f in ev.findings if f["kind"] == "cold_start" and f["subject"].get("service") == service
+                    and f["subject"].get("attribute", {}).get("value") == instance
+                    and fnd.finding_window(f).start_ns // d.NS_MIN == born_minute]
+        return None
 
 
 def evaluate(reader: StoreReader, window: Window, th: d.Thresholds) -> Evaluation:
     """Run the catalog over ``window`` (unfiltered) and store the result."""
-    found = fnd.find(reader, window, Filters(), th, known=StoredExemplars(reader.engine, window, th))
+    found = fnd.find(reader, window, Filters(), th, known=StoredFindings(reader, window, th))
     ev = Evaluation(found, window.start_ns, window.end_ns, time.time_ns(), stored=False)
     try:
         store(reader.engine, window, thresholds_key(th), found, ev.evaluated_ns)
@@ -254,7 +304,7 @@ def _absolute(reader: StoreReader, window: Window, th: d.Thresholds) -> Evaluati
     if hit is not None:
         return hit
     started_ns = time.time_ns()  # before the first read: a write after it makes the result stale
-    found = fnd.find(reader, window, Filters(), th, known=StoredExemplars(reader.engine, window, th))
+    found = fnd.find(reader, window, Filters(), th, known=StoredFindings(reader, window, th))
     try:
         store_absolute(reader.engine, window, th, found, started_ns)
     except Exception:  # noqa: BLE001 - a cache: a store that refuses the write (read-only role) still answers

@@ -21,7 +21,7 @@ import contextlib
 import gc
 import math
 import time
-from collections.abc import Callable
+from typing import Protocol
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -105,11 +105,24 @@ def _cold_start_minutes(th: d.Thresholds) -> int:
     return _warm_minutes(th) + d.COLD_STEADY_NS // d.NS_MIN + 2
 
 
-def _new_instances(reader: StoreReader, data_start: int, window: Window, th: d.Thresholds):
+class Known(Protocol):
+    """What earlier evaluations found over the same, unchanged data (``evaluations.StoredFindings``)."""
+
+    def exemplars(self, f: dict) -> dict | None:
+        """An identical finding whose exemplars were looked up over the same raw spans, or None."""
+
+    def cold_start(self, service: str, instance: str, born_minute: int) -> list[dict] | None:
+        """The ``cold_start`` findings (one or none) an evaluation that checked this birth
+        made from the same raw spans; None when no such evaluation is known."""
+
+
+def _new_instances(reader: StoreReader, data_start: int, window: Window, th: d.Thresholds,
+                   known: Known | None = None):
     """New instances worth a raw look (cold starts): first seen (``inst`` rollups) at least
     two minutes after the data begins and before the window ends, and slow enough in their
     first minutes (``detectors.cold_start_candidate``). Returns those (service, instance)
-    pairs and the raw SERVER/CONSUMER spans of their services around each birth."""
+    pairs, the raw SERVER/CONSUMER spans of their services around each birth, and the
+    findings ``known`` has for births it checked before (their spans are not read)."""
     warm_minutes = _warm_minutes(th)
     looked_at = warm_minutes + d.COLD_STEADY_NS // d.NS_MIN  # minutes from a birth
     by_service: dict[str, list[tuple[str, int]]] = {}
@@ -117,6 +130,7 @@ def _new_instances(reader: StoreReader, data_start: int, window: Window, th: d.T
         by_service.setdefault(service, []).append((instance, born))
     found: set = set()
     rows: list[tuple] = []
+    taken: list[dict] = []
     ids = reader.series_ids("inst") if by_service else {}
     for service, births in by_service.items():
         # One read of the service's minutes after all its births (a week holds ~600 births:
@@ -133,11 +147,15 @@ def _new_instances(reader: StoreReader, data_start: int, window: Window, th: d.T
             steady = sketch.merge_blobs([r[4] for r in after if r[0] >= born + warm_minutes and r[4]])
             if not d.cold_start_histograms_candidate(first, steady, th):
                 continue
+            same = known.cold_start(service, instance, born) if known is not None else None
+            if same is not None:
+                taken.extend(same)
+                continue
             found.add((service, instance))
             end = born * d.NS_MIN + int(th.cold_warmup_s * 1e9) + d.COLD_STEADY_NS + d.NS_MIN
             rows.extend(reader.attribute_spans(born * d.NS_MIN, end, (), kinds=d.KIND_SERVER_CODES, service=service,
                                                limit=max(1, th.max_spans)))
-    return found, rows
+    return found, rows, taken
 
 
 def _merged(ranges) -> list[tuple[int, int]]:
@@ -161,10 +179,10 @@ def _spans_frame(rows: list[tuple]) -> pd.DataFrame:
     return pd.DataFrame(data)
 
 
-def load_frames(reader: StoreReader, window: Window, th: d.Thresholds) -> d.Frames:
+def load_frames(reader: StoreReader, window: Window, th: d.Thresholds, known: Known | None = None) -> d.Frames:
     """Every frame from rollups (a trailing ``baseline_minutes`` before the window for
     baselines), long traces from the traces table, and raw spans only around new instances
-    that look like cold starts."""
+    that look like cold starts (and that ``known`` did not check before)."""
     data_start = _data_start(window, th)
     traces = _sketch_frame(reader.rollup_rows("trace", data_start, window.end_ns, ("input_type",)),
                            ("input_type",), with_sum=True)
@@ -179,12 +197,13 @@ def load_frames(reader: StoreReader, window: Window, th: d.Thresholds) -> d.Fram
     tstage = pd.DataFrame({"input_type": [r[5] for r in ts_rows], "stage": [r[6] for r in ts_rows],
                            "minute": [r[0] for r in ts_rows], "count": [r[1] for r in ts_rows],
                            "sum_ns": [r[3] for r in ts_rows]})
-    new_instances, span_rows = _new_instances(reader, data_start, window, th)
+    new_instances, span_rows, cold_starts_known = _new_instances(reader, data_start, window, th, known)
     long_traces = (pd.DataFrame(long_rows)[list(d.LONG_TRACE_COLUMNS)] if long_rows
                    else d.empty_frame(d.LONG_TRACE_COLUMNS))
     return d.Frames(window.start_ns, window.end_ns, data_start, pairs=pairs, pair_sketches=pair_sketches[0],
                     traces=traces, tstage=tstage,
                     spans=_spans_frame(span_rows), long_traces=long_traces, new_instances=new_instances,
+                    cold_starts_known=cold_starts_known,
                     **_convention_frames(reader, data_start, window.end_ns))
 
 
@@ -257,13 +276,12 @@ def finding_identity(f: dict) -> bytes:
                         option=orjson.OPT_SORT_KEYS)
 
 
-def add_exemplars(reader: StoreReader, findings: list[dict],
-                  known: Callable[[dict], dict | None] | None = None) -> None:
+def add_exemplars(reader: StoreReader, findings: list[dict], known: Known | None = None) -> None:
     """Exemplar traces for rollup-based findings (the others carry theirs already).
 
-    ``known(f)``: an identical finding whose exemplars were already looked up over the same,
-    unchanged raw spans (``evaluations.StoredExemplars``), or None; its exemplars and hint
-    are taken instead of a look-up.
+    ``known.exemplars(f)``: an identical finding whose exemplars were already looked up over
+    the same, unchanged raw spans, or None; its exemplars and hint are taken instead of a
+    look-up.
 
     A look-up reads raw spans sorted by duration, so its cost grows with its window: each
     one first searches the finding's first minute, widens to its first five while it has
@@ -276,7 +294,7 @@ def add_exemplars(reader: StoreReader, findings: list[dict],
     if known is not None and todo:
         left = []
         for f in todo:
-            same = known(f)
+            same = known.exemplars(f)
             if same is None:
                 left.append(f)
             else:
@@ -362,14 +380,14 @@ def read_minutes(reader: StoreReader, window: Window, th: d.Thresholds) -> tuple
 
 def find(reader: StoreReader, window: Window, filters: Filters = Filters(), th: d.Thresholds | None = None,
          exemplars: bool = True, timings: dict | None = None,
-         known: Callable[[dict], dict | None] | None = None) -> list[dict]:
+         known: Known | None = None) -> list[dict]:
     """Every finding in the window (at most its last ``MAX_WINDOW_S``), most severe first;
-    ``known``: exemplars already looked up (``add_exemplars``)."""
+    ``known``: what earlier evaluations found over the same data (``Known``)."""
     th = th or d.Thresholds()
     window = judged_window(window)  # every caller (pages, CLI, API) is bounded here
     t0 = time.perf_counter()
     with _no_gc():
-        frames = load_frames(reader, window, th)
+        frames = load_frames(reader, window, th, known)
         t1 = time.perf_counter()
         out = []
         per: dict[str, float] = {}

@@ -265,9 +265,9 @@ def test_exemplar_look_ups_start_with_the_findings_first_minute(engine, monkeypa
     assert any(len(seen) == 1 for seen in reads.values())
 
 
-def test_cold_start_from_instance_rollups_reads_raw_spans_only_around_the_birth(engine):
-    """A new instance appears at minute 40: requests on it are 20x slower for two minutes.
-    Another appears at minute 20 at full speed (a restart): no raw read for it."""
+def _new_instance_spans() -> list[SpanRecord]:
+    """70 minutes of one service: instance p-4 appears at minute 40 and is 20x slower for two
+    minutes; p-3 appears at minute 20 at full speed (a restart)."""
     rng = random.Random(3)
     spans = []
     i = 0
@@ -279,7 +279,13 @@ def test_cold_start_from_instance_rollups_reads_raw_spans_only_around_the_birth(
             pod = pods[i % len(pods)]
             dur = 100 * np.exp(0.1 * rng.gauss(0, 1)) * (20 if pod == "p-4" and m < 42 else 1)
             spans.append(_rec(i, 1, None, "model", "Serve", 2, t, dur, stage="inference", instance=pod))
-    write_spans(engine, spans)
+    return spans
+
+
+def test_cold_start_from_instance_rollups_reads_raw_spans_only_around_the_birth(engine):
+    """A new instance appears at minute 40: requests on it are 20x slower for two minutes.
+    Another appears at minute 20 at full speed (a restart): no raw read for it."""
+    write_spans(engine, _new_instance_spans())
     settle(engine, force=True)
     reader = StoreReader(engine)
     window = Window((T0 + 10) * MIN, (T0 + 70) * MIN)
@@ -291,6 +297,46 @@ def test_cold_start_from_instance_rollups_reads_raw_spans_only_around_the_birth(
     assert f["subject"] == {"service": "model", "attribute": {"key": "service.instance.id", "value": "p-4"}}
     assert f["start"] == d.rfc3339((T0 + 40) * MIN) and f["end"] <= d.rfc3339((T0 + 43) * MIN)
     assert f["evidence"]["ratio"] > 10 and len(f["exemplar_trace_ids"]) == 5
+
+
+def test_a_cold_start_check_a_stored_evaluation_made_is_not_read_again(engine, monkeypatch):
+    """A new window takes the cold-start verdict of a stored evaluation that checked the same
+    birth (its raw spans are not read again) while no logged write touched that birth's
+    minutes; an evaluation that did not see the birth, or a write since, and it is read."""
+    from sqlalchemy import update
+
+    from modalscope.app import evaluations as ev
+    from modalscope.models import RollupChange, changes
+    from modalscope.models.reader import Filters
+
+    write_spans(engine, _new_instance_spans())
+    settle(engine, force=True)
+    with engine.begin() as conn:  # as if settled ten minutes ago (CHANGE_MARGIN_S)
+        conn.execute(update(RollupChange).values(changed_ns=RollupChange.changed_ns - 600 * 10**9))
+    reader = StoreReader(engine)
+    th = dataclasses.replace(TH, baseline_minutes=30)
+    reads = []
+    real = StoreReader.attribute_spans
+    monkeypatch.setattr(StoreReader, "attribute_spans",
+                        lambda self, *a, **k: reads.append(k.get("service")) or real(self, *a, **k))
+
+    def cold_starts(window):
+        return [f for f in ev.find_for(reader, window, Filters(), th, relative=False).findings
+                if f["kind"] == "cold_start"]
+
+    # A window ending before the birth stores nothing to take: the next one reads.
+    cold_starts(Window((T0 + 5) * MIN, (T0 + 39) * MIN))
+    reads.clear()
+    first = cold_starts(Window((T0 + 10) * MIN, (T0 + 70) * MIN))
+    assert reads == ["model"] and len(first) == 1
+    exact = [f for f in findings.find(reader, Window((T0 + 12) * MIN, (T0 + 70) * MIN), th=th)
+             if f["kind"] == "cold_start"]
+    reads.clear()
+    assert cold_starts(Window((T0 + 12) * MIN, (T0 + 70) * MIN)) == exact == first and reads == []
+    # A write logged over the birth's minutes since: read again, the same finding.
+    with engine.begin() as conn:
+        changes.record(conn, T0 + 41, T0 + 41)
+    assert cold_starts(Window((T0 + 14) * MIN, (T0 + 70) * MIN)) == exact and reads == ["model"]
 
 
 def test_retention_and_retag_keep_the_convention_rollups_consistent(engine):

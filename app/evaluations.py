@@ -179,7 +179,7 @@ class StoredFindings:
     """
 
     def __init__(self, reader: StoreReader, window: Window, th: d.Thresholds) -> None:
-        self.reader, self.th, self.key = reader, th, thresholds_key(th)
+        self.reader, self.th = reader, th if th is not None else d.Thresholds()  # (find's default)
         self.window = fnd.judged_window(window)
         self._stored: list[_Stored] | None = None
         self._identities: dict[bytes, tuple[int, dict]] = {}
@@ -189,11 +189,11 @@ class StoredFindings:
         if self._stored is not None:
             return self._stored
         fe, self._stored = FindingEvaluation, []
-        q = (select(fe.findings, fe.start_ns, fe.end_ns, fe.evaluated_ns)
-             .where(fe.thresholds_key == self.key, fe.start_ns < self.window.end_ns,
-                    fe.end_ns > self.window.start_ns)
-             .order_by(fe.evaluated_ns.desc()).limit(KNOWN_SOURCES))
         try:
+            q = (select(fe.findings, fe.start_ns, fe.end_ns, fe.evaluated_ns)
+                 .where(fe.thresholds_key == thresholds_key(self.th), fe.start_ns < self.window.end_ns,
+                        fe.end_ns > self.window.start_ns)
+                 .order_by(fe.evaluated_ns.desc()).limit(KNOWN_SOURCES))
             with self.reader.engine.connect() as conn:
                 rows = conn.execute(q).all()
         except Exception:  # noqa: BLE001 - a store not yet upgraded to 0004 computes everything

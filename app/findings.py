@@ -28,7 +28,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from ..models import sketch
+from ..models import packs, sketch
 from ..models.reader import Filters, StoreReader
 from . import detectors as d
 from .params import Window
@@ -60,6 +60,30 @@ def _sketch_frame(rows: list[tuple], dims: tuple[str, ...], with_sum: bool,
     data["counts"] = [all_counts[a:b] for a, b in bounds]
     if flat_out is not None:
         flat_out.append((np.diff(np.asarray([0] + ends, dtype=np.int64)), all_keys, all_counts))
+    return pd.DataFrame(data)
+
+
+def _columns_frame(cols: packs.Columns, dims_of: dict[int, tuple], dims: tuple[str, ...], with_sum: bool,
+                   flat_out: list | None = None) -> pd.DataFrame:
+    """``_sketch_frame`` of ``StoreReader.rollup_columns``: the same frame, from columns."""
+    ends = np.cumsum(cols.lengths).tolist()
+    bounds = list(zip([0] + ends[:-1], ends))
+    ids = np.sort(np.fromiter(dims_of, dtype=np.int64, count=len(dims_of)))
+    at = np.searchsorted(ids, cols.series_id)  # each row's series among ``ids``
+    values = [dims_of[i] for i in ids.tolist()]
+    data: dict = {}
+    for k, name in enumerate(dims):
+        col = np.empty(len(values), dtype=object)
+        col[:] = [v[k] for v in values]
+        data[name] = col[at] if len(cols) else []
+    data.update(minute=cols.minute, count=cols.count, errors=cols.errors)
+    if with_sum:
+        data["sum_ns"] = cols.sum_ns
+    keys, counts = cols.keys, cols.counts
+    data["keys"] = [keys[a:b] for a, b in bounds]
+    data["counts"] = [counts[a:b] for a, b in bounds]
+    if flat_out is not None:
+        flat_out.append((cols.lengths, keys, counts))
     return pd.DataFrame(data)
 
 
@@ -184,11 +208,12 @@ def load_frames(reader: StoreReader, window: Window, th: d.Thresholds, known: Kn
     baselines), long traces from the traces table, and raw spans only around new instances
     that look like cold starts (and that ``known`` did not check before)."""
     data_start = _data_start(window, th)
-    traces = _sketch_frame(reader.rollup_rows("trace", data_start, window.end_ns, ("input_type",)),
-                           ("input_type",), with_sum=True)
+    # (the two kinds read whole: mostly hour packs, models/packs.py)
+    traces = _columns_frame(*reader.rollup_columns("trace", data_start, window.end_ns, ("input_type",)),
+                            ("input_type",), with_sum=True)
     pair_sketches: list = []
-    pairs = _sketch_frame(reader.rollup_rows("pair", data_start, window.end_ns, ("caller", "callee")),
-                          ("caller", "callee"), with_sum=False, flat_out=pair_sketches)
+    pairs = _columns_frame(*reader.rollup_columns("pair", data_start, window.end_ns, ("caller", "callee")),
+                           ("caller", "callee"), with_sum=False, flat_out=pair_sketches)
     # (the preprocessing stage's only: no detector reads the other stages' time)
     ts_rows = reader.rollup_rows("tstage", data_start, window.end_ns, ("input_type", "stage"),
                                  Filters(stage="preprocessing"), sketches=False)

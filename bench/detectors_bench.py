@@ -76,6 +76,7 @@ def main() -> int:
         settle(engine, force=True)
         print(f"filled {r.traces} traces / {r.spans} spans in {time.perf_counter() - t:.1f} s", flush=True)
         engine.dispose()
+    _pack(url)
     engine = make_engine(url)
     reader = StoreReader(engine)
     window = Window(config.start_ns, config.end_ns + 120_000_000_000)
@@ -100,6 +101,22 @@ def main() -> int:
     return 0
 
 
+def _pack(url: str) -> None:
+    """Pack the store's closed hours of rollups, as the receivers' settler does a few minutes
+    after each hour ends (``models/packs.py``), verified at once: nothing else writes here."""
+    from modalscope.models import packs
+    from modalscope.models.engine import make_engine
+
+    engine = make_engine(url, write=True)
+    try:
+        t = time.perf_counter()
+        built = packs.pack_everything(engine)
+        if built:
+            print(f"packed {built} hours of rollups in {time.perf_counter() - t:.1f} s", flush=True)
+    finally:
+        engine.dispose()
+
+
 def window_lengths(path: str, hours: list[float], repeat: int) -> int:
     """``find`` over the last N hours of the store for each N, shortest first."""
     import resource
@@ -114,6 +131,7 @@ def window_lengths(path: str, hours: list[float], repeat: int) -> int:
     from modalscope.models.engine import make_engine
     from modalscope.models.reader import StoreReader
 
+    _pack(f"sqlite:///{path}")
     engine = make_engine(f"sqlite:///{path}")
     reader = StoreReader(engine)
     with engine.connect() as conn:

@@ -7,6 +7,7 @@ from concurrent.futures import Future
 
 from sqlalchemy import Engine
 
+from ..models.packs import EVERY_S as PACK_EVERY_S
 from ..settings import Settings
 from .records import SpanRecord
 from .retention import RetentionPolicy
@@ -44,12 +45,13 @@ class IngestPipeline:
         retention = RetentionPolicy.from_settings(settings)  # the settler prunes every 10 minutes
         # ... and evaluates the anomaly catalog ahead of requests (app/evaluations.py)
         findings = (settings.findings_ranges_s, settings.findings_every_s)
+        # ... and packs closed hours of rollups for the detectors (models/packs.py)
         if settle == "process":
             self.settler = SettlerProcess(settings.database_url, settings.settle_seconds, interval=settle_interval,
-                                          retention=retention, findings=findings)
+                                          retention=retention, findings=findings, pack_every_s=PACK_EVERY_S)
         elif settle:
             self.settler = Settler(engine, settings.settle_seconds, interval=settle_interval, retention=retention,
-                                   findings=findings)
+                                   findings=findings, pack_every_s=PACK_EVERY_S)
         else:
             self.settler = None
 

@@ -559,7 +559,7 @@ def settle(engine: Engine, *, settle_seconds: float = 5.0, trace_ids: Sequence[s
 
 
 def run_settler_process(database_url: str, settle_seconds: float, interval: float, stop_reader,
-                        retention=None, findings=None) -> None:
+                        retention=None, findings=None, pack_every_s: float = 0.0) -> None:
     """Entry point of the settler process (``IngestPipeline(settle="process")``).
 
     Runs until its parent writes to, or closes, the other end of ``stop_reader`` (a pipe,
@@ -582,8 +582,11 @@ def run_settler_process(database_url: str, settle_seconds: float, interval: floa
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .retention import PruneSchedule
 
+    from ..models.packs import PackSchedule
+
     engine = make_engine(database_url, write=True)
     pruning = PruneSchedule(engine, retention)
+    packing = PackSchedule(engine, pack_every_s)
     evaluating = evaluation_schedule(engine, findings)
     try:
         while not stop_reader.poll(interval):  # True on a message, or on EOF: parent gone
@@ -592,6 +595,7 @@ def run_settler_process(database_url: str, settle_seconds: float, interval: floa
             except Exception:  # noqa: BLE001 - keep settling; the next pass retries
                 log.exception("settling failed")
             pruning.tick(should_stop=lambda: stop_reader.poll(0))
+            packing.maybe_run()
             if evaluating is not None:
                 evaluating.maybe_run()
         # Stopping: one last pass over what is due (the rest stays pending, durably, for
@@ -621,15 +625,17 @@ class SettlerProcess:
     """The settler in its own process, so settling has a core of its own."""
 
     def __init__(self, database_url: str, settle_seconds: float, interval: float = 0.5, retention=None,
-                 findings=None) -> None:
+                 findings=None, pack_every_s: float = 0.0) -> None:
         """``retention``: a ``retention.RetentionPolicy`` the settler applies every 10 minutes, or None;
-        ``findings``: (ranges in seconds, every seconds) to evaluate the anomaly catalog, or None."""
+        ``findings``: (ranges in seconds, every seconds) to evaluate the anomaly catalog, or None;
+        ``pack_every_s``: how often to pack closed hours of rollups (``models/packs.py``), 0 never."""
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")
         reader, self._stop_writer = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(target=run_settler_process, name="modalscope-settler",
-                                 args=(database_url, settle_seconds, interval, reader, retention, findings),
+                                 args=(database_url, settle_seconds, interval, reader, retention, findings,
+                                       pack_every_s),
                                  daemon=True)
         self._reader = reader
 
@@ -654,13 +660,15 @@ class Settler:
     """Background thread settling idle traces every ``interval`` seconds."""
 
     def __init__(self, engine: Engine, settle_seconds: float, interval: float = 0.5, retention=None,
-                 findings=None) -> None:
+                 findings=None, pack_every_s: float = 0.0) -> None:
+        from ..models.packs import PackSchedule
         from .retention import PruneSchedule
 
         self.engine = engine
         self.settle_seconds = settle_seconds
         self.interval = interval
         self._pruning = PruneSchedule(engine, retention)
+        self._packing = PackSchedule(engine, pack_every_s)
         self._evaluating = evaluation_schedule(engine, findings)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="modalscope-settler", daemon=True)
@@ -677,6 +685,8 @@ class Settler:
             except Exception:  # noqa: BLE001 - keep settling; the next pass retries
                 log.exception("settling failed")
             self._pruning.tick(should_stop=self._stop.is_set)
+            if not self._stop.is_set():
+                self._packing.maybe_run()
             if self._evaluating is not None and not self._stop.is_set():
                 self._evaluating.maybe_run()
 

@@ -10,7 +10,7 @@ import time
 
 from sqlalchemy import Connection, delete, exists, select
 
-from . import RollupChange
+from . import RollupChange, packs
 
 #: Change rows are kept this long (and a result cached from the rollups is trusted at most
 #: this long after it was computed): the oldest are deleted as new ones are written.
@@ -22,11 +22,14 @@ _NS = 1_000_000_000
 
 def record(conn: Connection, first_minute: int, last_minute: int, now_ns: int | None = None) -> None:
     """Log a write to the rollups of minutes ``[first_minute, last_minute]`` (call it in the
-    transaction that writes them, after the write), and drop rows older than ``KEEP_S``."""
+    transaction that writes them, after the write), drop rows older than ``KEEP_S``, and
+    delete the hour packs of those minutes."""
     now_ns = time.time_ns() if now_ns is None else now_ns
     conn.execute(delete(RollupChange).where(RollupChange.changed_ns < now_ns - KEEP_S * _NS))
     conn.execute(RollupChange.__table__.insert().values(
         first_minute=int(first_minute), last_minute=int(last_minute), changed_ns=now_ns))
+    # The hour packs of those minutes are stale now (models/packs.py: the settler rebuilds them).
+    packs.invalidate(conn, first_minute, last_minute)
 
 
 def changed_since(conn: Connection, since_ns: int, first_minute: int, last_minute: int) -> bool:

@@ -182,7 +182,7 @@ def test_upgrading_to_0008_gives_pending_traces_their_first_span_start(empty_db_
     from sqlalchemy import select
 
     from modalscope.ingest.settle import settle
-    from modalscope.models import RollupChange, Trace
+    from modalscope.models import RollupChange, RollupPack, Trace
     from tests.app.conftest import side_calls_trace
 
     upgrade(empty_db_url, "0006")
@@ -193,11 +193,14 @@ def test_upgrading_to_0008_gives_pending_traces_their_first_span_start(empty_db_
         traces = [side_calls_trace(rng, base + i * 7_000_000_000, db_ms=5 + i, llm_ms=90) for i in range(6)]
         _write_pre_0007(engine, [s for t in traces for s in t])
         upgrade(empty_db_url, "0007")
-        # This release's settler logs its writes (0009's table): lent for the settle only.
-        change_log = RollupChange.__table__
-        change_log.create(engine)
+        # This release's settler logs its writes (0009's table) and drops the hour packs they
+        # touch (0010's): lent for the settle only.
+        lent = [RollupChange.__table__, RollupPack.__table__]
+        for table in lent:
+            table.create(engine)
         settle(engine, force=True)
-        change_log.drop(engine)
+        for table in lent:
+            table.drop(engine)
         with engine.begin() as conn:  # three of them re-opened before the upgrade
             conn.execute(text("UPDATE traces SET pending = :p WHERE trace_id IN :ids").bindparams(
                 sqlalchemy.bindparam("ids", expanding=True)), {"p": True, "ids": [t[0].trace_id for t in traces[:3]]})

@@ -1,0 +1,281 @@
+"""Hour packs (table ``rollup_packs``): one closed hour of a series kind's minute rollups,
+every series, column by column in one blob.
+
+The anomaly detectors read every ``pair`` and ``trace`` minute rollup of their window and its
+baseline look-back: ~56,000 rows a day at ten million spans, the largest read of an absolute
+window's first request (``app/findings.py``). Read as 24 blobs instead, the rows cost a few
+``frombuffer`` calls. Packs are a cache of the rollups, never the only copy:
+
+- ``PackSchedule`` (the settler's loop) packs each closed hour of ``PACK_KINDS`` within
+  ``HORIZON_S`` a few minutes after it ends, and marks a pack ``verified`` once no write that
+  was in flight while it was built touched its hour (``verify``);
+- every write to the rollups deletes the packs of the hours it touches, in its own
+  transaction (``changes.record`` calls ``invalidate``): a late span, a retention pass, a retag;
+- readers use verified packs only, and minute rows for every other minute of the window.
+
+Layout (little-endian): ``MAGIC``, then ``n`` rows and ``e`` sketch entries (int64 each), the
+rows' series id, minute, count, error count, sum (int64 columns), their sketch lengths in
+entries (int64), and the entries as (key, count) int32 pairs: the minute rows' own sketch
+encoding (``models/sketch.py``), concatenated.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from sqlalchemy import Connection, Engine, delete, select, update
+
+from . import RollupPack, Rollup, Series
+
+log = logging.getLogger(__name__)
+
+#: The series kinds packed: the ones the detectors read whole.
+PACK_KINDS = ("pair", "trace")
+MAGIC = b"MSPACK01"
+NS = 1_000_000_000
+#: Hours packed back from now: what the detectors judge at most (7 days) and their look-back.
+HORIZON_S = 7 * 86400 + 2 * 3600
+#: An hour is packed this long after it ends (spans still settling into it cost a rebuild).
+LAG_S = 300
+#: A pack is read once this long has passed since it was built with no write to its hour
+#: logged from then on (a settle batch in flight while it was built commits within it).
+VERIFY_AFTER_S = 120
+#: A write logged up to this long before a pack was built may have been in flight (the
+#: findings cache's margin, ``app/evaluations.CHANGE_MARGIN_S``).
+CHANGE_MARGIN_S = 60
+#: Hours packed at most per schedule tick (a week of two kinds is ~340 hours).
+PACKS_PER_TICK = 48
+#: How often the receivers' settler packs (``ingest/pipeline.py``).
+EVERY_S = 60.0
+
+
+@dataclass
+class Columns:
+    """Minute rollup rows column by column: row i is series ``series_id[i]`` at ``minute[i]``
+    with its sketch entries ``keys``/``counts``[``offsets[i]``:``offsets[i + 1]``]."""
+
+    series_id: np.ndarray
+    minute: np.ndarray
+    count: np.ndarray
+    errors: np.ndarray
+    sum_ns: np.ndarray
+    lengths: np.ndarray
+    keys: np.ndarray
+    counts: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.series_id)
+
+
+def empty_columns() -> Columns:
+    z = np.zeros(0, dtype=np.int64)
+    return Columns(z, z, z, z, z, z, np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32))
+
+
+def columns_of_rows(rows: list[tuple]) -> Columns:
+    """``(series_id, minute, count, errors, sum_ns, sketch blob)`` rows as columns."""
+    if not rows:
+        return empty_columns()
+    sid, minute, count, errors, sum_ns, blobs = zip(*rows)
+    blobs = [b if isinstance(b, bytes) else bytes(b) if b else b"" for b in blobs]
+    lengths = np.fromiter(map(len, blobs), dtype=np.int64, count=len(blobs)) // 8
+    entries = np.frombuffer(b"".join(blobs), dtype="<i4").reshape(-1, 2)
+    return Columns(np.asarray(sid, dtype=np.int64), np.asarray(minute, dtype=np.int64),
+                   np.asarray(count, dtype=np.int64), np.asarray(errors, dtype=np.int64),
+                   np.asarray([s or 0 for s in sum_ns], dtype=np.int64), lengths, entries[:, 0], entries[:, 1])
+
+
+def encode(cols: Columns) -> bytes:
+    n, e = len(cols), len(cols.keys)
+    entries = np.empty((e, 2), dtype="<i4")
+    entries[:, 0], entries[:, 1] = cols.keys, cols.counts
+    head = np.asarray([n, e], dtype="<i8").tobytes()
+    body = b"".join(np.ascontiguousarray(a, dtype="<i8").tobytes() for a in (
+        cols.series_id, cols.minute, cols.count, cols.errors, cols.sum_ns, cols.lengths))
+    return MAGIC + head + body + entries.tobytes()
+
+
+def decode(blob: bytes) -> Columns:
+    if bytes(blob[:len(MAGIC)]) != MAGIC:
+        raise ValueError("not a rollup pack")
+    n, e = np.frombuffer(blob, dtype="<i8", count=2, offset=len(MAGIC)).tolist()
+    at = len(MAGIC) + 16
+    six = np.frombuffer(blob, dtype="<i8", count=6 * n, offset=at).reshape(6, n)
+    entries = np.frombuffer(blob, dtype="<i4", count=2 * e, offset=at + 48 * n).reshape(e, 2)
+    return Columns(*six, entries[:, 0], entries[:, 1])
+
+
+def concat(parts: list[Columns]) -> Columns:
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return empty_columns()
+    if len(parts) == 1:
+        return parts[0]
+    return Columns(*(np.concatenate([getattr(p, f) for p in parts]) for f in Columns.__dataclass_fields__))
+
+
+def select_rows(cols: Columns, keep: np.ndarray) -> Columns:
+    """The rows where the boolean ``keep`` is true (their entries with them)."""
+    if keep.all():
+        return cols
+    return take(cols, np.flatnonzero(keep))
+
+
+def take(cols: Columns, order: np.ndarray) -> Columns:
+    """Rows ``order`` (positions) with their sketch entries, in that order."""
+    lengths = cols.lengths[order]
+    starts = (np.cumsum(cols.lengths) - cols.lengths)[order]
+    total = int(lengths.sum())
+    # Entry j of the result: its row's start plus its place within the row.
+    out_starts = np.cumsum(lengths) - lengths
+    idx = np.repeat(starts - out_starts, lengths) + np.arange(total, dtype=np.int64)
+    return Columns(cols.series_id[order], cols.minute[order], cols.count[order], cols.errors[order],
+                   cols.sum_ns[order], lengths, cols.keys[idx], cols.counts[idx])
+
+
+def sort_rows(cols: Columns) -> Columns:
+    """Rows ordered by series, then minute (as the minute rows come through their index)."""
+    if len(cols) < 2:
+        return cols
+    order = np.lexsort((cols.minute, cols.series_id))
+    if (np.diff(order) == 1).all():
+        return cols
+    return take(cols, order)
+
+
+def hour_rows(conn: Connection, kind: str, hour: int) -> Columns:
+    """Every minute rollup of ``kind`` series in ``hour``, ordered by series and minute."""
+    ids = list(conn.execute(select(Series.id).where(Series.kind == kind).order_by(Series.id)).scalars())
+    rows: list[tuple] = []
+    for i in range(0, len(ids), 500):
+        stmt = (select(Rollup.series_id, Rollup.minute, Rollup.count, Rollup.error_count, Rollup.sum_ns, Rollup.sketch)
+                .where(Rollup.series_id.in_(ids[i:i + 500]), Rollup.minute >= hour * 60,
+                       Rollup.minute < hour * 60 + 60))
+        rows.extend(tuple(r) for r in conn.execute(stmt))
+    return sort_rows(columns_of_rows(rows))
+
+
+def build(engine: Engine, kind: str, hour: int, now_ns: int | None = None) -> None:
+    """Pack ``kind``'s rollups of ``hour`` (unverified; a pack of it already there is replaced)."""
+    built_ns = time.time_ns() if now_ns is None else now_ns
+    with engine.begin() as conn:
+        data = encode(hour_rows(conn, kind, hour))
+        conn.execute(delete(RollupPack).where(RollupPack.hour == hour, RollupPack.kind == kind))
+        conn.execute(RollupPack.__table__.insert().values(hour=hour, kind=kind, built_ns=built_ns, verified=False,
+                                                          data=data))
+
+
+def verify(engine: Engine, now_ns: int | None = None, after_s: float = VERIFY_AFTER_S) -> tuple[int, int]:
+    """Mark the packs built at least ``after_s`` ago verified, or delete those whose hour a
+    write logged since their build (less ``CHANGE_MARGIN_S``) touched. Returns (verified, dropped)."""
+    from .changes import changed_since
+
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    ok = dropped = 0
+    with engine.begin() as conn:
+        due = conn.execute(select(RollupPack.hour, RollupPack.kind, RollupPack.built_ns).where(
+            RollupPack.verified.is_(False), RollupPack.built_ns <= now_ns - int(after_s * NS))).all()
+        for hour, kind, built_ns in due:
+            key = (RollupPack.hour == hour, RollupPack.kind == kind, RollupPack.built_ns == built_ns)
+            if changed_since(conn, built_ns - CHANGE_MARGIN_S * NS, hour * 60, hour * 60 + 59):
+                conn.execute(delete(RollupPack).where(*key))
+                dropped += 1
+            else:
+                conn.execute(update(RollupPack).where(*key).values(verified=True))
+                ok += 1
+    return ok, dropped
+
+
+def invalidate(conn: Connection, first_minute: int, last_minute: int) -> None:
+    """Delete the packs of the hours ``[first_minute, last_minute]`` touch (called by every
+    write to the rollups, in its transaction: ``changes.record``)."""
+    conn.execute(delete(RollupPack).where(RollupPack.hour >= int(first_minute) // 60,
+                                          RollupPack.hour <= int(last_minute) // 60))
+
+
+def read(conn: Connection, kind: str, first_hour: int, end_hour: int) -> dict[int, Columns]:
+    """The verified packs of ``kind`` for hours ``[first_hour, end_hour)``, by hour."""
+    if end_hour <= first_hour:
+        return {}
+    stmt = select(RollupPack.hour, RollupPack.data).where(
+        RollupPack.kind == kind, RollupPack.hour >= first_hour, RollupPack.hour < end_hour,
+        RollupPack.verified.is_(True))
+    return {hour: decode(data) for hour, data in conn.execute(stmt)}
+
+
+def missing_hours(engine: Engine, now_ns: int, horizon_s: float = HORIZON_S, lag_s: float = LAG_S) -> list[tuple[str, int]]:
+    """``(kind, hour)`` of the closed hours within the horizon that hold rollups and have no
+    pack, newest first."""
+    from sqlalchemy import func
+
+    last_closed = (now_ns - int(lag_s * NS)) // (3600 * NS)  # hours before this one are closed
+    first = max(0, (now_ns - int(horizon_s * NS)) // (3600 * NS))
+    with engine.connect() as conn:
+        oldest, newest = conn.execute(select(func.min(Rollup.minute), func.max(Rollup.minute)).where(
+            Rollup.minute >= first * 60, Rollup.minute < last_closed * 60)).one()
+        if oldest is None:
+            return []
+        have = set(conn.execute(select(RollupPack.kind, RollupPack.hour).where(
+            RollupPack.hour >= oldest // 60, RollupPack.hour < last_closed)).all())
+    return [(kind, hour) for hour in range(newest // 60, oldest // 60 - 1, -1) for kind in PACK_KINDS
+            if (kind, hour) not in have]
+
+
+def refresh(engine: Engine, now_ns: int | None = None, limit: int | None = None,
+            verify_after_s: float = VERIFY_AFTER_S, progress=None) -> int:
+    """Verify the packs due, then pack missing closed hours (at most ``limit``, newest first).
+    Returns how many were built. ``progress``: called with (done, total) after each."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    verify(engine, now_ns, verify_after_s)
+    todo = missing_hours(engine, now_ns)[:limit]
+    for i, (kind, hour) in enumerate(todo):
+        build(engine, kind, hour)
+        if progress is not None:
+            progress(i + 1, len(todo))
+    return len(todo)
+
+
+def pack_everything(engine: Engine, progress=None) -> int:
+    """Pack every hour that holds rollups, verified at once: for a store nothing else writes
+    to (the benchmarks' stores, filled and settled in one go). Returns how many were built."""
+    from sqlalchemy import func
+
+    with engine.connect() as conn:
+        newest = conn.execute(select(func.max(Rollup.minute))).scalar()
+    if newest is None:
+        return 0
+    # "now" as if every hour of the data had closed; the horizon back from the data's end.
+    built = refresh(engine, now_ns=(newest // 60 + 1) * 3600 * NS + int(LAG_S * NS), progress=progress)
+    verify(engine, after_s=0)
+    return built
+
+
+class PackSchedule:
+    """Called from the settler's loop: every ``every_s`` seconds, ``refresh`` (at most
+    ``PACKS_PER_TICK`` hours a tick). ``every_s`` 0 turns it off."""
+
+    def __init__(self, engine: Engine, every_s: float = EVERY_S) -> None:
+        self.engine, self.every_s = engine, every_s
+        self._next = 0.0
+
+    def maybe_run(self, now: float | None = None, now_ns: int | None = None) -> int:
+        """Pack what is due; returns how many hours were packed. ``now``: monotonic seconds,
+        ``now_ns``: the wall clock that decides which hours are closed (default: the time)."""
+        if not self.every_s:
+            return 0
+        now = time.monotonic() if now is None else now
+        if now < self._next:
+            return 0
+        self._next = now + self.every_s
+        try:
+            return refresh(self.engine, now_ns=now_ns, limit=PACKS_PER_TICK)
+        except Exception:  # noqa: BLE001 - a cache: settling goes on without it
+            log.exception("packing rollups failed")
+            return 0
+
+
+__all__ = ["Columns", "PACK_KINDS", "PackSchedule", "build", "columns_of_rows", "concat", "decode", "encode",
+           "invalidate", "pack_everything", "read", "refresh", "select_rows", "sort_rows", "take", "verify"]

@@ -1,0 +1,175 @@
+"""Hour packs (models/packs.py), on SQLite and PostgreSQL: a pack reads as the minute rows of
+its hour, the detectors find the same with and without them, a write to a packed hour
+deletes its pack, a pack is read only once verified, and the settler's schedule packs closed
+hours only, a bounded number a tick."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import pytest
+from sqlalchemy import select, update
+
+from modalscope.app import findings
+from modalscope.app.detectors import Thresholds
+from modalscope.app.params import Window
+from modalscope.ingest import demo
+from modalscope.ingest.settle import settle
+from modalscope.models import RollupChange, RollupPack, changes, packs
+from modalscope.models.reader import Filters, StoreReader
+
+S = 1_000_000_000
+MIN = 60 * S
+HOUR = 3600 * S
+
+
+@pytest.fixture
+def store(engine):
+    """Three hours of demo traffic (every pattern injected) ending two minutes ago, settled,
+    its writes logged ten minutes ago (as a store settled a while back)."""
+    now = time.time_ns() // MIN * MIN - 2 * MIN
+    demo.fill(engine, demo.DemoConfig(now_ns=now, hours=3.0, rate=0.12, seed=11))
+    settle(engine, force=True)
+    with engine.begin() as conn:
+        conn.execute(update(RollupChange).values(changed_ns=RollupChange.changed_ns - 600 * S))
+    return engine, now
+
+
+def _as_rows(cols: packs.Columns, dims_of: dict) -> list[tuple]:
+    """(dims..., minute, count, errors, sum, entries) rows, sorted."""
+    ends = np.cumsum(cols.lengths)
+    starts = ends - cols.lengths
+    return sorted((*dims_of[s], m, c, e, t, tuple(zip(cols.keys[a:b].tolist(), cols.counts[a:b].tolist())))
+                  for s, m, c, e, t, a, b in zip(cols.series_id.tolist(), cols.minute.tolist(), cols.count.tolist(),
+                                                 cols.errors.tolist(), cols.sum_ns.tolist(), starts.tolist(),
+                                                 ends.tolist()))
+
+
+def _minute_rows(reader: StoreReader, kind: str, start: int, end: int, dims, filters=None) -> list[tuple]:
+    """The same rows straight from the minute rollups (``rollup_rows``)."""
+    out = []
+    for minute, count, errors, sum_ns, blob, *d in reader.rollup_rows(kind, start, end, dims, filters):
+        entries = np.frombuffer(bytes(blob or b""), dtype="<i4").reshape(-1, 2)
+        out.append((*d, minute, count, errors, sum_ns, tuple(map(tuple, entries.tolist()))))
+    return sorted(out)
+
+
+def _packed_hours(engine) -> set[tuple[str, int, bool]]:
+    with engine.connect() as conn:
+        return set(conn.execute(select(RollupPack.kind, RollupPack.hour, RollupPack.verified)).all())
+
+
+def test_packs_read_as_the_minute_rows_and_the_detectors_find_the_same(store, monkeypatch):
+    engine, now = store
+    reader, th = StoreReader(engine), Thresholds()
+    # Windows that start and end inside hours: packs for the whole hours, minute rows for the edges.
+    windows = [Window(now - 3 * HOUR + 7 * MIN + 13 * S, now - 11 * S), Window(now - 2 * HOUR - 31 * MIN, now - 50 * MIN)]
+    before = [findings.find(reader, w, Filters(), th) for w in windows]
+    assert any(before), "the demo's patterns are found"
+    assert packs.pack_everything(engine) >= 2 * 3
+    hours = {h for _, h, verified in _packed_hours(engine) if verified}
+    assert hours and all(verified for _, _, verified in _packed_hours(engine))
+    minute_reads = []
+    real = StoreReader._series_rows
+    monkeypatch.setattr(StoreReader, "_series_rows",
+                        lambda self, conn, where, cols, tiers, **k: minute_reads.extend((t[2], t[3]) for t in tiers)
+                        or real(self, conn, where, cols, tiers, **k))
+    for w in windows:
+        for kind, dims, filters in (("pair", ("caller", "callee"), None), ("trace", ("input_type",), None),
+                                    ("pair", ("caller", "callee"), Filters(service="llm"))):
+            minute_reads.clear()
+            cols, dims_of = reader.rollup_columns(kind, w.start_ns, w.end_ns, dims, filters)
+            assert len(cols) and minute_reads, "some rows come from packs, the edges from minute rows"
+            # Minute rows only for the minutes outside the packed hours the window holds whole.
+            first, last = -(-w.start_ns // MIN), -(-w.end_ns // MIN)
+            whole = {h for h in hours if h * 60 >= first and h * 60 + 60 <= last}
+            assert len(whole) >= 1
+            assert not any(a < h * 60 + 60 and h * 60 < b for a, b in minute_reads for h in whole)
+            assert _as_rows(cols, dims_of) == _minute_rows(reader, kind, w.start_ns, w.end_ns, dims, filters)
+            # ordered by series, then minute
+            assert (np.diff(cols.series_id) >= 0).all()
+            same = np.diff(cols.series_id) == 0
+            assert (np.diff(cols.minute)[same] > 0).all()
+    assert [findings.find(reader, w, Filters(), th) for w in windows] == before
+
+
+def test_a_write_to_a_packed_hour_deletes_its_pack(store):
+    from tests.app.conftest import side_calls_trace
+    from modalscope.ingest.writer import write_spans
+
+    engine, now = store
+    reader = StoreReader(engine)
+    packs.pack_everything(engine)
+    packed = {h for k, h, _ in _packed_hours(engine) if k == "pair"}
+    late_hour = (now - 2 * HOUR) // HOUR
+    assert late_hour in packed
+    write_spans(engine, side_calls_trace(random.Random(5), late_hour * HOUR + 10 * MIN, db_ms=900, llm_ms=4000))
+    settle(engine, force=True)
+    left = {h for k, h, _ in _packed_hours(engine) if k == "pair"}
+    assert late_hour not in left and left == packed - {late_hour}
+    # The late trace is in what the detectors read (from that hour's minute rows).
+    w = Window(now - 3 * HOUR, now)
+    cols, dims_of = reader.rollup_columns("pair", w.start_ns, w.end_ns, ("caller", "callee"))
+    assert _as_rows(cols, dims_of) == _minute_rows(reader, "pair", w.start_ns, w.end_ns, ("caller", "callee"))
+    # Retention and retag log their writes too: every pack goes with a change over all minutes.
+    with engine.begin() as conn:
+        changes.record(conn, 0, changes.EVERY_MINUTE)
+    assert _packed_hours(engine) == set()
+
+
+def test_a_pack_is_read_only_once_verified_and_dropped_if_a_write_raced_its_build(store):
+    engine, now = store
+    reader = StoreReader(engine)
+    hour = (now - 2 * HOUR) // HOUR
+    other = hour - 1
+    packs.build(engine, "pair", hour)
+    packs.build(engine, "pair", other)
+    with engine.connect() as conn:
+        assert packs.read(conn, "pair", other, hour + 1) == {}  # not verified yet
+    assert packs.verify(engine, after_s=packs.VERIFY_AFTER_S) == (0, 0)  # too soon
+    # A settle batch that was in flight while ``hour`` was packed (logged just before the
+    # build, committed after it): that pack goes; the other is verified.
+    with engine.begin() as conn:
+        conn.execute(RollupChange.__table__.insert().values(
+            first_minute=hour * 60 + 5, last_minute=hour * 60 + 5, changed_ns=time.time_ns() - 30 * S))
+    assert packs.verify(engine, after_s=0) == (1, 1)
+    assert _packed_hours(engine) == {("pair", other, True)}
+    with engine.connect() as conn:
+        got = packs.read(conn, "pair", other, hour + 1)
+    assert list(got) == [other]
+    w = Window(other * HOUR, (other + 1) * HOUR)
+    assert _as_rows(got[other], _pair_dims(engine)) == _minute_rows(reader, "pair", w.start_ns, w.end_ns,
+                                                                     ("caller", "callee"))
+
+
+def _pair_dims(engine) -> dict[int, tuple]:
+    from modalscope.models import Series
+
+    with engine.connect() as conn:
+        return {i: (c, e) for i, c, e in conn.execute(select(Series.id, Series.caller, Series.callee)
+                                                      .where(Series.kind == "pair"))}
+
+
+def test_the_schedule_packs_closed_hours_newest_first_a_bounded_number_a_tick(store, monkeypatch):
+    engine, now = store
+    monkeypatch.setattr(packs, "PACKS_PER_TICK", 1)
+    schedule = packs.PackSchedule(engine, every_s=60)
+    wall = time.time_ns()  # one clock for the whole test (an hour may close meanwhile)
+    newest_closed = (wall - int(packs.LAG_S * S)) // HOUR - 1
+    data_hours = list(range(newest_closed, (now - 3 * HOUR) // HOUR - 1, -1))
+    assert len(data_hours) >= 2
+    built, clock = [], 1000.0
+    while True:
+        before = _packed_hours(engine)
+        n = schedule.maybe_run(now=clock, now_ns=wall)
+        assert schedule.maybe_run(now=clock + 30, now_ns=wall) == 0  # not due again yet
+        if not n:
+            break
+        assert n == 1
+        (new,) = _packed_hours(engine) - before
+        built.append(new[:2])
+        clock += 61
+    # Closed hours only (not the current one, not the last LAG_S), newest first, both kinds.
+    assert built == [(kind, h) for h in data_hours for kind in packs.PACK_KINDS]

@@ -226,10 +226,13 @@ def missing_hours(engine: Engine, now_ns: int, horizon_s: float = HORIZON_S, lag
 
 def refresh(engine: Engine, now_ns: int | None = None, limit: int | None = None,
             verify_after_s: float = VERIFY_AFTER_S, progress=None) -> int:
-    """Verify the packs due, then pack missing closed hours (at most ``limit``, newest first).
-    Returns how many were built. ``progress``: called with (done, total) after each."""
+    """Verify the packs due, delete those past the horizon, then pack missing closed hours (at
+    most ``limit``, newest first). Returns how many were built. ``progress``: called with
+    (done, total) after each."""
     now_ns = time.time_ns() if now_ns is None else now_ns
     verify(engine, now_ns, verify_after_s)
+    with engine.begin() as conn:  # hours past the horizon are no longer read: not kept either
+        conn.execute(delete(RollupPack).where(RollupPack.hour < (now_ns - int(HORIZON_S * NS)) // (3600 * NS)))
     todo = missing_hours(engine, now_ns)[:limit]
     for i, (kind, hour) in enumerate(todo):
         build(engine, kind, hour)

@@ -173,3 +173,14 @@ def test_the_schedule_packs_closed_hours_newest_first_a_bounded_number_a_tick(st
         clock += 61
     # Closed hours only (not the current one, not the last LAG_S), newest first, both kinds.
     assert built == [(kind, h) for h in data_hours for kind in packs.PACK_KINDS]
+
+
+def test_packs_past_the_horizon_are_deleted(store):
+    engine, now = store
+    old_hour = (time.time_ns() - int(packs.HORIZON_S * S)) // HOUR - 1
+    with engine.begin() as conn:
+        conn.execute(RollupPack.__table__.insert().values(hour=old_hour, kind="pair", built_ns=time.time_ns(),
+                                                          verified=True, data=packs.encode(packs.empty_columns())))
+    packs.refresh(engine, limit=1)
+    assert (("pair", old_hour, True)) not in _packed_hours(engine)
+    assert len(_packed_hours(engine)) == 1  # and the newest closed hour was packed

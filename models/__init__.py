@@ -258,7 +258,7 @@ class RollupChange(Base):
 class RollupPack(Base):
     """One hour of a series kind's minute rollups (every series), column by column in one blob
     (``models/packs.py``): the detectors read a day of ``pair`` rollups, ~50,000 rows at ten
-    million spans a day, as 24 blobs. A cache the settler fills for closed hours; a write to the
+    million spans a day, as 24 blobs (and the ``trace`` and convention kinds likewise). A cache the settler fills for closed hours; a write to the
     rollups deletes the packs of the hours it touches (``changes.record``), and a pack is read
     only once ``verified`` (no write in flight while it was built touched its hour)."""
 

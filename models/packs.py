@@ -1,10 +1,11 @@
 """Hour packs (table ``rollup_packs``): one closed hour of a series kind's minute rollups,
 every series, column by column in one blob.
 
-The anomaly detectors read every ``pair`` and ``trace`` minute rollup of their window and its
-baseline look-back: ~56,000 rows a day at ten million spans, the largest read of an absolute
-window's first request (``app/findings.py``). Read as 24 blobs instead, the rows cost a few
-``frombuffer`` calls. Packs are a cache of the rollups, never the only copy:
+The anomaly detectors read every ``pair``, ``trace`` and convention (``cache``, ``batch``,
+``cuda``, ``sync``) minute rollup of their window and its baseline look-back: ~80,000 rows a
+day at ten million spans, the largest read of an absolute window's first request
+(``app/findings.py``). Read as 24 blobs a kind instead, the rows cost a few ``frombuffer``
+calls. Packs are a cache of the rollups, never the only copy:
 
 - ``PackSchedule`` (the settler's loop) packs each closed hour of ``PACK_KINDS`` within
   ``HORIZON_S`` a few minutes after it ends, and marks a pack ``verified`` once no write that
@@ -33,7 +34,7 @@ from . import RollupPack, Rollup, Series
 log = logging.getLogger(__name__)
 
 #: The series kinds packed: the ones the detectors read whole.
-PACK_KINDS = ("pair", "trace")
+PACK_KINDS = ("pair", "trace", "cache", "batch", "cuda", "sync")
 MAGIC = b"MSPACK01"
 NS = 1_000_000_000
 #: Hours packed back from now: what the detectors judge at most (7 days) and their look-back.

@@ -1,8 +1,8 @@
 """rollup_packs: an hour of a series kind's minute rollups in one blob
 
-The anomaly detectors read every ``pair`` and ``trace`` minute rollup of their window: a day
-at ten million spans is ~56,000 rows, most of an absolute window's first request. The
-settler now packs each closed hour of those kinds into one row (``models/packs.py``), which
+The anomaly detectors read every ``pair``, ``trace`` and convention minute rollup of their
+window: a day at ten million spans is ~80,000 rows, most of an absolute window's first
+request. The settler now packs each closed hour of those kinds into one row (``models/packs.py``), which
 the detectors read instead of the hour's minute rows; a write to the rollups deletes the
 packs of the hours it touches. Nothing to fill: the settler packs an upgraded store's hours.
 

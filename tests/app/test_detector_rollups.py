@@ -380,10 +380,11 @@ def test_the_pair_sketches_the_reader_hands_on_are_the_frames_rows(engine):
         assert all(np.array_equal(x, y) for x, y in zip(cut, d._flat_sketches(g["keys"], g["counts"])))
 
 
-def test_exemplar_look_ups_in_threads_find_what_they_find_one_after_another(engine, monkeypatch):
-    """On PostgreSQL the exemplar look-ups run a few at a time: each finding gets the same
-    exemplars (and attribute findings the same evidence) as when they run one after another,
-    in the same order of findings; here on both databases."""
+def test_reads_in_threads_find_what_they_find_one_after_another(engine, monkeypatch):
+    """On PostgreSQL the exemplar look-ups run a few at a time, and the pair rollups are read
+    beside the other frames: each finding gets the same exemplars (and attribute findings the
+    same evidence) as when they run one after another, in the same order of findings, and the
+    frames give the same findings; here on both databases."""
     import copy
     import threading
     import time as _time
@@ -399,7 +400,7 @@ def test_exemplar_look_ups_in_threads_find_what_they_find_one_after_another(engi
     assert len(found) >= 3 and any(f["kind"] in d.ATTRIBUTE_KINDS for f in found)
     assert sum(not f["exemplar_trace_ids"] for f in found) >= 3
     serial, threaded = copy.deepcopy(found), copy.deepcopy(found)
-    monkeypatch.setattr(findings, "EXEMPLAR_THREADED_DIALECTS", frozenset())
+    monkeypatch.setattr(findings, "THREADED_DIALECTS", frozenset())
     findings.add_exemplars(reader, serial)
     looked_up_in: set[str] = set()
     real = findings._exemplar_rows
@@ -409,7 +410,21 @@ def test_exemplar_look_ups_in_threads_find_what_they_find_one_after_another(engi
         return real(*a, **k)
 
     monkeypatch.setattr(findings, "_exemplar_rows", watched)
-    monkeypatch.setattr(findings, "EXEMPLAR_THREADED_DIALECTS", frozenset({engine.dialect.name}))
+    monkeypatch.setattr(findings, "THREADED_DIALECTS", frozenset({engine.dialect.name}))
     findings.add_exemplars(reader, threaded)
     assert threaded == serial and any(f["exemplar_trace_ids"] for f in serial)
     assert looked_up_in and all(name.startswith("exemplars") for name in looked_up_in)
+
+    # The frames: the pairs read in a thread of their own beside the rest, the same findings.
+    window = Window(now - 60 * MIN, now)
+    monkeypatch.setattr(findings, "THREADED_DIALECTS", frozenset())
+    alone = d.run_all(findings.load_frames(reader, window, TH), TH)
+    pair_reads: list[str] = []
+    real_columns = StoreReader.rollup_columns
+    monkeypatch.setattr(StoreReader, "rollup_columns", lambda self, kind, *a, **k: (
+        pair_reads.append(threading.current_thread().name) if kind == "pair" else None)
+        or real_columns(self, kind, *a, **k))
+    monkeypatch.setattr(findings, "THREADED_DIALECTS", frozenset({engine.dialect.name}))
+    beside = d.run_all(findings.load_frames(reader, window, TH), TH)
+    assert alone and beside == alone
+    assert len(pair_reads) == 1 and pair_reads[0].startswith("frames")

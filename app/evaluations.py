@@ -150,6 +150,9 @@ def store_absolute(engine: Engine, window: Window, th: d.Thresholds, found: list
 
 #: Stored evaluations (the newest overlapping the window) a new one may take results from.
 KNOWN_SOURCES = 8
+#: Change-log rows read at once to check the stored results against (about an hour of
+#: settle batches); past it, each result's minutes are asked about alone.
+CHANGES_READ_AT_MOST = 10_000
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,7 @@ class StoredFindings:
         self._stored: list[_Stored] | None = None
         self._identities: dict[bytes, tuple[int, dict]] = {}
         self._seen: dict[tuple[int, int], set[tuple[str, str]]] = {}
+        self._changes: dict[int, list[tuple[int, int]] | None] = {}
 
     def _load(self) -> list[_Stored]:
         if self._stored is not None:
@@ -208,11 +212,18 @@ class StoredFindings:
         return self._stored
 
     def _unchanged(self, evaluated_ns: int, first_minute: int, last_minute: int) -> bool:
+        since = evaluated_ns - CHANGE_MARGIN_S * NS
         try:
-            with self.reader.engine.connect() as conn:
-                return not changes.changed_since(conn, evaluated_ns - CHANGE_MARGIN_S * NS, first_minute, last_minute)
+            if since not in self._changes:  # one read a stored evaluation, not one a finding
+                with self.reader.engine.connect() as conn:
+                    self._changes[since] = changes.changes_since(conn, since, CHANGES_READ_AT_MOST)
+            logged = self._changes[since]
+            if logged is None:  # (too many to hold: ask about these minutes alone)
+                with self.reader.engine.connect() as conn:
+                    return not changes.changed_since(conn, since, first_minute, last_minute)
         except Exception:  # noqa: BLE001 - a store not yet upgraded to 0009: compute it
             return False
+        return not any(a <= last_minute and b >= first_minute for a, b in logged)
 
     def exemplars(self, f: dict) -> dict | None:
         """The stored copy of ``f`` whose exemplars still hold, or None."""

@@ -154,21 +154,28 @@ def _new_instances(reader: StoreReader, data_start: int, window: Window, th: d.T
     two minutes after the data begins and before the window ends, and slow enough in their
     first minutes (``detectors.cold_start_candidate``). Returns those (service, instance)
     pairs, the raw SERVER/CONSUMER spans of their services around each birth, and the
-    findings ``known`` has for births it checked before (their spans are not read)."""
+    findings ``known`` has for births it checked before (their rollups and spans are not read)."""
     warm_minutes = _warm_minutes(th)
     looked_at = warm_minutes + d.COLD_STEADY_NS // d.NS_MIN  # minutes from a birth
     by_service: dict[str, list[tuple[str, int]]] = {}
+    taken: list[dict] = []
     for service, instance, born in _births(reader, data_start, window.end_ns):
-        by_service.setdefault(service, []).append((instance, born))
+        # A birth an earlier evaluation checked over the same minutes: its verdict, no read.
+        same = known.cold_start(service, instance, born) if known is not None else None
+        if same is not None:
+            taken.extend(same)
+        else:
+            by_service.setdefault(service, []).append((instance, born))
     found: set = set()
     rows: list[tuple] = []
-    taken: list[dict] = []
     ids = reader.series_ids("inst") if by_service else {}
+    # One read a service of its minutes after all its births (a week holds ~600 births: a
+    # statement each cost more than the rows), over one connection.
+    reads = reader.services_rollup_rows(
+        "inst", {service: _merged((b, b + looked_at) for _, b in births) for service, births in by_service.items()},
+        ("name",), series_ids=ids) if by_service else {}
     for service, births in by_service.items():
-        # One read of the service's minutes after all its births (a week holds ~600 births:
-        # a statement each cost more than the rows).
-        inst = reader.series_rollup_rows("inst", service, _merged((b, b + looked_at) for _, b in births),
-                                         ("name",), series_ids=ids.get(service, []))
+        inst = reads[service]
         minutes = [r[0] for r in inst]
         for instance, born in births:
             after = inst[bisect.bisect_left(minutes, born):bisect.bisect_left(minutes, born + looked_at)]
@@ -178,10 +185,6 @@ def _new_instances(reader: StoreReader, data_start: int, window: Window, th: d.T
                                         if r[5] == instance and r[0] < born + warm_minutes and r[4]])
             steady = sketch.merge_blobs([r[4] for r in after if r[0] >= born + warm_minutes and r[4]])
             if not d.cold_start_histograms_candidate(first, steady, th):
-                continue
-            same = known.cold_start(service, instance, born) if known is not None else None
-            if same is not None:
-                taken.extend(same)
                 continue
             found.add((service, instance))
             end = born * d.NS_MIN + int(th.cold_warmup_s * 1e9) + d.COLD_STEADY_NS + d.NS_MIN

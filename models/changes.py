@@ -42,4 +42,16 @@ def changed_since(conn: Connection, since_ns: int, first_minute: int, last_minut
         rc.changed_ns >= since_ns, rc.first_minute <= last_minute, rc.last_minute >= first_minute))).scalar())
 
 
-__all__ = ["EVERY_MINUTE", "KEEP_S", "changed_since", "record"]
+def changes_since(conn: Connection, since_ns: int, at_most: int) -> list[tuple[int, int]] | None:
+    """``(first_minute, last_minute)`` of every write logged at or after ``since_ns`` (one
+    read for many ``changed_since`` questions); None when there are more than ``at_most`` or
+    ``since_ns`` is older than the log (``changed_since`` then says every minute changed)."""
+    if since_ns < time.time_ns() - KEEP_S * _NS:
+        return None
+    rc = RollupChange
+    rows = conn.execute(select(rc.first_minute, rc.last_minute).where(rc.changed_ns >= since_ns)
+                        .limit(at_most + 1)).all()
+    return None if len(rows) > at_most else [(a, b) for a, b in rows]
+
+
+__all__ = ["EVERY_MINUTE", "KEEP_S", "changed_since", "changes_since", "record"]

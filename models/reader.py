@@ -896,22 +896,35 @@ class StoreReader:
         of each range, read through the ``(series_id, minute)`` index (short stretches of a
         few series: a statement for all of them, not one a stretch), in minute order;
         ``series_ids``: that service's ids when the caller has them (``series_ids``)."""
-        ranges = sorted(minute_ranges)
         with self.engine.connect() as conn:
-            ids = series_ids if series_ids is not None else list(
-                conn.execute(select(Series.id).where(Series.kind == kind, Series.service == service)).scalars())
-            if not ids or not ranges:
-                return []
-            rows: list[tuple] = []
-            for i in range(0, len(ranges), 100):
-                stmt = (select(Rollup.minute, Rollup.count, Rollup.error_count, Rollup.sum_ns, Rollup.sketch,
-                               *[getattr(Series, d) for d in dims])
-                        .join(Series, Series.id == Rollup.series_id)
-                        .where(Rollup.series_id.in_(ids),
-                               or_(*(and_(Rollup.minute >= m0, Rollup.minute < m1) for m0, m1 in ranges[i:i + 100]))))
-                rows.extend(_raw_rows(conn, stmt))
-            rows.sort(key=lambda r: r[0])
-            return rows
+            return self._service_rollup_rows(conn, kind, service, minute_ranges, dims, series_ids)
+
+    def services_rollup_rows(self, kind: str, ranges: dict[str, Iterable[tuple[int, int]]], dims: tuple[str, ...],
+                             series_ids: dict[str, list[int]] | None = None) -> dict[str, list[tuple]]:
+        """``series_rollup_rows`` of several services over one connection (on PostgreSQL a
+        connection's check-out and return cost more than a short read), by service."""
+        with self.engine.connect() as conn:
+            return {service: self._service_rollup_rows(conn, kind, service, r, dims,
+                                                       None if series_ids is None else series_ids.get(service, []))
+                    for service, r in ranges.items()}
+
+    def _service_rollup_rows(self, conn, kind: str, service: str, minute_ranges: Iterable[tuple[int, int]],
+                             dims: tuple[str, ...], series_ids: list[int] | None) -> list[tuple]:
+        ranges = sorted(minute_ranges)
+        ids = series_ids if series_ids is not None else list(
+            conn.execute(select(Series.id).where(Series.kind == kind, Series.service == service)).scalars())
+        if not ids or not ranges:
+            return []
+        rows: list[tuple] = []
+        for i in range(0, len(ranges), 100):
+            stmt = (select(Rollup.minute, Rollup.count, Rollup.error_count, Rollup.sum_ns, Rollup.sketch,
+                           *[getattr(Series, d) for d in dims])
+                    .join(Series, Series.id == Rollup.series_id)
+                    .where(Rollup.series_id.in_(ids),
+                           or_(*(and_(Rollup.minute >= m0, Rollup.minute < m1) for m0, m1 in ranges[i:i + 100]))))
+            rows.extend(_raw_rows(conn, stmt))
+        rows.sort(key=lambda r: r[0])
+        return rows
 
     def attribute_spans(self, start_ns: int, end_ns: int, keys: Iterable[str],
                         kinds: Iterable[int] = (), service: str | None = None,

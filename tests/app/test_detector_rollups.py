@@ -319,6 +319,10 @@ def test_a_cold_start_check_a_stored_evaluation_made_is_not_read_again(engine, m
     real = StoreReader.attribute_spans
     monkeypatch.setattr(StoreReader, "attribute_spans",
                         lambda self, *a, **k: reads.append(k.get("service")) or real(self, *a, **k))
+    checked = []  # the minutes of instance rollups read after births
+    real_inst = StoreReader.services_rollup_rows
+    monkeypatch.setattr(StoreReader, "services_rollup_rows", lambda self, kind, ranges, *a, **k: checked.extend(
+        r for rs in ranges.values() for r in rs) or real_inst(self, kind, ranges, *a, **k))
 
     def cold_starts(window):
         return [f for f in ev.find_for(reader, window, Filters(), th, relative=False).findings
@@ -332,7 +336,11 @@ def test_a_cold_start_check_a_stored_evaluation_made_is_not_read_again(engine, m
     exact = [f for f in findings.find(reader, Window((T0 + 12) * MIN, (T0 + 70) * MIN), th=th)
              if f["kind"] == "cold_start"]
     reads.clear()
+    checked.clear()
     assert cold_starts(Window((T0 + 12) * MIN, (T0 + 70) * MIN)) == exact == first and reads == []
+    # nor the instance rollups after p-4's birth (p-1 and p-2, first seen when the data
+    # begins, are births only to a window whose look-back starts earlier: they are read)
+    assert not any(a <= T0 + 40 < b for a, b in checked)
     # A write logged over the birth's minutes since: read again, the same finding.
     with engine.begin() as conn:
         changes.record(conn, T0 + 41, T0 + 41)

@@ -545,9 +545,9 @@ def detect_hot_spot(frames: Frames, th: Thresholds) -> list[dict]:
             s_min, e_min = int(blocks[a]), int(blocks[e - 1]) + b
             if not _reportable(frames, s_min, e_min):
                 continue
-            df = series[(caller, callee)]
-            inside = df[(df["minute"] >= s_min) & (df["minute"] < e_min)]
-            h = histogram_of(inside["keys"], inside["counts"])
+            _, m, own = columns[i]
+            sel = (m >= s_min) & (m < e_min)
+            h = histogram_of(own["keys"][sel], own["counts"][sel])
             all_p99 = []  # the other pairs' P99 over the same blocks (each pair's rows: no frame-wide mask)
             for key, m, g in columns:
                 sel = (m >= s_min) & (m < e_min)
@@ -602,6 +602,7 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
     flats = _pair_flats(frames)
     for (caller, callee), df in _pair_series(frames).items():
         mat = _pair_minute_matrix(frames, df, flats[(caller, callee)])
+        minutes, keys_col, counts_col = df["minute"].to_numpy(), df["keys"].to_numpy(), df["counts"].to_numpy()
         # Only the bins the pair's calls fall in (a pair's latencies span a few dozen of the
         # 256): the sums and quantiles below are the same, over a fraction of the columns.
         used = np.flatnonzero(mat.any(axis=0))
@@ -636,9 +637,10 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
             s_min, e_min = first + start, first + last + 1
             ratio = None
             if _reportable(frames, s_min, e_min):
-                inside = df[(df["minute"] >= s_min) & (df["minute"] < e_min)]
-                before = df[(df["minute"] >= first + t - B) & (df["minute"] < first + t)]
-                hi, hb = histogram_of(inside["keys"], inside["counts"]), histogram_of(before["keys"], before["counts"])
+                inside = (minutes >= s_min) & (minutes < e_min)
+                before = (minutes >= first + t - B) & (minutes < first + t)
+                hi = histogram_of(keys_col[inside], counts_col[inside])
+                hb = histogram_of(keys_col[before], counts_col[before])
                 o99, o50, r99, r50 = hi.quantile(0.99), hi.quantile(0.5), hb.quantile(0.99), hb.quantile(0.5)
                 ratio = (o99 / r99) if (o99 and r99) else None
                 if not (o50 and r50 and abs(o50 / r50 - 1) <= th.band_p50_tolerance):
@@ -1317,18 +1319,22 @@ def detect_baseline_regression(frames: Frames, th: Thresholds) -> list[dict]:
         limit = base95 * (1 + th.baseline_margin)
         k_lim = sketch.key_of(limit)
         above = _counts_above(g["keys"], g["counts"], k_lim)
-        g = g.assign(above=above, block=_block_of(g["minute"].to_numpy(), th))
+        block = _block_of(g["minute"].to_numpy(), th)
+        g = g.assign(above=above, block=block)
         stats = g.groupby("block")[["count", "above"]].sum()
         fl = np.array([n >= th.min_samples and a / n > 0.05
                        for n, a in zip(stats["count"], stats["above"])], dtype=bool)
         blocks = stats.index.to_numpy()
+        # (each run's rows by numpy masks: a frame mask per run was most of this detector)
+        count, keys_col, counts_col = g["count"].to_numpy(), g["keys"].to_numpy(), g["counts"].to_numpy()
         for k, j, s_min, e_min in _flagged_runs(blocks, fl, b):
             if not _reportable(frames, s_min, e_min):
                 continue
-            inside = g[(g["block"] >= s_min) & (g["block"] < e_min)]
-            if _wilson_lower(inside["above"].sum(), inside["count"].sum()) <= 0.05:
+            sel = (block >= s_min) & (block < e_min)
+            n_above = int(above[sel].sum())
+            if _wilson_lower(n_above, count[sel].sum()) <= 0.05:
                 continue
-            h = histogram_of(inside["keys"], inside["counts"])
+            h = histogram_of(keys_col[sel], counts_col[sel])
             p95 = h.quantile(0.95)
             if p95 is None or p95 <= limit:
                 continue
@@ -1338,7 +1344,7 @@ def detect_baseline_regression(frames: Frames, th: Thresholds) -> list[dict]:
             out.append(finding("baseline_regression", sev, {"input_type": str(it)}, s_ns, e_ns, {
                 "p95_ms": _ms(p95), "baseline_p95_ms": _ms(base95), "threshold_ms": _ms(limit),
                 "change": round(change, 4), "margin": th.baseline_margin,
-                "over_threshold": int(inside["above"].sum()), "sample_count": int(h.count),
+                "over_threshold": n_above, "sample_count": int(h.count),
             }, HINTS["baseline_regression"].format(input_type=it, margin=th.baseline_margin * 100)))
     return out
 

@@ -546,6 +546,11 @@ def build_calls(app, client, reader, window, subject: Subject) -> list[Call]:
         # An absolute window's first request; later ones (the API and page calls, after their
         # warm-up) read what it stored while no write touches its minutes.
         Call("query", "anomalies, absolute window: its first request", _absolute_first_request(reader, window, th)),
+        # The same 6 h earlier (a shared link to last night): for 24 h it overlaps the stored
+        # evaluation by 18 h and takes what it can from it; for 1 h nothing stored overlaps.
+        Call("query", "anomalies, absolute window 6 h earlier: its first request",
+             _absolute_first_request(reader, type(window)(window.start_ns - 6 * 3600 * 10**9,
+                                                          window.end_ns - 6 * 3600 * 10**9), th)),
         Call("query", "pairs: pair_heatmap", lambda: queries.pair_heatmap(reader, window), "pairs",
              lambda heat: heat["pairs"]),
         Call("query", "pairs: pair_table", lambda: queries.pair_table(reader, window), "pairs", lambda rows: rows),

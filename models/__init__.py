@@ -14,6 +14,10 @@ Five tables carry everything:
 * ``finding_evaluations`` — the anomaly catalog's findings over the last hour / day, written
   by the worker once a minute (``app/evaluations.py``) so the Anomalies page need not run
   every detector on each request; a cache, kept for minutes.
+* ``rollup_changes`` — which minutes each write to the rollups touched, and when: what keeps
+  the caches above and below honest.
+* ``rollup_packs`` — closed hours of the minute rollups the detectors read whole, one blob a
+  kind and hour (``models/packs.py``); a cache the settler fills.
 
 User-supplied strings (service and span names) are unbounded ``String`` columns: a length
 limit would make PostgreSQL refuse a whole batch for one hostile name.

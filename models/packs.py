@@ -47,7 +47,8 @@ VERIFY_AFTER_S = 120
 #: A write logged up to this long before a pack was built may have been in flight (the
 #: findings cache's margin, ``app/evaluations.CHANGE_MARGIN_S``).
 CHANGE_MARGIN_S = 60
-#: Hours packed at most per schedule tick (a week of two kinds is ~340 hours).
+#: Packs (a kind's hour each) built at most per schedule tick (a week of six kinds is ~1,000;
+#: a day at ten million spans, 150 packs, took 1.3 s on SQLite and 3.2 s on PostgreSQL).
 PACKS_PER_TICK = 48
 #: How often the receivers' settler packs (``ingest/pipeline.py``).
 EVERY_S = 60.0
@@ -266,7 +267,7 @@ def pack_everything(engine: Engine, progress=None) -> int:
 
 class PackSchedule:
     """Called from the settler's loop: every ``every_s`` seconds, ``refresh`` (at most
-    ``PACKS_PER_TICK`` hours a tick). ``every_s`` 0 turns it off."""
+    ``PACKS_PER_TICK`` packs a tick). ``every_s`` 0 turns it off."""
 
     def __init__(self, engine: Engine, every_s: float = EVERY_S) -> None:
         self.engine, self.every_s = engine, every_s

@@ -64,8 +64,9 @@ def _packed_hours(engine) -> set[tuple[str, int, bool]]:
 def test_packs_read_as_the_minute_rows_and_the_detectors_find_the_same(store, monkeypatch):
     engine, now = store
     reader, th = StoreReader(engine), Thresholds()
-    # Windows that start and end inside hours: packs for the whole hours, minute rows for the edges.
-    windows = [Window(now - 3 * HOUR + 7 * MIN + 13 * S, now - 11 * S), Window(now - 2 * HOUR - 31 * MIN, now - 50 * MIN)]
+    # Windows that start and end inside hours: packs for the whole hours, minute rows for the
+    # edges (each over two hours long, so it holds a whole hour whatever the clock says).
+    windows = [Window(now - 3 * HOUR + 7 * MIN + 13 * S, now - 11 * S), Window(now - 3 * HOUR + 1 * MIN, now - 50 * MIN)]
     before = [findings.find(reader, w, Filters(), th) for w in windows]
     assert any(before), "the demo's patterns are found"
     assert packs.pack_everything(engine) >= 2 * 3

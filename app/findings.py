@@ -21,8 +21,8 @@ import contextlib
 import gc
 import math
 import time
-from typing import Protocol
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 import numpy as np
 import orjson

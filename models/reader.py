@@ -862,10 +862,11 @@ class StoreReader:
                 ranges.append((at, last))
             rows = self._series_rows(conn, where, [Series.id],
                                      [(Rollup, Rollup.minute, a, b, Rollup.minute) for a, b in ranges]) if ranges else []
-        parts = [packs.columns_of_rows([(r[5], r[0], r[1], r[2], r[3], r[4]) for r in rows])]
+        # Only the series named above: on PostgreSQL the minute rows' own series read may see
+        # one created since (each statement sees what was committed before it).
         ids = np.fromiter(dims_of, dtype=np.int64, count=len(dims_of))
-        for cols in hours.values():
-            parts.append(packs.select_rows(cols, np.isin(cols.series_id, ids)))
+        parts = [packs.columns_of_rows([(r[5], r[0], r[1], r[2], r[3], r[4]) for r in rows]), *hours.values()]
+        parts = [packs.select_rows(cols, np.isin(cols.series_id, ids)) for cols in parts]
         return packs.sort_rows(packs.concat(parts)), dims_of
 
     def first_minutes(self, kind: str, start_ns: int, end_ns: int) -> list[tuple[str, str, int]]:

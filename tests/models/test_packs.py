@@ -185,3 +185,19 @@ def test_packs_past_the_horizon_are_deleted(store):
     packs.refresh(engine, limit=1)
     assert (("pair", old_hour, True)) not in _packed_hours(engine)
     assert len(_packed_hours(engine)) == 1  # and the newest closed hour was packed
+
+
+def test_rows_of_a_series_created_meanwhile_are_left_out(store, monkeypatch):
+    """On PostgreSQL the minute rows' own read of the series may see one created after the
+    series were named (each statement sees what was committed before it): its rows are not
+    in the columns (they would have no names)."""
+    engine, now = store
+    reader = StoreReader(engine)
+    w = Window(now - 30 * MIN, now)
+    expected = _minute_rows(reader, "pair", w.start_ns, w.end_ns, ("caller", "callee"))
+    real = StoreReader._series_rows
+    monkeypatch.setattr(StoreReader, "_series_rows", lambda self, *a, **k: real(self, *a, **k) + [
+        (now // MIN - 1, 3, 0, 300, np.asarray([[5, 3]], dtype="<i4").tobytes(), 10**9)])
+    cols, dims_of = reader.rollup_columns("pair", w.start_ns, w.end_ns, ("caller", "callee"))
+    assert 10**9 not in set(cols.series_id.tolist())
+    assert _as_rows(cols, dims_of) == expected

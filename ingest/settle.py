@@ -430,8 +430,8 @@ def _apply_summary(conn: Connection, summary, claimed: dict[str, bytes | None], 
     both = np.concatenate([old_all, new_all])
     signs = np.concatenate([-np.ones(len(old_all)), np.ones(len(new_all))])
     apply_contributions(conn, both["series"], both["minute"], both["value"], both["err"].astype(np.float64), signs)
-    if len(both):  # findings cached for an absolute window over these minutes are stale now
-        changes.record(conn, int(both["minute"].min()), int(both["minute"].max()))
+    if len(both):  # findings cached and hours packed over these minutes are stale now
+        changes.record_minutes(conn, np.unique(both["minute"]).tolist())
 
     if len(keep_idx):
         t = Trace.__table__

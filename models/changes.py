@@ -32,6 +32,27 @@ def record(conn: Connection, first_minute: int, last_minute: int, now_ns: int | 
     packs.invalidate(conn, first_minute, last_minute)
 
 
+#: Minutes a write touched that lie this far apart are logged as separate changes (a settle
+#: batch holding one late trace from hours ago and the live ones would otherwise mark every
+#: hour between them changed: the hour packs and cached findings of those hours with it).
+RUN_GAP_MINUTES = 60
+
+
+def record_minutes(conn: Connection, minutes, now_ns: int | None = None) -> None:
+    """``record`` the runs of ``minutes`` (any order, repeats allowed) no more than
+    ``RUN_GAP_MINUTES`` apart, each as one change."""
+    ordered = sorted({int(m) for m in minutes})
+    if not ordered:
+        return
+    first = last = ordered[0]
+    for m in ordered[1:]:
+        if m - last > RUN_GAP_MINUTES:
+            record(conn, first, last, now_ns)
+            first = m
+        last = m
+    record(conn, first, last, now_ns)
+
+
 def changed_since(conn: Connection, since_ns: int, first_minute: int, last_minute: int) -> bool:
     """Whether a write logged at or after ``since_ns`` touched any minute of
     ``[first_minute, last_minute]`` (true as well when ``since_ns`` is older than the log)."""
@@ -54,4 +75,4 @@ def changes_since(conn: Connection, since_ns: int, at_most: int) -> list[tuple[i
     return None if len(rows) > at_most else [(a, b) for a, b in rows]
 
 
-__all__ = ["EVERY_MINUTE", "KEEP_S", "changed_since", "changes_since", "record"]
+__all__ = ["EVERY_MINUTE", "KEEP_S", "RUN_GAP_MINUTES", "changed_since", "changes_since", "record", "record_minutes"]

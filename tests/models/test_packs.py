@@ -201,3 +201,22 @@ def test_rows_of_a_series_created_meanwhile_are_left_out(store, monkeypatch):
     cols, dims_of = reader.rollup_columns("pair", w.start_ns, w.end_ns, ("caller", "callee"))
     assert 10**9 not in set(cols.series_id.tolist())
     assert _as_rows(cols, dims_of) == expected
+
+
+def test_a_late_trace_settled_with_live_ones_drops_only_its_own_hours_packs(store):
+    """One settle batch holding a trace from hours ago and a live one logs two changes, not
+    one over every minute between them: the packs of the hours between stay."""
+    from tests.app.conftest import side_calls_trace
+    from modalscope.ingest.writer import write_spans
+
+    engine, now = store
+    packs.pack_everything(engine)
+    before = _packed_hours(engine)
+    late_hour = (now - 3 * HOUR) // HOUR
+    between = set(range(late_hour + 1, (now - 10 * MIN) // HOUR))
+    assert between
+    write_spans(engine, side_calls_trace(random.Random(3), now - 3 * HOUR + 2 * MIN, db_ms=50, llm_ms=400)
+                + side_calls_trace(random.Random(4), now - 10 * MIN, db_ms=50, llm_ms=400))
+    settle(engine, force=True)
+    dropped = {h for _, h, _ in before - _packed_hours(engine)}
+    assert late_hour in dropped and not dropped & between

@@ -162,12 +162,14 @@ def hour_rows(conn: Connection, kind: str, hour: int) -> Columns:
 
 def build(engine: Engine, kind: str, hour: int, now_ns: int | None = None) -> None:
     """Pack ``kind``'s rollups of ``hour`` (unverified; a pack of it already there is replaced)."""
+    from .dialect import upsert
+
     built_ns = time.time_ns() if now_ns is None else now_ns
     with engine.begin() as conn:
         data = encode(hour_rows(conn, kind, hour))
-        conn.execute(delete(RollupPack).where(RollupPack.hour == hour, RollupPack.kind == kind))
-        conn.execute(RollupPack.__table__.insert().values(hour=hour, kind=kind, built_ns=built_ns, verified=False,
-                                                          data=data))
+        # (an upsert: several receivers' settlers may pack the same hour at once)
+        conn.execute(upsert(conn, RollupPack.__table__, ["hour", "kind"], ["built_ns", "verified", "data"]),
+                     {"hour": hour, "kind": kind, "built_ns": built_ns, "verified": False, "data": data})
 
 
 def verify(engine: Engine, now_ns: int | None = None, after_s: float = VERIFY_AFTER_S) -> tuple[int, int]:

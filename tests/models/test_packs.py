@@ -220,3 +220,15 @@ def test_a_late_trace_settled_with_live_ones_drops_only_its_own_hours_packs(stor
     settle(engine, force=True)
     dropped = {h for _, h, _ in before - _packed_hours(engine)}
     assert late_hour in dropped and not dropped & between
+
+
+def test_settlers_packing_the_same_hour_at_once_leave_one_pack(store):
+    """Several receivers' settlers run the schedule: packing an hour another is packing too
+    is no error, and one pack stays."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine, now = store
+    hour = (now - 2 * HOUR) // HOUR
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda _: packs.build(engine, "pair", hour), range(8)))
+    assert {(k, h) for k, h, _ in _packed_hours(engine)} == {("pair", hour)}

@@ -325,6 +325,7 @@ def main() -> int:
     machine = bl.machine_info()
     pristine = args.db or db.default_db(args.spans)
     fill = db.fill_sqlite(pristine, args.spans, args.hours)
+    db.pack_store(f"sqlite:///{pristine}")  # (as the settler would have: models/packs.py)
     workdir = tempfile.mkdtemp(prefix="modalscope-load-bench-", dir=bl.TMP_ROOT)
     try:
         scratch = os.path.join(workdir, "store.db")

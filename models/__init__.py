@@ -1,6 +1,6 @@
 """SQLAlchemy 2.0 typed models of the store.
 
-Five tables carry everything:
+The tables:
 
 * ``spans`` — raw spans, unique on ``(trace_id, span_id)``; kept ``MODALSCOPE_RETENTION_DAYS``.
 * ``traces`` — one row a trace, written when the trace settles; ``pending`` marks traces

@@ -236,15 +236,27 @@ def missing_hours(engine: Engine, now_ns: int, horizon_s: float = HORIZON_S, lag
 
 
 def refresh(engine: Engine, now_ns: int | None = None, limit: int | None = None,
-            verify_after_s: float = VERIFY_AFTER_S, progress=None) -> int:
+            verify_after_s: float = VERIFY_AFTER_S, progress=None, wait_for_writes: bool = True) -> int:
     """Verify the packs due, delete those past the horizon, then pack missing closed hours (at
     most ``limit``, newest first). Returns how many were built. ``progress``: called with
-    (done, total) after each."""
+    (done, total) after each. ``wait_for_writes``: skip hours written less than
+    ``CHANGE_MARGIN_S`` ago (verification would drop their packs; a bulk fill or import
+    writes every hour at once): a later tick packs them."""
+    from .changes import changes_since
+
     now_ns = time.time_ns() if now_ns is None else now_ns
     verify(engine, now_ns, verify_after_s)
     with engine.begin() as conn:  # hours past the horizon are no longer read: not kept either
         conn.execute(delete(RollupPack).where(RollupPack.hour < (now_ns - int(HORIZON_S * NS)) // (3600 * NS)))
-    todo = missing_hours(engine, now_ns)[:limit]
+    todo = missing_hours(engine, now_ns)
+    if wait_for_writes and todo:
+        with engine.connect() as conn:
+            recent = changes_since(conn, time.time_ns() - CHANGE_MARGIN_S * NS, 10_000)
+        if recent is None:  # (more writes in the last minute than that: wait for them all)
+            return 0
+        todo = [(kind, hour) for kind, hour in todo
+                if not any(a <= hour * 60 + 59 and b >= hour * 60 for a, b in recent)]
+    todo = todo[:limit]
     for i, (kind, hour) in enumerate(todo):
         build(engine, kind, hour)
         if progress is not None:
@@ -262,8 +274,10 @@ def pack_everything(engine: Engine, progress=None) -> int:
     if newest is None:
         return 0
     # "now" as if every hour of the data had closed; the horizon back from the data's end.
-    built = refresh(engine, now_ns=(newest // 60 + 1) * 3600 * NS + int(LAG_S * NS), progress=progress)
-    verify(engine, after_s=0)
+    built = refresh(engine, now_ns=(newest // 60 + 1) * 3600 * NS + int(LAG_S * NS), progress=progress,
+                    wait_for_writes=False)
+    with engine.begin() as conn:  # (nothing else writes: no write can have raced a build)
+        conn.execute(update(RollupPack).values(verified=True))
     return built
 
 

@@ -232,3 +232,31 @@ def test_settlers_packing_the_same_hour_at_once_leave_one_pack(store):
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda _: packs.build(engine, "pair", hour), range(8)))
     assert {(k, h) for k, h, _ in _packed_hours(engine)} == {("pair", hour)}
+
+
+def test_hours_written_in_the_last_minute_are_packed_on_a_later_tick(store):
+    """A bulk fill or import writes every hour at once: packs built right after it would be
+    dropped at verification, so those hours wait for a tick after the margin."""
+    engine, now = store
+    hour = (now - 2 * HOUR) // HOUR
+    with engine.begin() as conn:
+        changes.record(conn, hour * 60 + 7, hour * 60 + 7)  # just now
+    assert packs.refresh(engine) > 0
+    packed = {h for _, h, _ in _packed_hours(engine)}
+    assert hour not in packed and packed
+    with engine.begin() as conn:
+        conn.execute(update(RollupChange).values(changed_ns=RollupChange.changed_ns - 600 * S))
+    packs.refresh(engine)
+    assert hour in {h for _, h, _ in _packed_hours(engine)}
+
+
+def test_packing_everything_right_after_a_fill_leaves_verified_packs(engine):
+    """The benchmarks fill, settle and pack at once: every pack is read at once, though the
+    fill's writes are seconds old."""
+    now = time.time_ns() // MIN * MIN - 2 * MIN
+    demo.fill(engine, demo.DemoConfig(now_ns=now, hours=2.0, rate=0.05, seed=2))
+    settle(engine, force=True)
+    assert packs.pack_everything(engine) >= 2 * len(packs.PACK_KINDS)
+    assert all(verified for _, _, verified in _packed_hours(engine))
+    with engine.connect() as conn:
+        assert packs.read(conn, "pair", (now - 2 * HOUR) // HOUR, now // HOUR + 1)

@@ -56,8 +56,8 @@ EVERY_S = 60.0
 
 @dataclass
 class Columns:
-    """Minute rollup rows column by column: row i is series ``series_id[i]`` at ``minute[i]``
-    with its sketch entries ``keys``/``counts``[``offsets[i]``:``offsets[i + 1]``]."""
+    """Minute rollup rows column by column: row i is series ``series_id[i]`` at ``minute[i]``,
+    its ``lengths[i]`` sketch entries in ``keys``/``counts`` after those of the rows before it."""
 
     series_id: np.ndarray
     minute: np.ndarray

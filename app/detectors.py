@@ -221,7 +221,7 @@ class Frames:
     # fall in this window, instead of reading those spans again.
     cold_starts_known: list | None = None
     # ``(lengths, keys, counts)`` of ``pairs``' sketches, every row's entries in row order,
-    # as the reader decoded them (``findings._sketch_frame``); None: concatenated from the
+    # as the reader decoded them (``findings._columns_frame``); None: concatenated from the
     # frame's ``keys``/``counts`` when needed.
     pair_sketches: tuple | None = None
 

@@ -52,7 +52,7 @@ KEEP_S = 15 * 60
 ABSOLUTE_RANGE = 0
 #: A write logged up to this long before an absolute window's evaluation started still makes
 #: it stale: a settle batch stamps its change before it commits (and hosts' clocks differ).
-CHANGE_MARGIN_S = 60
+CHANGE_MARGIN_S = changes.CHANGE_MARGIN_S
 #: For this long after its evaluation an absolute window's stored findings answer whatever was
 #: written since: the staleness a relative window's answer may have.
 ABSOLUTE_FRESH_S = FRESH_S
@@ -150,9 +150,7 @@ def store_absolute(engine: Engine, window: Window, th: d.Thresholds, found: list
 
 #: Stored evaluations (the newest overlapping the window) a new one may take results from.
 KNOWN_SOURCES = 8
-#: Change-log rows read at once to check the stored results against (about an hour of
-#: settle batches); past it, each result's minutes are asked about alone.
-CHANGES_READ_AT_MOST = 10_000
+
 
 
 @dataclass(frozen=True)
@@ -216,7 +214,7 @@ class StoredFindings:
         try:
             if since not in self._changes:  # one read a stored evaluation, not one a finding
                 with self.reader.engine.connect() as conn:
-                    self._changes[since] = changes.changes_since(conn, since, CHANGES_READ_AT_MOST)
+                    self._changes[since] = changes.changes_since(conn, since, changes.READ_AT_MOST)
             logged = self._changes[since]
             if logged is None:  # (too many to hold: ask about these minutes alone)
                 with self.reader.engine.connect() as conn:

@@ -34,39 +34,12 @@ from . import detectors as d
 from .params import Window
 
 
-def _sketch_frame(rows: list[tuple], dims: tuple[str, ...], with_sum: bool,
-                  flat_out: list | None = None) -> pd.DataFrame:
-    """(minute, count, errors, sum, sketch, *dims) rows as a frame, each row's sketch as
-    ``keys``/``counts`` arrays: views into one ``frombuffer`` over all the blobs (decoding
-    row by row was a third of the detectors' read). Empties ``rows``. ``flat_out``: gets
-    ``(lengths, keys, counts)``, every row's entries in row order (``Frames.pair_sketches``)."""
-    cols = list(zip(*rows)) if rows else [()] * (5 + len(dims))
-    # The rows are the caller's fresh read: emptied here, so a week of them (a third of a
-    # million tuples) and their blobs are freed as the frame is built, not after.
-    rows.clear()
-    blobs = [b if isinstance(b, bytes) else bytes(b) if b else b"" for b in cols[4]]
-    cols[4] = ()
-    ends = (np.cumsum(np.fromiter((len(b) for b in blobs), dtype=np.int64, count=len(blobs))) // 8).tolist()
-    joined = b"".join(blobs)
-    del blobs
-    pairs = np.frombuffer(joined, dtype="<i4").reshape(-1, 2)
-    all_keys, all_counts = pairs[:, 0], pairs[:, 1]
-    bounds = list(zip([0] + ends[:-1], ends))
-    data = {name: list(col) for name, col in zip(dims, cols[5:])}
-    data.update(minute=list(cols[0]), count=list(cols[1]), errors=list(cols[2]))
-    if with_sum:
-        data["sum_ns"] = list(cols[3])
-    data["keys"] = [all_keys[a:b] for a, b in bounds]
-    data["counts"] = [all_counts[a:b] for a, b in bounds]
-    if flat_out is not None:
-        flat_out.append((np.diff(np.asarray([0] + ends, dtype=np.int64)), all_keys, all_counts))
-    return pd.DataFrame(data)
-
-
 def _columns_frame(cols: packs.Columns, dims_of: dict[int, tuple], dims: tuple[str, ...], with_sum: bool,
                    flat_out: list | None = None, sketches: bool = True) -> pd.DataFrame:
-    """``_sketch_frame`` of ``StoreReader.rollup_columns``: the same frame, from columns
-    (``sketches`` False: without ``keys``/``counts``)."""
+    """``StoreReader.rollup_columns`` as a frame: ``dims``, minute, count, errors (and
+    ``sum_ns``), each row's sketch as ``keys``/``counts`` arrays, views into the columns'
+    entries (``sketches`` False: without them). ``flat_out``: gets ``(lengths, keys,
+    counts)``, every row's entries in row order (``Frames.pair_sketches``)."""
     ends = np.cumsum(cols.lengths).tolist()
     bounds = list(zip([0] + ends[:-1], ends))
     ids = np.sort(np.fromiter(dims_of, dtype=np.int64, count=len(dims_of)))

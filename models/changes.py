@@ -10,7 +10,7 @@ import time
 
 from sqlalchemy import Connection, delete, exists, select
 
-from . import RollupChange, packs
+from . import RollupChange
 
 #: Change rows are kept this long (and a result cached from the rollups is trusted at most
 #: this long after it was computed): the oldest are deleted as new ones are written.
@@ -18,6 +18,13 @@ KEEP_S = 86_400
 #: The last minute a change can name: ``record(conn, 0, EVERY_MINUTE)`` touches every minute.
 EVERY_MINUTE = 2**62
 _NS = 1_000_000_000
+#: A write logged up to this long before a result was computed from the rollups may still have
+#: been in flight (a settle batch stamps its change before it commits, and hosts' clocks
+#: differ): the cached findings (``app/evaluations.py``) and hour packs (``models/packs.py``)
+#: count it as newer.
+CHANGE_MARGIN_S = 60
+#: Change rows ``changes_since`` callers read at once (about an hour of settle batches).
+READ_AT_MOST = 10_000
 
 
 def record(conn: Connection, first_minute: int, last_minute: int, now_ns: int | None = None) -> None:
@@ -29,7 +36,9 @@ def record(conn: Connection, first_minute: int, last_minute: int, now_ns: int | 
     conn.execute(RollupChange.__table__.insert().values(
         first_minute=int(first_minute), last_minute=int(last_minute), changed_ns=now_ns))
     # The hour packs of those minutes are stale now (models/packs.py: the settler rebuilds them).
-    packs.invalidate(conn, first_minute, last_minute)
+    from .packs import invalidate  # (packs reads this module's constants)
+
+    invalidate(conn, first_minute, last_minute)
 
 
 #: Minutes a write touched that lie this far apart are logged as separate changes (a settle
@@ -75,4 +84,4 @@ def changes_since(conn: Connection, since_ns: int, at_most: int) -> list[tuple[i
     return None if len(rows) > at_most else [(a, b) for a, b in rows]
 
 
-__all__ = ["EVERY_MINUTE", "KEEP_S", "RUN_GAP_MINUTES", "changed_since", "changes_since", "record", "record_minutes"]
+__all__ = ["CHANGE_MARGIN_S", "EVERY_MINUTE", "KEEP_S", "READ_AT_MOST", "RUN_GAP_MINUTES", "changed_since", "changes_since", "record", "record_minutes"]

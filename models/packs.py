@@ -30,6 +30,7 @@ import numpy as np
 from sqlalchemy import Connection, Engine, delete, select, update
 
 from . import RollupPack, Rollup, Series
+from .changes import CHANGE_MARGIN_S, READ_AT_MOST
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +45,6 @@ LAG_S = 300
 #: A pack is read once this long has passed since it was built with no write to its hour
 #: logged from then on (a settle batch in flight while it was built commits within it).
 VERIFY_AFTER_S = 120
-#: A write logged up to this long before a pack was built may have been in flight (the
-#: findings cache's margin, ``app/evaluations.CHANGE_MARGIN_S``).
-CHANGE_MARGIN_S = 60
 #: Packs (a kind's hour each) built at most per schedule tick (a week of six kinds is ~1,000;
 #: a day at ten million spans, 150 packs, took 1.3 s on SQLite and 3.2 s on PostgreSQL).
 PACKS_PER_TICK = 48
@@ -251,7 +249,7 @@ def refresh(engine: Engine, now_ns: int | None = None, limit: int | None = None,
     todo = missing_hours(engine, now_ns)
     if wait_for_writes and todo:
         with engine.connect() as conn:
-            recent = changes_since(conn, time.time_ns() - CHANGE_MARGIN_S * NS, 10_000)
+            recent = changes_since(conn, time.time_ns() - CHANGE_MARGIN_S * NS, READ_AT_MOST)
         if recent is None:  # (more writes in the last minute than that: wait for them all)
             return 0
         todo = [(kind, hour) for kind, hour in todo

@@ -891,19 +891,14 @@ class StoreReader:
                 out.setdefault(service, []).append(sid)
         return out
 
-    def series_rollup_rows(self, kind: str, service: str, minute_ranges: Iterable[tuple[int, int]],
-                           dims: tuple[str, ...], series_ids: list[int] | None = None) -> list[tuple]:
-        """Like ``rollup_rows`` for one service's ``kind`` series over the minutes ``[m0, m1)``
-        of each range, read through the ``(series_id, minute)`` index (short stretches of a
-        few series: a statement for all of them, not one a stretch), in minute order;
-        ``series_ids``: that service's ids when the caller has them (``series_ids``)."""
-        with self.engine.connect() as conn:
-            return self._service_rollup_rows(conn, kind, service, minute_ranges, dims, series_ids)
-
     def services_rollup_rows(self, kind: str, ranges: dict[str, Iterable[tuple[int, int]]], dims: tuple[str, ...],
                              series_ids: dict[str, list[int]] | None = None) -> dict[str, list[tuple]]:
-        """``series_rollup_rows`` of several services over one connection (on PostgreSQL a
-        connection's check-out and return cost more than a short read), by service."""
+        """Like ``rollup_rows`` for each service's ``kind`` series over the minutes ``[m0, m1)``
+        of each of its ranges, read through the ``(series_id, minute)`` index (short
+        stretches of a few series: a statement for all of them, not one a stretch), in minute
+        order, by service; ``series_ids``: the services' ids when the caller has them
+        (``series_ids``). One connection for all (on PostgreSQL a connection's check-out and
+        return cost more than a short read)."""
         with self.engine.connect() as conn:
             return {service: self._service_rollup_rows(conn, kind, service, r, dims,
                                                        None if series_ids is None else series_ids.get(service, []))

@@ -482,7 +482,7 @@ def test_attribute_spans_of_one_service_are_the_same_through_its_index(engine, s
 
 
 def test_a_services_rollups_over_several_stretches_are_read_at_once(engine):
-    """``StoreReader.series_rollup_rows`` (new instances' first minutes): the rows of every
+    """``StoreReader.services_rollup_rows`` (new instances' first minutes): the rows of every
     stretch, overlapping ones once, in minute order, as the window reads give them."""
     from modalscope.ingest.records import SpanRecord
     from modalscope.ingest.settle import settle
@@ -499,14 +499,14 @@ def test_a_services_rollups_over_several_stretches_are_read_at_once(engine):
     settle(engine, force=True)
     reader = StoreReader(engine)
     stretches = [(T0 + 20, T0 + 24), (T0 + 2, T0 + 5), (T0 + 4, T0 + 8), (T0 + 40, T0 + 41)]
-    got = reader.series_rollup_rows("inst", "svc-a", stretches, ("name",))
+    got = reader.services_rollup_rows("inst", {"svc-a": stretches}, ("name",))["svc-a"]
     every = reader.rollup_rows("inst", T0 * MIN, (T0 + 30) * MIN, ("name",), Filters(service="svc-a"))
     want = [r for r in every if any(a <= r[0] < b for a, b in stretches)]
     assert [r[0] for r in got] == sorted(r[0] for r in got)
     assert sorted(got, key=repr) == sorted(want, key=repr)
     assert {r[0] for r in got} == set(range(T0 + 2, T0 + 8)) | set(range(T0 + 20, T0 + 24))
     assert {r[5] for r in got} == {"svc-a-0", "svc-a-2"}  # (svc-a's instances; none of svc-b's)
-    assert reader.series_rollup_rows("inst", "svc-a", [], ("name",)) == []
+    assert reader.services_rollup_rows("inst", {"svc-a": []}, ("name",)) == {"svc-a": []}
     from modalscope.app.findings import _merged
     assert _merged([(5, 9), (1, 3), (3, 4), (8, 12), (20, 21)]) == [(1, 4), (5, 12), (20, 21)]
 

@@ -212,10 +212,12 @@ def test_a_late_trace_settled_with_live_ones_drops_only_its_own_hours_packs(stor
     engine, now = store
     packs.pack_everything(engine)
     before = _packed_hours(engine)
-    late_hour = (now - 3 * HOUR) // HOUR
+    # The late trace's hour is the one its start falls in: past minute 58 that is the next.
+    late_ns = now - 3 * HOUR + 2 * MIN
+    late_hour = late_ns // HOUR
     between = set(range(late_hour + 1, (now - 10 * MIN) // HOUR))
     assert between
-    write_spans(engine, side_calls_trace(random.Random(3), now - 3 * HOUR + 2 * MIN, db_ms=50, llm_ms=400)
+    write_spans(engine, side_calls_trace(random.Random(3), late_ns, db_ms=50, llm_ms=400)
                 + side_calls_trace(random.Random(4), now - 10 * MIN, db_ms=50, llm_ms=400))
     settle(engine, force=True)
     dropped = {h for _, h, _ in before - _packed_hours(engine)}

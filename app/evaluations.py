@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -321,24 +322,55 @@ def _absolute(reader: StoreReader, window: Window, th: d.Thresholds) -> Evaluati
     return Evaluation(found, window.start_ns, window.end_ns, started_ns, stored=False)
 
 
+#: Past days evaluated ahead at most (``past_days``).
+PAST_DAYS_MAX = 6
+DAY_NS = 86_400 * NS
+HOUR_NS = 3600 * NS
+
+
+def past_days(retention_days: float, minute_rollup_days: float) -> int:
+    """How many 24 h windows before the last 24 h the settler keeps evaluated: as far back as
+    both minute rollups and raw spans are kept (``0`` keeps them forever), at most
+    ``PAST_DAYS_MAX``. The defaults (raw spans 7 days, minute rollups 2) give one: the day
+    before the last 24 h, where yesterday's incident is."""
+    kept = [x for x in (retention_days, minute_rollup_days) if x and x > 0]
+    horizon = min(kept) if kept else PAST_DAYS_MAX + 1
+    return max(0, min(PAST_DAYS_MAX, math.floor(horizon) - 1))
+
+
+def past_windows(now_ns: int, days: int) -> list[Window]:
+    """The ``days`` windows of 24 h before the last 24 h, ending on whole hours, newest first."""
+    hour = now_ns // HOUR_NS * HOUR_NS
+    return [Window(hour - (k + 1) * DAY_NS, hour - k * DAY_NS) for k in range(1, days + 1)]
+
+
 class EvaluationSchedule:
     """Called from the settler's loop: every ``every_s`` seconds, evaluate each range ending
     now and store it — unless another process (a second receiver's settler, a dashboard
-    request) stored one recently enough. ``every_s`` 0 turns it off."""
+    request) stored one recently enough. ``every_s`` 0 turns it off.
+
+    With ``past_days``, each tick also evaluates one of the 24 h windows before the last 24 h
+    (``past_windows``: they move on each hour) whose stored findings are missing or stale, as
+    an absolute window (``_absolute``). A window opened there later (a post-mortem of last
+    night) then finds most of its exemplars and cold-start checks done (``StoredFindings``):
+    only the detectors and the rollup reads are left to its first request."""
 
     def __init__(self, engine: Engine, ranges_s: tuple[int, ...], every_s: float,
-                 thresholds: d.Thresholds | None = None, *, first_delay_s: float = 0.0) -> None:
+                 thresholds: d.Thresholds | None = None, *, first_delay_s: float = 0.0,
+                 past_days: int = 0) -> None:
         """``first_delay_s``: the first evaluation waits that long; receivers started together
         pass a random one, so their schedules fall out of step and one evaluation serves all."""
         self.engine = engine
         self.ranges_s = ranges_s
         self.every_s = every_s
         self.thresholds = thresholds
+        self.past_days = past_days
         self._next = time.monotonic() + first_delay_s if first_delay_s else 0.0
 
-    def maybe_run(self, now: float | None = None) -> int:
-        """Evaluate what is due; returns how many ranges were evaluated."""
-        if not self.every_s or not self.ranges_s:
+    def maybe_run(self, now: float | None = None, now_ns: int | None = None) -> int:
+        """Evaluate what is due; returns how many windows were evaluated (``now_ns``: the
+        wall clock the past windows follow, for tests)."""
+        if not self.every_s or not (self.ranges_s or self.past_days):
             return 0
         now = time.monotonic() if now is None else now
         if now < self._next:
@@ -363,4 +395,15 @@ class EvaluationSchedule:
                 done += 1
             except Exception:  # noqa: BLE001 - evaluation must never stop settling
                 log.exception("findings evaluation over %d s failed", range_s)
-        return done
+        return done + self._evaluate_past(reader, th, time.time_ns() if now_ns is None else now_ns)
+
+    def _evaluate_past(self, reader: StoreReader, th: d.Thresholds, now_ns: int) -> int:
+        """One past window whose stored findings are missing or stale (newest first), a tick."""
+        for window in past_windows(now_ns, self.past_days):
+            try:
+                if not _absolute(reader, window, th).stored:  # (stored: still valid, next)
+                    return 1
+            except Exception:  # noqa: BLE001 - evaluation must never stop settling
+                log.exception("findings evaluation of the past window %s failed", window)
+                return 0
+        return 0

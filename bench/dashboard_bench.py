@@ -452,6 +452,43 @@ def _absolute_first_request(reader, window, th) -> Callable[[], Any]:
     return call
 
 
+def _past_day_request(reader, window, th, *, evaluated_ahead: bool) -> Callable[[], Any]:
+    """The first request for a window in the day before the last 24 h (a post-mortem of
+    yesterday's incident): the window's last ``min(length, 12 h)`` ending 6 h before the
+    newest whole hour, seen from a day later. ``evaluated_ahead``: the settler has evaluated
+    that day (``EvaluationSchedule`` with ``past_days``, untimed, once); else nothing stored
+    overlaps it (every stored evaluation is deleted before each call)."""
+    from sqlalchemy import delete
+
+    from modalscope.app import evaluations
+    from modalscope.models import FindingEvaluation
+    from modalscope.models.reader import Filters
+
+    day_later = window.end_ns + 86_400 * 10**9
+    (past,) = evaluations.past_windows(day_later, 1)
+    end = past.end_ns - 6 * 3600 * 10**9
+    target = type(window)(end - min(window.end_ns - window.start_ns, 12 * 3600 * 10**9), end)
+    fe, state = FindingEvaluation, {}
+
+    def call():
+        with reader.engine.begin() as conn:
+            if not evaluated_ahead or "done" not in state:
+                conn.execute(delete(fe))
+            else:
+                conn.execute(delete(fe).where(fe.start_ns == target.start_ns, fe.end_ns == target.end_ns))
+        if evaluated_ahead and "done" not in state:
+            schedule = evaluations.EvaluationSchedule(reader.engine, (), every_s=60, thresholds=th, past_days=1)
+            if schedule.maybe_run(now_ns=day_later) != 1:
+                raise RuntimeError("the past day was not evaluated")
+            state["done"] = True
+        ev = evaluations.find_for(reader, target, Filters(), th, relative=False)
+        if ev.stored:
+            raise RuntimeError("a stored evaluation answered the first request")
+        return ev.findings
+
+    return call
+
+
 def build_calls(app, client, reader, window, subject: Subject) -> list[Call]:
     """Every API call, page callback and query function timed for ``window``."""
     from modalscope.app import findings, queries
@@ -551,6 +588,12 @@ def build_calls(app, client, reader, window, subject: Subject) -> list[Call]:
         Call("query", "anomalies, absolute window 6 h earlier: its first request",
              _absolute_first_request(reader, type(window)(window.start_ns - 6 * 3600 * 10**9,
                                                           window.end_ns - 6 * 3600 * 10**9), th)),
+        # A window in the day before the last 24 h, opened a day later (1 h, or 12 h for the
+        # 24 h column): with that day evaluated ahead by the settler, and with nothing stored.
+        Call("query", "anomalies, a window in the day before, evaluated ahead: its first request",
+             _past_day_request(reader, window, th, evaluated_ahead=True)),
+        Call("query", "anomalies, the same window, nothing stored: its first request",
+             _past_day_request(reader, window, th, evaluated_ahead=False)),
         Call("query", "pairs: pair_heatmap", lambda: queries.pair_heatmap(reader, window), "pairs",
              lambda heat: heat["pairs"]),
         Call("query", "pairs: pair_table", lambda: queries.pair_table(reader, window), "pairs", lambda rows: rows),

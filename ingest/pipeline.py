@@ -44,7 +44,11 @@ class IngestPipeline:
         self.writer = BatchWriter(engine, max_queue_spans=settings.max_queue_spans, lag=lag)
         retention = RetentionPolicy.from_settings(settings)  # the settler prunes every 10 minutes
         # ... and evaluates the anomaly catalog ahead of requests (app/evaluations.py)
-        findings = (settings.findings_ranges_s, settings.findings_every_s)
+        # (and the days before the last 24 h, as far back as the rollups and spans they read)
+        from ..app.evaluations import past_days  # (pandas: imported where a pipeline is built)
+
+        findings = (settings.findings_ranges_s, settings.findings_every_s,
+                    past_days(settings.retention_days, settings.minute_rollup_days))
         # ... and packs closed hours of rollups for the detectors (models/packs.py)
         if settle == "process":
             self.settler = SettlerProcess(settings.database_url, settings.settle_seconds, interval=settle_interval,

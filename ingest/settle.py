@@ -608,9 +608,10 @@ def run_settler_process(database_url: str, settle_seconds: float, interval: floa
         engine.dispose()
 
 
-def evaluation_schedule(engine: Engine, findings: tuple[tuple[int, ...], float] | None):
+def evaluation_schedule(engine: Engine, findings: tuple | None):
     """The findings evaluation the settler runs between passes (``app/evaluations.py``):
-    ``findings`` is (ranges in seconds, every how many seconds), None or every 0 for none."""
+    ``findings`` is (ranges in seconds, every how many seconds[, past days]), None or every 0
+    for none."""
     if not findings or not findings[1] or not findings[0]:
         return None
     import random
@@ -618,7 +619,8 @@ def evaluation_schedule(engine: Engine, findings: tuple[tuple[int, ...], float] 
     from ..app.evaluations import EvaluationSchedule
 
     every = float(findings[1])
-    return EvaluationSchedule(engine, tuple(findings[0]), every, first_delay_s=random.uniform(0, min(every / 4, 15)))
+    return EvaluationSchedule(engine, tuple(findings[0]), every, first_delay_s=random.uniform(0, min(every / 4, 15)),
+                              past_days=int(findings[2]) if len(findings) > 2 else 0)
 
 
 class SettlerProcess:
@@ -627,7 +629,8 @@ class SettlerProcess:
     def __init__(self, database_url: str, settle_seconds: float, interval: float = 0.5, retention=None,
                  findings=None, pack_every_s: float = 0.0) -> None:
         """``retention``: a ``retention.RetentionPolicy`` the settler applies every 10 minutes, or None;
-        ``findings``: (ranges in seconds, every seconds) to evaluate the anomaly catalog, or None;
+        ``findings``: (ranges in seconds, every seconds, past days) to evaluate the anomaly
+        catalog (``evaluation_schedule``), or None;
         ``pack_every_s``: how often to pack closed hours of rollups (``models/packs.py``), 0 never."""
         import multiprocessing
 

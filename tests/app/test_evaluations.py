@@ -10,6 +10,7 @@ were read from; the settler's schedule evaluates each range once a period
 from __future__ import annotations
 
 import dataclasses
+import random
 import time
 
 import pytest
@@ -356,6 +357,60 @@ def test_the_schedule_evaluates_each_range_once_a_period(filled):
     assert ev.EvaluationSchedule(filled, (3600,), every_s=0).maybe_run() == 0
 
 
+def test_past_days_reach_as_far_back_as_the_minute_rollups_and_raw_spans():
+    assert ev.past_days(7, 2) == 1  # the defaults: the day before the last 24 h
+    assert ev.past_days(7, 7) == 6 and ev.past_days(3.5, 0) == 2 and ev.past_days(0, 2.9) == 1
+    assert ev.past_days(1, 2) == 0 and ev.past_days(0.5, 0) == 0
+    assert ev.past_days(0, 0) == ev.past_days(400, 400) == ev.PAST_DAYS_MAX
+    now = time.time_ns()
+    windows = ev.past_windows(now, 3)
+    hour = now // HOUR * HOUR
+    assert [(w.start_ns, w.end_ns) for w in windows] == [(hour - (k + 1) * 24 * HOUR, hour - k * 24 * HOUR)
+                                                         for k in (1, 2, 3)]
+
+
+def test_the_schedule_keeps_the_day_before_the_last_24_h_evaluated(filled, monkeypatch):
+    """A past window is evaluated on a tick when its stored findings are missing or stale,
+    once, and a window opened inside it later starts from them."""
+    _settled_long_ago(filled)
+    reader, th = StoreReader(filled), Thresholds()
+    now = time.time_ns()
+    later = now + 25 * HOUR  # a day on: the filled hour is in the day before the last 24 h
+    (past,) = ev.past_windows(later, 1)
+    assert past.start_ns < now - HOUR and now <= past.end_ns
+    schedule = ev.EvaluationSchedule(filled, (), every_s=60, thresholds=th, past_days=1)
+    assert schedule.maybe_run(now=1000.0, now_ns=later) == 1
+    stored = ev.cached_absolute(filled, past, th)
+    assert stored is not None and stored.findings, "the demo hour's patterns are found"
+    assert stored.findings == fnd.find(reader, past, Filters(), th)
+    assert schedule.maybe_run(now=1030.0, now_ns=later) == 0  # not due
+    assert schedule.maybe_run(now=1061.0, now_ns=later) == 0  # due, and still valid: left
+    assert _absolute_rows(filled) == 1
+    # A window inside it (an incident's hour, opened the next day) takes its findings'
+    # exemplars: no raw look-up for the findings it shares.
+    lookups = []
+    real_rows = fnd._exemplar_rows
+    monkeypatch.setattr(fnd, "_exemplar_rows",
+                        lambda r, f, w: lookups.append(fnd.finding_identity(f)) or real_rows(r, f, w))
+    inside = Window(now - HOUR + 30 * S, now)
+    got = ev.find_for(reader, inside, Filters(), th, relative=False)
+    shared = {fnd.finding_identity(f): f for f in stored.findings}
+    taken = [f for f in got.findings if fnd.finding_identity(f) in shared]
+    assert len(taken) >= 3 and not set(lookups) & set(shared)
+    assert all(f["exemplar_trace_ids"] == shared[fnd.finding_identity(f)]["exemplar_trace_ids"] for f in taken)
+    # Past its fresh period, a late trace settled into it makes it stale: evaluated again.
+    with filled.begin() as conn:
+        conn.execute(update(FindingEvaluation).values(evaluated_ns=FindingEvaluation.evaluated_ns - 600 * S))
+    from modalscope.ingest.writer import write_spans
+    from tests.app.conftest import side_calls_trace
+
+    write_spans(filled, side_calls_trace(random.Random(1), now - 30 * 60 * S, db_ms=50, llm_ms=400))
+    settle(filled, force=True)
+    assert ev.cached_absolute(filled, past, th) is None
+    assert schedule.maybe_run(now=1122.0, now_ns=later) == 1
+    assert ev.cached_absolute(filled, past, th) is not None
+
+
 # Every 4 s: the first evaluation waits a random part of a quarter period (at most 1 s here;
 # at the default 60 s, up to 15 s of each test's time).
 EVERY_S = 4.0
@@ -378,14 +433,20 @@ def test_the_settler_thread_evaluates_ahead(filled):
 
 
 def test_the_settler_process_evaluates_ahead(filled, db_url):
-    settler = SettlerProcess(db_url, 5.0, interval=0.05, findings=((3600, 86400), EVERY_S)).start()
+    settler = SettlerProcess(db_url, 5.0, interval=0.05, findings=((3600, 86400), EVERY_S, 1)).start()
     try:
         deadline = time.monotonic() + 90
-        while _rows(filled) < 2 and time.monotonic() < deadline:
+        while _rows(filled) < 3 and time.monotonic() < deadline:
             time.sleep(0.2)
     finally:
         settler.stop()
-    assert _rows(filled) == 2
+    assert _rows(filled) == 3
+    # The two ranges ending now, and the day before the last 24 h (ending on a whole hour).
+    with filled.connect() as conn:
+        past = conn.execute(select(FindingEvaluation.start_ns, FindingEvaluation.end_ns)
+                            .where(FindingEvaluation.range_s == ev.ABSOLUTE_RANGE)).one()
+    assert past.end_ns - past.start_ns == 24 * HOUR and past.end_ns % HOUR == 0
+    assert abs(past.end_ns - (time.time_ns() - 24 * HOUR)) < 2 * HOUR
 
 
 def test_the_api_says_which_window_answered(filled, db_url):

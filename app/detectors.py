@@ -433,11 +433,60 @@ def _pair_flats(frames: Frames) -> dict[tuple[str, str], tuple[np.ndarray, np.nd
         starts = np.cumsum(lens) - lens
         for key, pos in _pair_groups(frames)[1].items():
             own = lens[pos]
+            if pos[-1] - pos[0] + 1 == len(pos):
+                # (consecutive rows, as the reader gives one series: their entries are a slice)
+                a = int(starts[pos[0]])
+                out[key] = (own, keys[a:a + int(own.sum())], counts[a:a + int(own.sum())])
+                continue
             # each row's entries: its start in the frame's arrays, then consecutive
             take = np.repeat(starts[pos] - (np.cumsum(own) - own), own) + np.arange(int(own.sum()))
             out[key] = (own, keys[take], counts[take])
     frames.__dict__["_pair_flats_cache"] = (df, out)
     return out
+
+
+#: Bytes of per-pair minute matrices both pair detectors share (``_pair_minute_matrices``): a
+#: day of ten pairs is ~15 MB; past it (a week of minutes, many pairs) each detector builds one
+#: pair's at a time.
+SHARED_MATRICES_BYTES = 24 * 2**20
+
+
+def _pair_minute_matrices(frames: Frames) -> dict[tuple[str, str], np.ndarray] | None:
+    """Every pair's ``_pair_minute_matrix``, built once for the hot-spot and band-break
+    detectors (each spent a third of its time building them from the ~2.7 million sketch
+    entries of a day), or None when they would exceed ``SHARED_MATRICES_BYTES`` or the
+    frame holds minutes outside the data's (hand-made frames)."""
+    df = frames.pairs
+    cached = frames.__dict__.get("_pair_matrices_cache")
+    if cached is not None and cached[0] is df:
+        return cached[1]
+    out = None
+    n = frames.end_minute - frames.first_minute
+    series = _pair_series(frames)
+    if series and n > 0 and len(series) * n * (sketch.NUM_KEYS // COARSE) * 4 <= SHARED_MATRICES_BYTES:
+        minutes = df["minute"].to_numpy()
+        if minutes.min() >= frames.first_minute and minutes.max() < frames.end_minute:
+            flats = _pair_flats(frames)
+            out = {key: _pair_minute_matrix(frames, g, flats[key]) for key, g in series.items()}
+    frames.__dict__["_pair_matrices_cache"] = (df, out)
+    return out
+
+
+def _pair_block_matrix(frames: Frames, key: tuple[str, str], blocks: np.ndarray, th: Thresholds) -> np.ndarray:
+    """Blocks (``blocks``, from ``_blocks``) x coarse bins of one pair: its shared minute
+    matrix summed a block at a time, or built from its rows."""
+    b, nblk = max(1, th.block_minutes), len(blocks)
+    minute_mats = _pair_minute_matrices(frames)
+    if minute_mats is None:
+        df = _pair_series(frames)[key]
+        return _coarse_rows(df, (_block_of(df["minute"].to_numpy(), th) - blocks[0]) // b, nblk,
+                            _pair_flats(frames)[key])
+    # The minute matrix placed in whole blocks (its first minute that far into the first).
+    minute_mat = minute_mats[key]
+    lead = frames.first_minute - int(blocks[0])
+    padded = np.zeros((nblk * b, minute_mat.shape[1]), dtype=np.int32)
+    padded[lead:lead + len(minute_mat)] = minute_mat
+    return padded.reshape(nblk, b, -1).sum(axis=1, dtype=np.int32)
 
 
 def _pair_minute_matrix(frames: Frames, df: pd.DataFrame, flat=None) -> np.ndarray:
@@ -526,12 +575,10 @@ def detect_hot_spot(frames: Frames, th: Thresholds) -> list[dict]:
     nblk = len(blocks)
     b = max(1, th.block_minutes)
     names = list(series)
-    flats = _pair_flats(frames)
     counts = np.zeros((len(names), nblk))
     p99 = np.full((len(names), nblk), np.nan)
     for i, key in enumerate(names):
-        df = series[key]
-        mat = _coarse_rows(df, (_block_of(df["minute"].to_numpy(), th) - blocks[0]) // b, nblk, flats[key])
+        mat = _pair_block_matrix(frames, key, blocks, th)
         counts[i] = mat.sum(axis=1)
         used = np.flatnonzero(mat.any(axis=0))  # (the bins the pair's calls fall in: the same quantiles)
         if len(used):
@@ -600,8 +647,10 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
     if n < B + W:
         return []
     flats = _pair_flats(frames)
+    minute_mats = _pair_minute_matrices(frames)
     for (caller, callee), df in _pair_series(frames).items():
-        mat = _pair_minute_matrix(frames, df, flats[(caller, callee)])
+        mat = (minute_mats[(caller, callee)] if minute_mats is not None
+               else _pair_minute_matrix(frames, df, flats[(caller, callee)]))
         minutes, keys_col, counts_col = df["minute"].to_numpy(), df["keys"].to_numpy(), df["counts"].to_numpy()
         # Only the bins the pair's calls fall in (a pair's latencies span a few dozen of the
         # 256): the sums and quantiles below are the same, over a fraction of the columns.

@@ -436,3 +436,31 @@ def test_reads_in_threads_find_what_they_find_one_after_another(engine, monkeypa
     beside = d.run_all(findings.load_frames(reader, window, TH), TH)
     assert alone and beside == alone
     assert len(pair_reads) == 1 and pair_reads[0].startswith("frames")
+
+
+def test_the_pair_detectors_find_the_same_with_shared_minute_matrices_as_without(engine, monkeypatch):
+    """The hot-spot and band-break detectors share each pair's minute matrix when all fit in
+    ``SHARED_MATRICES_BYTES`` (hot spot sums it into blocks), else build their own a pair at a
+    time: the same findings either way."""
+    import time as _time
+
+    from modalscope.ingest import demo
+
+    now = _time.time_ns() // MIN * MIN
+    demo.fill(engine, demo.DemoConfig(now_ns=now, hours=1.5, rate=0.15, seed=4))
+    settle(engine, force=True)
+    reader = StoreReader(engine)
+    frames = findings.load_frames(reader, Window(now - 90 * MIN, now), TH)
+    shared = d.detect_hot_spot(frames, TH) + d.detect_p99_band_break(frames, TH)
+    assert d._pair_minute_matrices(frames) is not None, "a demo hour and a half fits: shared"
+    assert {f["kind"] for f in shared} == {"hot_spot", "p99_band_break"}, "the demo's pair patterns"
+    blocks = d._blocks(frames, TH)
+    mats = {key: (d._pair_minute_matrices(frames)[key], d._pair_block_matrix(frames, key, blocks, TH))
+            for key in d._pair_series(frames)}
+    monkeypatch.setattr(d, "SHARED_MATRICES_BYTES", 0)
+    alone = dataclasses.replace(frames)  # (no caches)
+    assert d._pair_minute_matrices(alone) is None
+    for key, g in d._pair_series(alone).items():  # the same arrays, cell for cell
+        assert np.array_equal(mats[key][0], d._pair_minute_matrix(alone, g, d._pair_flats(alone)[key]))
+        assert np.array_equal(mats[key][1], d._pair_block_matrix(alone, key, blocks, TH))
+    assert d.detect_hot_spot(alone, TH) + d.detect_p99_band_break(alone, TH) == shared

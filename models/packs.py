@@ -129,11 +129,31 @@ def take(cols: Columns, order: np.ndarray) -> Columns:
     lengths = cols.lengths[order]
     starts = (np.cumsum(cols.lengths) - cols.lengths)[order]
     total = int(lengths.sum())
+    breaks = np.flatnonzero(np.diff(order) != 1) + 1
+    if len(breaks) < len(order) // 8:
+        # Few runs of consecutive rows (hour packs put together by series: a series' hour is
+        # one run): their entries copied a run at a time (a day of pairs, 2.7 million
+        # entries: sorting them 17 -> 7 ms), not picked one by one.
+        firsts = np.concatenate([[0], breaks])
+        lasts = np.concatenate([breaks, [len(order)]]) - 1
+        spans = list(zip(starts[firsts].tolist(), (starts[lasts] + lengths[lasts]).tolist()))
+        return Columns(cols.series_id[order], cols.minute[order], cols.count[order], cols.errors[order],
+                       cols.sum_ns[order], lengths, _cut(cols.keys, spans, total), _cut(cols.counts, spans, total))
     # Entry j of the result: its row's start plus its place within the row.
     out_starts = np.cumsum(lengths) - lengths
     idx = np.repeat(starts - out_starts, lengths) + np.arange(total, dtype=np.int64)
     return Columns(cols.series_id[order], cols.minute[order], cols.count[order], cols.errors[order],
                    cols.sum_ns[order], lengths, cols.keys[idx], cols.counts[idx])
+
+
+def _cut(values: np.ndarray, spans: list[tuple[int, int]], total: int) -> np.ndarray:
+    """``values[a:b]`` of each span, one after another."""
+    out = np.empty(total, dtype=values.dtype)
+    at = 0
+    for a, b in spans:
+        out[at:at + b - a] = values[a:b]
+        at += b - a
+    return out
 
 
 def sort_rows(cols: Columns) -> Columns:

@@ -262,3 +262,29 @@ def test_packing_everything_right_after_a_fill_leaves_verified_packs(engine):
     assert all(verified for _, _, verified in _packed_hours(engine))
     with engine.connect() as conn:
         assert packs.read(conn, "pair", (now - 2 * HOUR) // HOUR, now // HOUR + 1)
+
+
+def test_take_copies_runs_of_rows_as_picking_them_one_by_one_does():
+    """``take`` copies the entries of runs of consecutive rows a run at a time (hour packs
+    put together by series) and picks them entry by entry otherwise: the same columns."""
+    rng = np.random.default_rng(3)
+    n = 400
+    lengths = rng.integers(0, 6, n)
+    e = int(lengths.sum())
+    cols = packs.Columns(np.arange(n) % 7, np.arange(n), rng.integers(1, 9, n), rng.integers(0, 2, n),
+                         rng.integers(1, 10**9, n), lengths, rng.integers(0, 4096, e).astype(np.int32),
+                         rng.integers(1, 50, e).astype(np.int32))
+
+    def one_by_one(order):
+        starts = np.cumsum(lengths) - lengths
+        idx = np.concatenate([np.arange(starts[i], starts[i] + lengths[i]) for i in order] + [np.zeros(0, int)])
+        return cols.keys[idx], cols.counts[idx]
+
+    blocks = [np.arange(a, min(n, a + 50)) for a in range(0, n, 50)]
+    runs = np.concatenate([blocks[i] for i in (3, 0, 7, 1, 2, 6, 5, 4)])  # 8 runs: copied a run at a time
+    shuffled = rng.permutation(n)  # picked one by one
+    for order in (runs, shuffled, np.arange(n)[::-1], np.arange(0)):
+        got = packs.take(cols, order)
+        keys, counts = one_by_one(order)
+        assert np.array_equal(got.keys, keys) and np.array_equal(got.counts, counts)
+        assert np.array_equal(got.lengths, lengths[order]) and np.array_equal(got.minute, cols.minute[order])

@@ -230,3 +230,31 @@ def test_a_database_behind_or_ahead_of_this_version_is_refused_with_what_to_do(t
         conn.execute("UPDATE alembic_version SET version_num = '0099'")
     with pytest.raises(SchemaError, match="revision 0099, which this version of modalscope .* newer release"):
         ensure_schema(url)
+
+
+@pytest.mark.parametrize("empty_db_url", ["sqlite", "postgresql"], indirect=True)
+def test_upgrading_to_0011_stores_hour_packs_uncompressed_on_postgresql(empty_db_url):
+    """PostgreSQL compressed each pack and decompressed it on every read; 0011 stores them as
+    they are (the ones already there rewritten), with the same bytes."""
+    blob = bytes(range(256)) * 4000  # ~1 MB that compresses well
+    upgrade(empty_db_url, "0010")
+    engine = make_engine(empty_db_url, write=True)
+    try:
+        insert = text("INSERT INTO rollup_packs (hour, kind, built_ns, verified, data) VALUES (:h, 'pair', 1, :v, :d)")
+        with engine.begin() as conn:
+            conn.execute(insert, {"h": 1, "v": True, "d": blob})
+        upgrade(empty_db_url)
+        check(empty_db_url)
+        with engine.begin() as conn:
+            conn.execute(insert, {"h": 2, "v": False, "d": blob})
+        with engine.connect() as conn:
+            got = dict(conn.execute(text("SELECT hour, data FROM rollup_packs")).all())
+            assert {h: bytes(d) for h, d in got.items()} == {1: blob, 2: blob}
+            if engine.dialect.name == "postgresql":
+                stored = dict(conn.execute(text("SELECT hour, pg_column_size(data) FROM rollup_packs")).all())
+                assert all(size >= len(blob) for size in stored.values()), stored
+                storage = conn.execute(text("SELECT attstorage FROM pg_attribute WHERE attrelid = 'rollup_packs'::regclass "
+                                            "AND attname = 'data'")).scalar_one()
+                assert storage == "e"
+    finally:
+        engine.dispose()

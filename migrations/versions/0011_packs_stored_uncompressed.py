@@ -1,0 +1,34 @@
+"""rollup_packs.data stored uncompressed on PostgreSQL
+
+PostgreSQL compressed each hour pack (pglz, ~4:1) and decompressed it on every read: a day of
+``pair`` packs at ten million spans read in 41 ms, 21.5 ms stored as they are (``STORAGE
+EXTERNAL``: out of line, not compressed). A week of packs takes ~290 MB instead of ~75 MB.
+Packs already there are rewritten (``data || ''`` makes a new value, stored the new way).
+SQLite stores blobs as they are: nothing to do there.
+
+Revision ID: 0011
+Revises: 0010
+Create Date: 2026-12-02 08:55:00
+"""
+from typing import Sequence, Union
+
+from alembic import op
+
+
+revision: str = '0011'
+down_revision: Union[str, None] = '0010'
+branch_labels: Union[str, Sequence[str], None] = None
+depends_on: Union[str, Sequence[str], None] = None
+
+
+def upgrade() -> None:
+    if op.get_bind().dialect.name != "postgresql":
+        return
+    op.execute("ALTER TABLE rollup_packs ALTER COLUMN data SET STORAGE EXTERNAL")
+    op.execute("UPDATE rollup_packs SET data = data || ''::bytea")
+
+
+def downgrade() -> None:
+    if op.get_bind().dialect.name != "postgresql":
+        return
+    op.execute("ALTER TABLE rollup_packs ALTER COLUMN data SET STORAGE EXTENDED")

@@ -66,10 +66,11 @@ def _columns_frame(cols: packs.Columns, dims_of: dict[int, tuple], dims: tuple[s
 def _convention_frames(reader: StoreReader, data_start: int, end_ns: int) -> dict[str, pd.DataFrame]:
     """The ``cache``/``batch``/``cuda``/``sync`` rollups as the detectors' frames (mostly from
     hour packs, ``models/packs.py``)."""
-    def frame(kind, dims, **kw):
-        return _columns_frame(*reader.rollup_columns(kind, data_start, end_ns, dims), dims, **kw)
+    def frame(kind, dims, sketches=True, **kw):
+        return _columns_frame(*reader.rollup_columns(kind, data_start, end_ns, dims, sketches=sketches), dims,
+                              sketches=sketches, **kw)
 
-    # (cache and batch use only the counts and sums)
+    # (cache and batch use only the counts and sums: read without sketches, as they are packed)
     cache = frame("cache", ("service", "name", "caller", "callee"), with_sum=False, sketches=False)
     batch = frame("batch", ("service",), with_sum=True, sketches=False)
     cuda = frame("cuda", ("service", "name", "callee"), with_sum=False)

@@ -837,10 +837,11 @@ class StoreReader:
                                      [(Rollup, Rollup.minute, first, last, Rollup.minute)], sketches=sketches)
 
     def rollup_columns(self, kind: str, start_ns: int, end_ns: int, dims: tuple[str, ...],
-                       filters: Filters | None = None) -> tuple[packs.Columns, dict[int, tuple]]:
+                       filters: Filters | None = None, sketches: bool = True) -> tuple[packs.Columns, dict[int, tuple]]:
         """``rollup_rows`` column by column, ordered by series then minute, with each series'
         ``dims`` values by id: the verified hour packs of the window's whole hours
-        (``models/packs.py``), minute rows for the rest."""
+        (``models/packs.py``), minute rows for the rest; ``sketches`` False: without sketch
+        entries (and then ``packs.SKETCHLESS_KINDS`` are read from packs too)."""
         first, last = minute_range(start_ns, end_ns)
         where = self._series_filter(kind, filters or Filters())
         with self.engine.connect() as conn:
@@ -848,8 +849,9 @@ class StoreReader:
                 select(Series.id, *[getattr(Series, d) for d in dims]).where(where))}
             if not dims_of:
                 return packs.empty_columns(), dims_of
+            packed = kind in packs.PACK_KINDS and not (sketches and kind in packs.SKETCHLESS_KINDS)
             try:
-                hours = packs.read(conn, kind, -(-first // 60), last // 60) if kind in packs.PACK_KINDS else {}
+                hours = packs.read(conn, kind, -(-first // 60), last // 60) if packed else {}
             except Exception:  # noqa: BLE001 - a store not yet upgraded to 0010 reads minute rows
                 conn.rollback()
                 hours = {}
@@ -861,12 +863,15 @@ class StoreReader:
             if at < last:
                 ranges.append((at, last))
             rows = self._series_rows(conn, where, [Series.id],
-                                     [(Rollup, Rollup.minute, a, b, Rollup.minute) for a, b in ranges]) if ranges else []
+                                     [(Rollup, Rollup.minute, a, b, Rollup.minute) for a, b in ranges],
+                                     sketches=sketches) if ranges else []
         # Only the series named above: on PostgreSQL the minute rows' own series read may see
         # one created since (each statement sees what was committed before it).
         ids = np.fromiter(dims_of, dtype=np.int64, count=len(dims_of))
         parts = [packs.columns_of_rows([(r[5], r[0], r[1], r[2], r[3], r[4]) for r in rows]), *hours.values()]
         parts = [packs.select_rows(cols, np.isin(cols.series_id, ids)) for cols in parts]
+        if not sketches:
+            parts = [packs.without_sketches(cols) for cols in parts]
         return packs.sort_rows(packs.concat(parts)), dims_of
 
     def first_minutes(self, kind: str, start_ns: int, end_ns: int) -> list[tuple[str, str, int]]:

@@ -1,10 +1,14 @@
-"""rollup_packs.data stored uncompressed on PostgreSQL
+"""rollup_packs.data stored uncompressed on PostgreSQL; cache and batch packs without sketches
 
 PostgreSQL compressed each hour pack (pglz, ~4:1) and decompressed it on every read: a day of
 ``pair`` packs at ten million spans read in 41 ms, 21.5 ms stored as they are (``STORAGE
-EXTERNAL``: out of line, not compressed). A week of packs takes ~290 MB instead of ~75 MB.
-Packs already there are rewritten (``data || ''`` makes a new value, stored the new way).
-SQLite stores blobs as they are: nothing to do there.
+EXTERNAL``: out of line, not compressed). Packs already there are rewritten (``data || ''``
+makes a new value, stored the new way). SQLite stores blobs as they are.
+
+``cache`` and ``batch`` packs are now built without sketch entries, which their detectors
+never read (a day of ``cache`` packs: 9.9 MB -> ~0.5 MB). Those already there are deleted, on
+both databases; the settler packs their hours again, 48 packs a minute. A week of packs at
+ten million spans a day takes ~200 MB on PostgreSQL.
 
 Revision ID: 0011
 Revises: 0010
@@ -22,6 +26,7 @@ depends_on: Union[str, Sequence[str], None] = None
 
 
 def upgrade() -> None:
+    op.execute("DELETE FROM rollup_packs WHERE kind IN ('cache', 'batch')")
     if op.get_bind().dialect.name != "postgresql":
         return
     op.execute("ALTER TABLE rollup_packs ALTER COLUMN data SET STORAGE EXTERNAL")

@@ -235,19 +235,23 @@ def test_a_database_behind_or_ahead_of_this_version_is_refused_with_what_to_do(t
 @pytest.mark.parametrize("empty_db_url", ["sqlite", "postgresql"], indirect=True)
 def test_upgrading_to_0011_stores_hour_packs_uncompressed_on_postgresql(empty_db_url):
     """PostgreSQL compressed each pack and decompressed it on every read; 0011 stores them as
-    they are (the ones already there rewritten), with the same bytes."""
+    they are (the ones already there rewritten), with the same bytes. Cache and batch packs,
+    built with sketches before, go (the settler packs them again without)."""
     blob = bytes(range(256)) * 4000  # ~1 MB that compresses well
     upgrade(empty_db_url, "0010")
     engine = make_engine(empty_db_url, write=True)
     try:
-        insert = text("INSERT INTO rollup_packs (hour, kind, built_ns, verified, data) VALUES (:h, 'pair', 1, :v, :d)")
+        insert = text("INSERT INTO rollup_packs (hour, kind, built_ns, verified, data) VALUES (:h, :k, 1, :v, :d)")
         with engine.begin() as conn:
-            conn.execute(insert, {"h": 1, "v": True, "d": blob})
+            conn.execute(insert, {"h": 1, "k": "pair", "v": True, "d": blob})
+            for kind in ("cache", "batch"):
+                conn.execute(insert, {"h": 1, "k": kind, "v": True, "d": b"x"})
         upgrade(empty_db_url)
         check(empty_db_url)
         with engine.begin() as conn:
-            conn.execute(insert, {"h": 2, "v": False, "d": blob})
+            conn.execute(insert, {"h": 2, "k": "pair", "v": False, "d": blob})
         with engine.connect() as conn:
+            assert set(conn.execute(text("SELECT kind FROM rollup_packs")).scalars()) == {"pair"}
             got = dict(conn.execute(text("SELECT hour, data FROM rollup_packs")).all())
             assert {h: bytes(d) for h, d in got.items()} == {1: blob, 2: blob}
             if engine.dialect.name == "postgresql":

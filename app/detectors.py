@@ -222,7 +222,9 @@ class Frames:
     cold_starts_known: list | None = None
     # ``(lengths, keys, counts)`` of ``pairs``' sketches, every row's entries in row order,
     # as the reader decoded them (``findings._columns_frame``); None: concatenated from the
-    # frame's ``keys``/``counts`` when needed.
+    # frame's ``keys``/``counts`` when needed. With it, ``pairs`` may leave out its ``keys``
+    # and ``counts`` columns (a view a row: ~100,000 of them a day, built for a few findings);
+    # its rows are then found by position (a default index).
     pair_sketches: tuple | None = None
 
     @property
@@ -414,6 +416,25 @@ def _pair_series(frames: Frames) -> dict[tuple[str, str], pd.DataFrame]:
     return _pair_groups(frames)[0]
 
 
+def _pair_rows_histogram(frames: Frames, df: pd.DataFrame, sel: np.ndarray) -> sketch.Histogram:
+    """The merged sketches of the rows ``sel`` (a mask) of ``df``, one pair's rows of
+    ``frames.pairs``: from its ``keys``/``counts`` columns, or when it has none from
+    ``frames.pair_sketches``, by the rows' positions."""
+    if "keys" in df.columns:
+        return histogram_of(df["keys"].to_numpy()[sel], df["counts"].to_numpy()[sel])
+    lens, keys, counts = frames.pair_sketches
+    cached = frames.__dict__.get("_pair_starts_cache")
+    if cached is None or cached[0] is not lens:
+        cached = (lens, np.cumsum(lens) - lens)
+        frames.__dict__["_pair_starts_cache"] = cached
+    rows = df.index.to_numpy()[sel]
+    own = lens[rows]
+    take = np.repeat(cached[1][rows] - (np.cumsum(own) - own), own) + np.arange(int(own.sum()))
+    h = sketch.Histogram()
+    np.add.at(h.counts, keys[take], counts[take].astype(np.int64))
+    return h
+
+
 def _pair_flats(frames: Frames) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Each pair's ``_flat_sketches`` (row lengths, keys, counts), all cut from the whole
     frame's entries (``frames.pair_sketches``, or one concatenation of its rows) and shared
@@ -584,22 +605,21 @@ def detect_hot_spot(frames: Frames, th: Thresholds) -> list[dict]:
         if len(used):
             p99[i] = _coarse_quantile(mat[:, used[0]:used[-1] + 1], 0.99, int(used[0]))
     hot = _hot_cells(counts, p99, th.min_samples)
-    columns = [(key, series[key]["minute"].to_numpy(),
-                {c: series[key][c].to_numpy() for c in ("count", "keys", "counts")}) for key in names] if hot.any() else []
+    columns = [(key, series[key]["minute"].to_numpy(), series[key]["count"].to_numpy()) for key in names] \
+        if hot.any() else []
     out = []
     for i, (caller, callee) in enumerate(names):
         for a, e in _runs(hot[i]):
             s_min, e_min = int(blocks[a]), int(blocks[e - 1]) + b
             if not _reportable(frames, s_min, e_min):
                 continue
-            _, m, own = columns[i]
-            sel = (m >= s_min) & (m < e_min)
-            h = histogram_of(own["keys"][sel], own["counts"][sel])
+            _, m, _ = columns[i]
+            h = _pair_rows_histogram(frames, series[(caller, callee)], (m >= s_min) & (m < e_min))
             all_p99 = []  # the other pairs' P99 over the same blocks (each pair's rows: no frame-wide mask)
-            for key, m, g in columns:
+            for key, m, count in columns:
                 sel = (m >= s_min) & (m < e_min)
-                if key != (caller, callee) and sel.any() and g["count"][sel].sum() >= th.min_samples:
-                    all_p99.append(histogram_of(g["keys"][sel], g["counts"][sel]).quantile(0.99))
+                if key != (caller, callee) and sel.any() and count[sel].sum() >= th.min_samples:
+                    all_p99.append(_pair_rows_histogram(frames, series[key], sel).quantile(0.99))
             s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
             out.append(finding("hot_spot", "warning", {"caller": caller, "callee": callee}, s_ns, e_ns, {
                 "p99_ms": _ms(h.quantile(0.99)), "p50_ms": _ms(h.quantile(0.5)),
@@ -651,7 +671,7 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
     for (caller, callee), df in _pair_series(frames).items():
         mat = (minute_mats[(caller, callee)] if minute_mats is not None
                else _pair_minute_matrix(frames, df, flats[(caller, callee)]))
-        minutes, keys_col, counts_col = df["minute"].to_numpy(), df["keys"].to_numpy(), df["counts"].to_numpy()
+        minutes = df["minute"].to_numpy()
         # Only the bins the pair's calls fall in (a pair's latencies span a few dozen of the
         # 256): the sums and quantiles below are the same, over a fraction of the columns.
         used = np.flatnonzero(mat.any(axis=0))
@@ -688,8 +708,8 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
             if _reportable(frames, s_min, e_min):
                 inside = (minutes >= s_min) & (minutes < e_min)
                 before = (minutes >= first + t - B) & (minutes < first + t)
-                hi = histogram_of(keys_col[inside], counts_col[inside])
-                hb = histogram_of(keys_col[before], counts_col[before])
+                hi = _pair_rows_histogram(frames, df, inside)
+                hb = _pair_rows_histogram(frames, df, before)
                 o99, o50, r99, r50 = hi.quantile(0.99), hi.quantile(0.5), hb.quantile(0.99), hb.quantile(0.5)
                 ratio = (o99 / r99) if (o99 and r99) else None
                 if not (o50 and r50 and abs(o50 / r50 - 1) <= th.band_p50_tolerance):

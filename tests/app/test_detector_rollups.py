@@ -366,8 +366,9 @@ def test_retention_and_retag_keep_the_convention_rollups_consistent(engine):
 
 def test_the_pair_sketches_the_reader_hands_on_are_the_frames_rows(engine):
     """``load_frames`` passes the pair rollups' decoded sketches on as flat arrays
-    (``Frames.pair_sketches``); they are exactly the frame's rows' keys and counts, in row
-    order, so the pair detectors cut each pair's entries from them."""
+    (``Frames.pair_sketches``), not as a column a row; they are exactly the rows' keys and
+    counts, in row order, so the pair detectors cut each pair's entries and merge any of
+    its rows from them."""
     from tests.app.conftest import side_calls_trace
     from tests.factories import multimodal_trace
 
@@ -378,14 +379,26 @@ def test_the_pair_sketches_the_reader_hands_on_are_the_frames_rows(engine):
                                                               db_ms=3 + i, llm_ms=100 + i)]
     write_spans(engine, spans)
     settle(engine, force=True)
-    frames = findings.load_frames(StoreReader(engine), Window(base, base + 10 * MIN), TH)
+    reader = StoreReader(engine)
+    frames = findings.load_frames(reader, Window(base, base + 10 * MIN), TH)
     assert len(frames.pairs) >= 8 and frames.pairs[["caller", "callee"]].drop_duplicates().shape[0] >= 2
+    assert "keys" not in frames.pairs.columns
+    # The same rows with a sketch column a row, as hand-made frames have them.
+    full = findings._columns_frame(*reader.rollup_columns("pair", frames.data_start_ns, frames.end_ns,
+                                                          ("caller", "callee")), ("caller", "callee"), with_sum=False)
+    assert full.drop(columns=["keys", "counts"]).equals(frames.pairs)
     lens, keys, counts = frames.pair_sketches
-    want = d._flat_sketches(frames.pairs["keys"], frames.pairs["counts"])
+    want = d._flat_sketches(full["keys"], full["counts"])
     assert np.array_equal(lens, want[0]) and np.array_equal(keys, want[1]) and np.array_equal(counts, want[2])
     for key, g in frames.pairs.groupby(["caller", "callee"]):
+        rows = full.loc[g.index]
         cut = d._pair_flats(frames)[key]
-        assert all(np.array_equal(x, y) for x, y in zip(cut, d._flat_sketches(g["keys"], g["counts"])))
+        assert all(np.array_equal(x, y) for x, y in zip(cut, d._flat_sketches(rows["keys"], rows["counts"])))
+        for sel in (g["minute"].to_numpy() % 2 == 0, g["minute"].to_numpy() >= 0, g["minute"].to_numpy() < 0):
+            got = d._pair_rows_histogram(frames, g, sel)
+            assert np.array_equal(got.counts, d.histogram_of(rows["keys"].to_numpy()[sel],
+                                                             rows["counts"].to_numpy()[sel]).counts)
+            assert np.array_equal(got.counts, d._pair_rows_histogram(frames, rows, sel).counts)
 
 
 def test_reads_in_threads_find_what_they_find_one_after_another(engine, monkeypatch):

@@ -954,19 +954,35 @@ class StoreReader:
         window = [Span.start_ns >= start_ns, Span.start_ns < end_ns]
         attrs = case((wanted, Span.attributes), else_=literal(""))
         with self.engine.connect() as conn:
-            lo, hi, n = conn.execute(select(func.min(Span.id), func.max(Span.id), func.count()).where(*window)).one()
-            if not n:
-                return []
-            by_service = None
+            by_service = decided = None
             if service is not None:
                 # The service's spans of the window through its (service, duration_bucket,
-                # start_ns, ...) index, bucket by bucket, when they are a small part of the
-                # window (counted in the index alone): a scan reads every service's rows.
+                # start_ns, ...) index, bucket by bucket, when they are at most a quarter of
+                # the window's (both counted in the indexes alone; the window only that far
+                # while the service's are few: counting all of a half hour's spans cost more
+                # than reading the service's, 21 ms on SQLite and 47 ms on PostgreSQL at ten
+                # million a day). A scan reads every service's rows.
                 buckets = self._walk_bucket_list(conn, service, None, None)
-                by_service = self._walk_conds(service, buckets, start_ns, end_ns, None, None)
+                walk = self._walk_entries(conn, {service: buckets}, start_ns, end_ns, None, None,
+                                          ATTRIBUTE_WALK_COUNTED)
+                if walk <= ATTRIBUTE_WALK_COUNTED:
+                    enough = ATTRIBUTE_SERVICE_SHARE * max(walk, 1)
+                    seen = conn.execute(select(func.count()).select_from(
+                        select(literal(1).label("one")).where(*window).limit(enough).subquery())).scalar_one()
+                    if not seen:
+                        return []
+                    decided = True
+                    if seen >= enough:
+                        by_service = self._walk_conds(service, buckets, start_ns, end_ns, None, None)
+            if by_service is None:
+                lo, hi, n = conn.execute(select(func.min(Span.id), func.max(Span.id), func.count())
+                                         .where(*window)).one()
+                if not n:
+                    return []
                 share = n // ATTRIBUTE_SERVICE_SHARE
-                if self._walk_entries(conn, {service: buckets}, start_ns, end_ns, None, None, share) > share:
-                    by_service = None
+                if service is not None and not decided and \
+                        self._walk_entries(conn, {service: buckets}, start_ns, end_ns, None, None, share) <= share:
+                    by_service = self._walk_conds(service, buckets, start_ns, end_ns, None, None)
             if by_service is not None:
                 conds = list(by_service)
             elif hi - lo + 1 <= ATTRIBUTE_SCAN_SLACK * n:
@@ -1013,6 +1029,9 @@ ATTRIBUTE_SCAN_SLACK = 2  # attribute_spans reads by id range when it spans at m
 # attribute_spans reads one service's spans through its index when they are at most a quarter
 # of the window's rows (an index entry and a row look-up each, against a scan of every row).
 ATTRIBUTE_SERVICE_SHARE = 4
+# attribute_spans counts a service's spans of the window in its walk index up to this many
+# before it decides (a larger share reads the window's rows by id or start instead).
+ATTRIBUTE_WALK_COUNTED = 50_000
 _TRACE_COLUMNS = [c.key for c in Trace.__table__.columns if c.key != "contributions"]
 
 

@@ -441,11 +441,12 @@ def test_thresholds_are_read_once_per_app(monkeypatch):
     assert Thresholds.kept_in({}).min_samples == 999
 
 
-@pytest.mark.parametrize("share", [1_000_000, 2])
-def test_attribute_spans_of_one_service_are_the_same_through_its_index(engine, share, monkeypatch):
+@pytest.mark.parametrize("share,counted", [(1_000_000, 50_000), (2, 50_000), (1_000_000, 1), (2, 1)])
+def test_attribute_spans_of_one_service_are_the_same_through_its_index(engine, share, counted, monkeypatch):
     """``service`` narrows the raw read to one service: through that service's span index
     when its spans are a small part of the window, else by scanning the window; same rows,
-    same order, either way (ties of start time by row id)."""
+    same order, either way (ties of start time by row id). While the service's spans are few
+    (``ATTRIBUTE_WALK_COUNTED``) the window's are counted only that far, not whole."""
     from sqlalchemy import event
 
     from modalscope.ingest.records import SpanRecord
@@ -454,6 +455,7 @@ def test_attribute_spans_of_one_service_are_the_same_through_its_index(engine, s
     from modalscope.models.reader import StoreReader
 
     monkeypatch.setattr(reader_module, "ATTRIBUTE_SERVICE_SHARE", share)
+    monkeypatch.setattr(reader_module, "ATTRIBUTE_WALK_COUNTED", counted)
     base = T0 * MIN
     spans = []
     for i in range(240):
@@ -478,6 +480,8 @@ def test_attribute_spans_of_one_service_are_the_same_through_its_index(engine, s
     assert rows == [r for r in everything if r[1] == "svc-a"] and len(rows) >= 10
     through_index = any("duration_bucket IN" in s and "ORDER BY" in s for s in statements)
     assert through_index == (share == 2)  # svc-a holds a sixth of the window
+    counted_whole = any("min(spans.id)" in s for s in statements)
+    assert counted_whole == (share != 2 or counted == 1)
     assert reader.attribute_spans(lo, hi, ("batch.size",), kinds=(2,), service="svc-a", limit=4) == rows[:4]
 
 

@@ -883,6 +883,30 @@ def detect_cache_penetration(frames: Frames, th: Thresholds) -> list[dict]:
     return out
 
 
+def _encoder_ends(enc: pd.DataFrame) -> pd.DataFrame:
+    """Per trace (index ``trace_id``, sorted) of encoder spans ``enc``: ``n`` encoder services,
+    the ``first`` and ``last`` of their ends (each service's last end) and the earliest
+    ``start``. Sorted reductions over codes: two pandas named aggregations cost ~6 ms a call,
+    and an exemplar look-up of a fusion finding makes up to three."""
+    if enc.empty:
+        return pd.DataFrame({"n": [], "first": [], "last": [], "start": []}, index=pd.Index([], name="trace_id"))
+    t_codes, traces = pd.factorize(enc["trace_id"], sort=True)
+    s_codes, services = pd.factorize(enc["service"])
+    key = t_codes.astype(np.int64) * len(services) + s_codes
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    at = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])  # each (trace, service)'s first row
+    start = enc["start_ns"].to_numpy(dtype=np.int64)[order]
+    end = start + enc["duration_ns"].to_numpy(dtype=np.int64)[order]
+    svc_end, svc_start = np.maximum.reduceat(end, at), np.minimum.reduceat(start, at)
+    trace_of = key[at] // len(services)
+    first_of = np.flatnonzero(np.r_[True, trace_of[1:] != trace_of[:-1]])  # each trace's first service
+    return pd.DataFrame({"n": np.diff(np.r_[first_of, len(trace_of)]),
+                         "first": np.minimum.reduceat(svc_end, first_of), "last": np.maximum.reduceat(svc_end, first_of),
+                         "start": np.minimum.reduceat(svc_start, first_of)},
+                        index=pd.Index(traces[trace_of[first_of]], name="trace_id"))
+
+
 def _sync_blocks(frames: Frames, th: Thresholds):
     """Per block: median encoder spread (ms) and trace count, plus a function giving the
     median over a set of blocks, and the fusion service. From raw spans when the frames
@@ -897,10 +921,7 @@ def _sync_blocks(frames: Frames, th: Thresholds):
         if enc.empty or fus.empty:
             return None
         enc = enc[enc["trace_id"].isin(set(fus["trace_id"]))]
-        ends = (enc.assign(end=enc["start_ns"] + enc["duration_ns"])
-                .groupby(["trace_id", "service"]).agg(end=("end", "max"), start=("start_ns", "min")).reset_index())
-        per = ends.groupby("trace_id").agg(n=("service", "size"), first=("end", "min"), last=("end", "max"),
-                                           start=("start", "min"))
+        per = _encoder_ends(enc)
         per = per[per["n"] >= 2]
         if per.empty:
             return None

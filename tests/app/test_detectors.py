@@ -632,3 +632,26 @@ def test_pair_flats_cut_each_pairs_entries_from_the_whole_frames():
             want = d._flat_sketches(g["keys"], g["counts"])
             assert all(np.array_equal(x, y) for x, y in zip(got[key], want)), key
         assert d._pair_flats(f) is got  # computed once a frame
+
+
+def test_encoder_ends_are_what_pandas_grouping_gives():
+    """``_encoder_ends`` (the fusion detector's per-trace encoder ends from raw spans, by
+    sorted reductions) against the two named aggregations it replaced."""
+    import numpy as np
+    import pandas as pd
+
+    from modalscope.app.detectors import _encoder_ends
+
+    rng = np.random.default_rng(5)
+    n = 500
+    enc = pd.DataFrame({"trace_id": [f"{t:032x}" for t in rng.integers(0, 60, n)],
+                        "service": rng.choice(["vit", "whisper", "text-enc", "clip"], n),
+                        "start_ns": rng.integers(0, 10**9, n), "duration_ns": rng.integers(1, 10**8, n)})
+    ends = (enc.assign(end=enc["start_ns"] + enc["duration_ns"])
+            .groupby(["trace_id", "service"]).agg(end=("end", "max"), start=("start_ns", "min")).reset_index())
+    want = ends.groupby("trace_id").agg(n=("service", "size"), first=("end", "min"), last=("end", "max"),
+                                        start=("start", "min"))
+    got = _encoder_ends(enc)
+    pd.testing.assert_frame_equal(got, want, check_dtype=False)
+    assert (got["n"] >= 2).any() and (got["n"] == 1).any()
+    assert _encoder_ends(enc.iloc[:0]).empty

@@ -408,6 +408,10 @@ def page_callbacks(dash_app) -> list[tuple[str, str, str]]:
     return sorted(out)
 
 
+#: How many times a call has deleted every stored findings evaluation (``_past_day_request``).
+_CLEARED = [0]
+
+
 def _evaluated_ahead(reader, window, th) -> Callable[[], Any]:
     """What a request for the findings of a window ending now costs when the worker has
     evaluated that range (app/evaluations.py): the evaluation is made once, untimed, and the
@@ -419,9 +423,11 @@ def _evaluated_ahead(reader, window, th) -> Callable[[], Any]:
     state: dict = {}
 
     def call():
-        if "done" not in state:
+        # (again after a call below cleared every stored evaluation: read_under_load times
+        # each call twice, idle and loaded)
+        if state.get("cleared") != _CLEARED[0]:
             evaluations.evaluate(reader, window, th)
-            state["done"] = True
+            state["cleared"] = _CLEARED[0]
         later = Window(window.start_ns + 30 * 10**9, window.end_ns + 30 * 10**9)
         ev = evaluations.find_for(reader, later, Filters(), th, relative=True)
         if not ev.stored:
@@ -474,6 +480,7 @@ def _past_day_request(reader, window, th, *, evaluated_ahead: bool) -> Callable[
         with reader.engine.begin() as conn:
             if not evaluated_ahead or "done" not in state:
                 conn.execute(delete(fe))
+                _CLEARED[0] += 1
             else:
                 conn.execute(delete(fe).where(fe.start_ns == target.start_ns, fe.end_ns == target.end_ns))
         if evaluated_ahead and "done" not in state:

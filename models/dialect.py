@@ -33,6 +33,19 @@ def upsert(conn: Connection, table: Table, index_elements: list[str], update_col
     )
 
 
+def index_by_bitmap(conn: Connection) -> None:
+    """For the rest of this transaction, PostgreSQL reads indexes as bitmaps only (no plain
+    index scans); nothing elsewhere.
+
+    For a read through the walk index ``(service, duration_bucket, start_ns, ...)`` whose
+    result is ordered by start: PostgreSQL's planner prefers the ``start_ns`` index for its
+    order and filters every span of the window (a half hour at ten million spans a day:
+    59,000 rows and 118,000 buffers for one service's 6,000, 65 ms), where a bitmap of the
+    walk index and a sort take 16 ms."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SET LOCAL enable_indexscan = off"))
+
+
 def supports_skip_locked(conn: Connection) -> bool:
     # SQLite serialises writers with BEGIN IMMEDIATE; row locks exist only on PostgreSQL.
     return conn.dialect.name == "postgresql"

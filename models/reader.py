@@ -21,7 +21,7 @@ from . import (MINUTE_BOUNDARY_CURSOR, PAIR_CALLS_CURSOR, Cursor, HourlyRollup, 
                Series, Span, Trace)
 from . import packs
 from .buckets import MAX_BUCKET, duration_bucket
-from .dialect import contains_text_in
+from .dialect import contains_text_in, index_by_bitmap
 from .sketch import Histogram, merge_blobs
 
 NS_PER_MINUTE = 60_000_000_000
@@ -985,6 +985,7 @@ class StoreReader:
                     by_service = self._walk_conds(service, buckets, start_ns, end_ns, None, None)
             if by_service is not None:
                 conds = list(by_service)
+                index_by_bitmap(conn)
             elif hi - lo + 1 <= ATTRIBUTE_SCAN_SLACK * n:
                 # "+ 0" keeps the planner off the start_ns index: the id range drives the scan.
                 conds = [Span.id >= lo, Span.id <= hi, Span.start_ns + 0 >= start_ns, Span.start_ns + 0 < end_ns]

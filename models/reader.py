@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import json as _json
+import time
 
 import numpy as np
 
@@ -157,6 +158,21 @@ def _merge(rows) -> list[RollupGroup]:
 class StoreReader:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self._remembered: dict[Any, tuple[float, Any]] = {}
+
+    def _recent(self, key: Any, read) -> Any:
+        """``read()``, or its value from at most ``REMEMBER_S`` ago: for facts about the whole
+        store that only choose a plan or are conservative when stale (an exemplar search
+        asked each a statement and a connection a look-up: 28 of 64 ms for nine findings'
+        look-ups on PostgreSQL). The app shares one reader between requests and threads; a
+        race reads twice, no more."""
+        now = time.monotonic()
+        hit = self._remembered.get(key)
+        if hit is not None and now - hit[0] < REMEMBER_S:
+            return hit[1]
+        value = read()
+        self._remembered[key] = (now, value)
+        return value
 
     def _minutes_kept_from(self, conn) -> int | None:
         """The oldest minute whose minute rollups retention keeps (it records the boundary
@@ -457,18 +473,22 @@ class StoreReader:
     def _long_window(self, model, start_ns: int, end_ns: int, share: int) -> bool:
         """Is the window long enough, against what the table holds, that walking a duration
         index slowest first beats sorting the window? Yes when it covers at least 1/``share``
-        of the stored time range (two index lookups): the walk then visits about ``share``
-        index entries per row it keeps."""
+        of the stored time range (two index lookups, remembered ``REMEMBER_S``: either answer
+        is exact, only the plan differs): the walk then visits about ``share`` index entries
+        per row it keeps."""
+        lo, hi = self._recent(("time range", model.__tablename__), lambda: self._time_range(model))
+        if lo is None:
+            return False
+        return (end_ns - start_ns) * share >= (hi - lo)
+
+    def _time_range(self, model) -> tuple[int | None, int | None]:
         with self.engine.connect() as conn:
             # Two scalar subqueries: SQLite answers a lone min() or max() from the index's ends,
             # but min() and max() in one SELECT scan the whole index (0.5 s at 10M spans).
             # A trace row written before its trace settles starts at 0: not part of the range
             # (with ingest running, every day-long window looked short and was sorted: 315 ms).
-            lo, hi = conn.execute(select(select(func.min(model.start_ns)).where(model.start_ns > 0).scalar_subquery(),
-                                         select(func.max(model.start_ns)).scalar_subquery())).one()
-        if lo is None:
-            return False
-        return (end_ns - start_ns) * share >= (hi - lo)
+            return tuple(conn.execute(select(select(func.min(model.start_ns)).where(model.start_ns > 0).scalar_subquery(),
+                                             select(func.max(model.start_ns)).scalar_subquery())).one())
 
     def services_of(self, kind: str, filters: Filters) -> list[str]:
         """Services that have ``kind`` series matching ``filters`` (for a pair: the callers):
@@ -503,9 +523,13 @@ class StoreReader:
     # -- a pair's calls (pair_calls, written by the settler) ----------------------------
     def pair_calls_complete_from(self) -> int:
         """The span start (ns) from which ``pair_calls`` holds every settled call: 0 for a
-        store created with it, later for one upgraded to it (see migration 0005)."""
-        with self.engine.connect() as conn:
-            return int(conn.execute(select(Cursor.position).where(Cursor.name == PAIR_CALLS_CURSOR)).scalar() or 0)
+        store created with it, later for one upgraded to it (see migration 0005). Remembered
+        ``REMEMBER_S``: it only moves back (to 0 when ``retag`` rebuilds the table), so a stale
+        answer sends a search to the raw spans, never to an incomplete table."""
+        def read() -> int:
+            with self.engine.connect() as conn:
+                return int(conn.execute(select(Cursor.position).where(Cursor.name == PAIR_CALLS_CURSOR)).scalar() or 0)
+        return self._recent("pair calls from", read)
 
     def slow_calls(self, filters: Filters, start_ns: int, end_ns: int, *, min_ns: int | None = None,
                    max_ns: int | None = None, limit: int = 20) -> tuple[list[dict], bool]:
@@ -1026,6 +1050,8 @@ def _raw_rows(conn, stmt) -> list[tuple]:
 
 
 _SPAN_COLUMNS = [c.key for c in Span.__table__.columns]
+#: How long a reader keeps the store's time range and the pair-call cursor (``StoreReader._recent``).
+REMEMBER_S = 10.0
 ATTRIBUTE_SCAN_SLACK = 2  # attribute_spans reads by id range when it spans at most 2x the window's rows
 # attribute_spans reads one service's spans through its index when they are at most a quarter
 # of the window's rows (an index entry and a row look-up each, against a scan of every row).

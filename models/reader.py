@@ -159,6 +159,7 @@ class StoreReader:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._remembered: dict[Any, tuple[float, Any]] = {}
+        self.pack_cache = packs.PackCache()  # decoded hour packs kept between reads
 
     def _recent(self, key: Any, read) -> Any:
         """``read()``, or its value from at most ``REMEMBER_S`` ago: for facts about the whole
@@ -875,7 +876,7 @@ class StoreReader:
                 return packs.empty_columns(), dims_of
             packed = kind in packs.PACK_KINDS and not (sketches and kind in packs.SKETCHLESS_KINDS)
             try:
-                hours = packs.read(conn, kind, -(-first // 60), last // 60) if packed else {}
+                hours = packs.read(conn, kind, -(-first // 60), last // 60, self.pack_cache) if packed else {}
             except Exception:  # noqa: BLE001 - a store not yet upgraded to 0010 reads minute rows
                 conn.rollback()
                 hours = {}

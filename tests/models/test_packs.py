@@ -135,6 +135,53 @@ def test_a_write_to_a_packed_hour_deletes_its_pack(store):
     assert _packed_hours(engine) == set()
 
 
+def test_a_reader_keeps_decoded_packs_and_fetches_only_new_versions(store, monkeypatch):
+    """A reader fetches each pack's data once (``PackCache``); a pack deleted by a write is not
+    served from its memory, and one built again (a new version) is fetched again; what it
+    reads always equals the minute rows."""
+    from tests.app.conftest import side_calls_trace
+    from modalscope.ingest.writer import write_spans
+
+    engine, now = store
+    packs.pack_everything(engine)
+    reader = StoreReader(engine)
+    fetched: list[int] = []  # (PostgreSQL's pack reads bypass SQLAlchemy's events: count decodes)
+    real_decode = packs.decode
+    monkeypatch.setattr(packs, "decode", lambda blob: fetched.append(1) or real_decode(blob))
+    w, dims = Window(now - 3 * HOUR, now), ("caller", "callee")
+
+    def read_pairs():
+        fetched.clear()
+        cols, dims_of = reader.rollup_columns("pair", w.start_ns, w.end_ns, dims)
+        assert _as_rows(cols, dims_of) == _minute_rows(reader, "pair", w.start_ns, w.end_ns, dims)
+        return len(fetched)
+
+    whole = {h for k, h, v in _packed_hours(engine)
+             if k == "pair" and v and h * HOUR >= w.start_ns and (h + 1) * HOUR <= w.end_ns}
+    assert len(whole) >= 2 and read_pairs() == len(whole)
+    assert {h for (kind, h) in reader.pack_cache._entries if kind == "pair"} == whole
+    assert read_pairs() == 0
+    # A late trace in a packed hour: its pack goes; the reader reads that hour's minute rows.
+    late_hour = (now - 2 * HOUR) // HOUR
+    write_spans(engine, side_calls_trace(random.Random(5), late_hour * HOUR + 10 * MIN, db_ms=900, llm_ms=4000))
+    settle(engine, force=True)
+    assert read_pairs() == 0
+    # Built again (with the late trace): that pack is fetched again, the others are not.
+    with engine.begin() as conn:
+        conn.execute(update(RollupChange).values(changed_ns=RollupChange.changed_ns - 600 * S))
+    packs.build(engine, "pair", late_hour)
+    packs.verify(engine, now_ns=time.time_ns() + 10 * packs.VERIFY_AFTER_S * S)
+    assert read_pairs() == 1
+    assert read_pairs() == 0
+    # A budget smaller than a pack keeps none; one pack's worth keeps the newest only.
+    sizes = {h: v[2] for (kind, h), v in reader.pack_cache._entries.items() if kind == "pair"}
+    reader.pack_cache = packs.PackCache(max_bytes=1)
+    assert read_pairs() == len(whole) and read_pairs() == len(whole) and reader.pack_cache.bytes == 0
+    reader.pack_cache = packs.PackCache(max_bytes=max(sizes.values()))
+    assert read_pairs() == len(whole)
+    assert 0 < reader.pack_cache.bytes <= max(sizes.values()) and len(reader.pack_cache._entries) == 1
+
+
 def test_a_pack_is_read_only_once_verified_and_dropped_if_a_write_raced_its_build(store):
     engine, now = store
     reader = StoreReader(engine)

@@ -301,8 +301,9 @@ def _coarse_rows(df: pd.DataFrame, rows: np.ndarray, n_rows: int, flat=None) -> 
     if not inside.all():  # (rows outside [0, n_rows) dropped)
         ok = np.repeat(inside, lens)
         cells, counts = cells[ok], counts[ok]
-    # (int32: a cell is one pair's calls in one minute or block and one ~17 % latency bin)
-    return np.rint(np.bincount(cells, weights=counts, minlength=n_rows * nb)).astype(np.int32).reshape(n_rows, nb)
+    # (int32: a cell is one pair's calls in one minute or block and one ~17 % latency bin; the
+    # float sums of integer counts are exact below 2**53, so no rounding before the cast)
+    return np.bincount(cells, weights=counts, minlength=n_rows * nb).astype(np.int32).reshape(n_rows, nb)
 
 
 def _flat_sketches(keys_col, counts_col) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -611,27 +611,29 @@ def test_pair_flats_cut_each_pairs_entries_from_the_whole_frames():
     """Each pair's (lengths, keys, counts) as the hot-spot and band-break detectors share
     them: the same as concatenating that pair's rows, whether cut from the reader's flat
     arrays (``Frames.pair_sketches``) or from the frame's own rows, with the pairs' rows
-    interleaved and some rows empty."""
+    interleaved or in runs of consecutive rows, and some rows empty."""
     rng = np.random.default_rng(4)
-    rows, flat_keys, flat_counts = [], [], []
-    for i in range(60):
+    rows = []
+    for i in range(90):
         k, c = sparse(rng.lognormal(16, 1.0, size=int(rng.integers(0, 12))))
         k, c = np.asarray(k, dtype=np.int32), np.asarray(c, dtype=np.int32)
         rows.append({"caller": "a", "callee": ("b", "c", "d")[int(rng.integers(0, 3))], "minute": T0 + i,
                      "count": int(c.sum()), "errors": 0, "keys": k, "counts": c})
-        flat_keys.append(k)
-        flat_counts.append(c)
-    df = pd.DataFrame(rows)
-    lens = np.array([len(k) for k in flat_keys], dtype=np.int64)
-    from_reader = (lens, np.concatenate(flat_keys), np.concatenate(flat_counts))
-    for pair_sketches in (from_reader, None):
-        f = d.Frames(T0 * MIN, (T0 + 60) * MIN, T0 * MIN, pairs=df, pair_sketches=pair_sketches)
-        got = d._pair_flats(f)
-        assert sorted(got) == [("a", "b"), ("a", "c"), ("a", "d")]
-        for key, g in df.groupby(["caller", "callee"]):
-            want = d._flat_sketches(g["keys"], g["counts"])
-            assert all(np.array_equal(x, y) for x, y in zip(got[key], want)), key
-        assert d._pair_flats(f) is got  # computed once a frame
+    interleaved = pd.DataFrame(rows)
+    # ... and in runs (a reader's frame: a pair's rows are a run for each of its series)
+    runs = interleaved.iloc[np.argsort((np.arange(90) // 45) * 3 + interleaved["callee"].map(
+        {"b": 0, "c": 1, "d": 2}).to_numpy(), kind="stable")].reset_index(drop=True)
+    for df in (interleaved, runs):
+        lens = np.array([len(k) for k in df["keys"]], dtype=np.int64)
+        from_reader = (lens, np.concatenate(list(df["keys"])), np.concatenate(list(df["counts"])))
+        for pair_sketches in (from_reader, None):
+            f = d.Frames(T0 * MIN, (T0 + 60) * MIN, T0 * MIN, pairs=df, pair_sketches=pair_sketches)
+            got = d._pair_flats(f)
+            assert sorted(got) == [("a", "b"), ("a", "c"), ("a", "d")]
+            for key, g in df.groupby(["caller", "callee"]):
+                want = d._flat_sketches(g["keys"], g["counts"])
+                assert all(np.array_equal(x, y) for x, y in zip(got[key], want)), key
+            assert d._pair_flats(f) is got  # computed once a frame
 
 
 def test_encoder_ends_are_what_pandas_grouping_gives():

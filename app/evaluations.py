@@ -366,6 +366,9 @@ class EvaluationSchedule:
         self.thresholds = thresholds
         self.past_days = past_days
         self._next = time.monotonic() + first_delay_s if first_delay_s else 0.0
+        # One reader across ticks: it keeps the hour packs it decoded (``packs.PackCache``),
+        # so each minute's evaluation of the last 24 h fetches only the packs built since.
+        self.reader = StoreReader(engine)
 
     def maybe_run(self, now: float | None = None, now_ns: int | None = None) -> int:
         """Evaluate what is due; returns how many windows were evaluated (``now_ns``: the
@@ -382,7 +385,7 @@ class EvaluationSchedule:
             log.exception("findings evaluation: bad detector settings")
             return 0
         key = thresholds_key(th)
-        reader = StoreReader(self.engine)
+        reader = self.reader
         done = 0
         for range_s in self.ranges_s:
             end_ns = time.time_ns()

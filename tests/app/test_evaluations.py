@@ -357,6 +357,24 @@ def test_the_schedule_evaluates_each_range_once_a_period(filled):
     assert ev.EvaluationSchedule(filled, (3600,), every_s=0).maybe_run() == 0
 
 
+def test_the_schedule_keeps_the_packs_it_decoded_between_ticks(filled, monkeypatch):
+    """The settler's schedule reads with one reader across ticks: the next minute's evaluation
+    of the last 24 h fetches no hour pack it already holds (``packs.PackCache``)."""
+    from modalscope.models import packs
+
+    assert packs.pack_everything(filled) >= 1
+    decoded: list[int] = []
+    real = packs.decode
+    monkeypatch.setattr(packs, "decode", lambda blob: decoded.append(len(blob)) or real(blob))
+    schedule = ev.EvaluationSchedule(filled, (86400,), every_s=60, thresholds=Thresholds())
+    assert schedule.maybe_run(now=1000.0) == 1 and decoded
+    fetched = len(decoded)
+    with filled.begin() as conn:  # (as if a minute passed: nothing fresh stored)
+        conn.execute(FindingEvaluation.__table__.delete())
+    assert schedule.maybe_run(now=1061.0) == 1 and _rows(filled) == 1
+    assert len(decoded) == fetched
+
+
 def test_past_days_reach_as_far_back_as_the_minute_rollups_and_raw_spans():
     assert ev.past_days(7, 2) == 1  # the defaults: the day before the last 24 h
     assert ev.past_days(7, 7) == 6 and ev.past_days(3.5, 0) == 2 and ev.past_days(0, 2.9) == 1

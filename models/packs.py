@@ -236,7 +236,7 @@ def invalidate(conn: Connection, first_minute: int, last_minute: int) -> None:
 
 
 #: Bytes of decoded packs a reader keeps (``PackCache``): a day of every packed kind at ten
-#: million spans is ~40 MB; a longer window reads its older hours each time.
+#: million spans is ~31 MB; a longer window reads its older hours each time.
 CACHE_BYTES = 64 * 2**20
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import json as _json
+import logging
 import time
 
 import numpy as np
@@ -24,6 +25,8 @@ from . import packs
 from .buckets import MAX_BUCKET, duration_bucket
 from .dialect import contains_text_in, index_by_bitmap
 from .sketch import Histogram, merge_blobs
+
+log = logging.getLogger(__name__)
 
 NS_PER_MINUTE = 60_000_000_000
 
@@ -160,6 +163,7 @@ class StoreReader:
         self.engine = engine
         self._remembered: dict[Any, tuple[float, Any]] = {}
         self.pack_cache = packs.PackCache()  # decoded hour packs kept between reads
+        self._pack_read_failed = False  # (said once)
 
     def _recent(self, key: Any, read) -> Any:
         """``read()``, or its value from at most ``REMEMBER_S`` ago: for facts about the whole
@@ -880,6 +884,11 @@ class StoreReader:
             except Exception:  # noqa: BLE001 - a store not yet upgraded to 0010 reads minute rows
                 conn.rollback()
                 hours = {}
+                # (said once a reader: answers stay right, but every read is then slower)
+                if not self._pack_read_failed:
+                    self._pack_read_failed = True
+                    log.warning("hour packs could not be read (is the store upgraded? `modalscope db "
+                                "upgrade`): reading minute rollups instead", exc_info=True)
             ranges, at = [], first
             for hour in sorted(hours):
                 if hour * 60 > at:

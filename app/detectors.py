@@ -917,6 +917,10 @@ def _encoder_ends(enc: pd.DataFrame) -> pd.DataFrame:
                         index=pd.Index(traces[trace_of[first_of]], name="trace_id"))
 
 
+#: The stages whose raw spans the fusion detector reads: the encoders, and fusion.
+SYNC_STAGES = ("encoder", "fusion")
+
+
 def _sync_blocks(frames: Frames, th: Thresholds):
     """Per block: median encoder spread (ms) and trace count, plus a function giving the
     median over a set of blocks, and the fusion service. From raw spans when the frames
@@ -926,8 +930,8 @@ def _sync_blocks(frames: Frames, th: Thresholds):
         if df.empty:
             return None
         srv = df[df["kind"].isin(KIND_SERVER_CODES)]
-        enc = srv[srv["stage"] == "encoder"]
-        fus = srv[srv["stage"] == "fusion"]
+        enc = srv[srv["stage"] == SYNC_STAGES[0]]
+        fus = srv[srv["stage"] == SYNC_STAGES[1]]
         if enc.empty or fus.empty:
             return None
         enc = enc[enc["trace_id"].isin(set(fus["trace_id"]))]

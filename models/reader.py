@@ -963,11 +963,12 @@ class StoreReader:
 
     def attribute_spans(self, start_ns: int, end_ns: int, keys: Iterable[str],
                         kinds: Iterable[int] = (), service: str | None = None,
-                        limit: int | None = None) -> list[tuple]:
+                        limit: int | None = None, stages: Iterable[str] = ()) -> list[tuple]:
         """Spans starting in the window that carry one of the attribute ``keys`` or have one of
         the span ``kinds``: ``(trace_id, service, name, kind, stage, start_ns, duration_ns,
         status, instance, attributes JSON or '')``; attributes only where a key occurs;
-        ``service`` narrows it to one service; ``limit`` keeps the first rows.
+        ``service`` narrows it to one service, ``stages`` to those pipeline stages; ``limit``
+        keeps the first rows.
 
         Rows come in start-time order (ties by row id). A bounded read for the
         attribute-based detectors: callers keep the window bounded. The attribute test is a
@@ -1026,6 +1027,8 @@ class StoreReader:
             else:
                 conds = list(window)
             conds.append(or_(Span.kind.in_(kinds), wanted) if kinds else wanted)
+            if stages:
+                conds.append(Span.stage.in_(tuple(stages)))
             if service is not None and by_service is None:
                 # "|| ''" keeps the planner on the window: with a plain equality it took the
                 # service's duration index and read every span the service ever sent.

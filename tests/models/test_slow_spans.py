@@ -260,6 +260,11 @@ def test_one_services_spans_of_a_busy_window_are_read_through_the_walk_index(eng
     first = -(-(start - base) // 10**7)
     expected = [base + i * 10**7 for i in range(first, (end - base) // 10**7) if i % 20 == 0]
     assert [r[5] for r in rows] == expected and {r[1] for r in rows} == {"svc"}
+    # Narrowed to stages: only spans of those stages (every span here is "inference").
+    reader = StoreReader(engine)
+    assert reader.attribute_spans(start, end, (), kinds=(2, 5), service="svc", stages=("inference", "x")) == rows
+    assert reader.attribute_spans(start, end, (), kinds=(2, 5), service="svc", stages=("fusion",)) == []
+    assert len(reader.attribute_spans(start, end, (), kinds=(2, 5), stages=("inference",))) == 100_000
     assert "ix_spans_duration_walk" in plans[0] and "ix_spans_start_ns" not in plans[0], plans
     assert plans[1:] == (["indexscan off"] if engine.dialect.name == "postgresql" else []), plans
     with engine.connect() as conn:  # the setting lasted only the reading transaction

@@ -69,8 +69,29 @@ def make_engine(url: str, *, write: bool = False, pool_size: int = 5) -> Engine:
     # checkout instead of failing the next write; connect_timeout: an unreachable server is
     # an error in seconds, not a hang.
     connect_args = {} if "connect_timeout" in make_url(url).query else {"connect_timeout": 10}
-    return create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=pool_size,
-                         connect_args=connect_args)
+    engine = create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=pool_size,
+                           connect_args=connect_args)
+    _configure_binary_results(engine)
+    return engine
+
+
+#: Execution option: fetch this statement's rows in PostgreSQL's binary format (psycopg).
+BINARY_RESULTS = "modalscope_binary_results"
+
+
+def _configure_binary_results(engine: Engine) -> None:
+    """A statement executed with ``BINARY_RESULTS`` gets its rows in the binary format: psycopg
+    otherwise receives ``bytea`` (every rollup's sketch) as hex text and decodes it (the
+    Stages page's 24 h hourly read: 42 -> 25 ms). Only for rows read straight from the
+    cursor (``reader._raw_rows``): ints, strings and bytes load the same either way."""
+    if engine.dialect.driver != "psycopg":
+        return
+    from psycopg.pq import Format
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _binary(conn, cursor, statement, parameters, context, executemany):
+        if context is not None and context.execution_options.get(BINARY_RESULTS):
+            cursor.format = Format.BINARY
 
 
 def check_writable(engine: Engine) -> None:

@@ -24,6 +24,7 @@ from . import (MINUTE_BOUNDARY_CURSOR, PAIR_CALLS_CURSOR, Cursor, HourlyRollup, 
 from . import packs
 from .buckets import MAX_BUCKET, duration_bucket
 from .dialect import contains_text_in, index_by_bitmap
+from .engine import BINARY_RESULTS
 from .sketch import Histogram, merge_blobs
 
 log = logging.getLogger(__name__)
@@ -1054,8 +1055,9 @@ class StoreReader:
 def _raw_rows(conn, stmt) -> list[tuple]:
     """All rows of ``stmt`` as plain tuples, straight from the DB-API cursor: the
     detectors read a few hundred thousand rows, where per-row ``Row`` objects cost more
-    than the query (only columns that need no result processing: ints and strings)."""
-    result = conn.execute(stmt)
+    than the query (only columns that need no result processing: ints, strings and bytes,
+    which PostgreSQL sends in its binary format: ``engine.BINARY_RESULTS``)."""
+    result = conn.execute(stmt, execution_options={BINARY_RESULTS: True})
     try:
         return [tuple(r) for r in result.cursor.fetchall()] if result.cursor is not None else []
     finally:

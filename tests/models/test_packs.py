@@ -145,7 +145,7 @@ def test_a_reader_keeps_decoded_packs_and_fetches_only_new_versions(store, monke
     engine, now = store
     packs.pack_everything(engine)
     reader = StoreReader(engine)
-    fetched: list[int] = []  # (PostgreSQL's pack reads bypass SQLAlchemy's events: count decodes)
+    fetched: list[int] = []  # (packs decoded: one a pack fetched)
     real_decode = packs.decode
     monkeypatch.setattr(packs, "decode", lambda blob: fetched.append(1) or real_decode(blob))
     w, dims = Window(now - 3 * HOUR, now), ("caller", "callee")

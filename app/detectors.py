@@ -285,8 +285,8 @@ def _coarse_matrix(df: pd.DataFrame, first_minute: int, n_minutes: int, flat=Non
 def _coarse_rows(df: pd.DataFrame, rows: np.ndarray, n_rows: int, flat=None) -> np.ndarray:
     """Rows x coarse latency bins (int32) of the sparse sketches in ``df``: each of its rows
     added to row ``rows[i]`` (those outside ``[0, n_rows)`` dropped). One concatenate and one
-    bincount: a conversion per row and np.add.at were most of the hot-spot detector's time
-    over a day of minutes. ``flat``: ``df``'s ``_flat_sketches`` when the caller has them."""
+    indexed add over all entries: a conversion per row was most of the hot-spot detector's
+    time over a day of minutes. ``flat``: ``df``'s ``_flat_sketches`` when the caller has them."""
     nb = sketch.NUM_KEYS // COARSE
     if df.empty or not n_rows:
         return np.zeros((n_rows, nb), dtype=np.int32)
@@ -296,14 +296,19 @@ def _coarse_rows(df: pd.DataFrame, rows: np.ndarray, n_rows: int, flat=None) -> 
     rows = np.asarray(rows, dtype=np.int64)
     inside = (rows >= 0) & (rows < n_rows)
     # Cells as row * bins + key // COARSE, computed per sketch row before the repeat (one
-    # multiply a row, not an entry); int64 only where the cell index needs it.
-    cells = np.repeat(rows * nb, lens) + keys // COARSE
+    # multiply a row, not an entry), the keys added in place (no second array of entries).
+    cells = np.repeat(rows * nb, lens)
+    cells += keys // COARSE
     if not inside.all():  # (rows outside [0, n_rows) dropped)
         ok = np.repeat(inside, lens)
         cells, counts = cells[ok], counts[ok]
-    # (int32: a cell is one pair's calls in one minute or block and one ~17 % latency bin; the
-    # float sums of integer counts are exact below 2**53, so no rounding before the cast)
-    return np.bincount(cells, weights=counts, minlength=n_rows * nb).astype(np.int32).reshape(n_rows, nb)
+    # Integer counts added in place (ufunc.at's indexed fast path, numpy >= 1.25): a weighted
+    # bincount copies every count to float64 and fills a float matrix to cast back, and on
+    # fresh memory that cost 39 -> 24 ms for a day of pairs (2.7 million entries). int32: a
+    # cell is one pair's calls in one minute or block and one ~17 % latency bin.
+    out = np.zeros(n_rows * nb, dtype=np.int32)
+    np.add.at(out, cells, counts.astype(np.int32, copy=False))  # (no casting: the fast path)
+    return out.reshape(n_rows, nb)
 
 
 def _flat_sketches(keys_col, counts_col) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -1368,22 +1373,28 @@ def _row_quantiles(row_of: np.ndarray, keys_col, counts_col, n_rows: int, q: flo
     if not n_rows or not len(keys):
         return out
     entry_row = np.repeat(np.asarray(row_of, dtype=np.int64), lens)
-    keys, counts = keys.astype(np.int64), counts.astype(np.float64)
-    order = np.argsort(entry_row, kind="stable")
-    entry_row, keys, counts = entry_row[order], keys[order], counts[order]
-    step = max(1, ROW_QUANTILE_CELLS // sketch.NUM_KEYS)
+    # Only the keys the entries use (a day of encoder spreads spans ~100 of the 4,096): the
+    # same cumulative counts over a few percent of the columns (fusion's blocks over 24 h
+    # 15 -> 2 ms), and no sort when every row fits in one pass.
+    k_lo = int(keys.min())
+    width = int(keys.max()) - k_lo + 1
+    step = max(1, ROW_QUANTILE_CELLS // width)
+    if n_rows > step:
+        order = np.argsort(entry_row, kind="stable")
+        entry_row, keys, counts = entry_row[order], keys[order], counts[order]
     for lo in range(0, n_rows, step):
-        a, b = np.searchsorted(entry_row, [lo, lo + step])
+        a, b = np.searchsorted(entry_row, [lo, lo + step]) if n_rows > step else (0, len(keys))
         m = min(step, n_rows - lo)
-        dense = np.rint(np.bincount((entry_row[a:b] - lo) * sketch.NUM_KEYS + keys[a:b], weights=counts[a:b],
-                                    minlength=m * sketch.NUM_KEYS)).astype(np.int64).reshape(m, sketch.NUM_KEYS)
-        cum = np.cumsum(dense, axis=1)
+        dense = np.zeros(m * width, dtype=np.int64)
+        # (counts as the matrix's dtype: ufunc.at's fast path takes no casting, ~8x)
+        np.add.at(dense, (entry_row[a:b] - lo) * width + (keys[a:b] - k_lo), counts[a:b].astype(np.int64))
+        cum = np.cumsum(dense.reshape(m, width), axis=1)
         n = cum[:, -1]
         h = min(max(q, 0.0), 1.0) * (n - 1)
         first = np.floor(h)
         second = np.minimum(first + 1, n - 1)
-        v_lo = sketch.representative(np.argmax(cum > first[:, None], axis=1))
-        v_hi = sketch.representative(np.argmax(cum > second[:, None], axis=1))
+        v_lo = sketch.representative(np.argmax(cum > first[:, None], axis=1) + k_lo)
+        v_hi = sketch.representative(np.argmax(cum > second[:, None], axis=1) + k_lo)
         out[lo:lo + m] = np.where(n > 0, v_lo + (h - first) * (v_hi - v_lo), np.nan)
     return out
 

@@ -307,7 +307,9 @@ def _coarse_rows(df: pd.DataFrame, rows: np.ndarray, n_rows: int, flat=None) -> 
     # fresh memory that cost 39 -> 24 ms for a day of pairs (2.7 million entries). int32: a
     # cell is one pair's calls in one minute or block and one ~17 % latency bin.
     out = np.zeros(n_rows * nb, dtype=np.int32)
-    np.add.at(out, cells, counts.astype(np.int32, copy=False))  # (no casting: the fast path)
+    # (no casting, and numpy's own int32 descriptor: an equal one from elsewhere, unpickled
+    # arrays' say, takes ufunc.at's slow path, 20x)
+    np.add.at(out, cells, counts.astype(np.int32, copy=False).view(np.int32))
     return out.reshape(n_rows, nb)
 
 
@@ -329,7 +331,11 @@ def _coarse_value(bin_index: np.ndarray) -> np.ndarray:
 def _coarse_quantile(mat: np.ndarray, q: float, first_bin: int = 0) -> np.ndarray:
     """Per row of a (n, bins) count matrix, the ``q`` quantile (ns; nan for empty rows);
     ``first_bin``: the coarse bin of the matrix's first column (a slice of the used bins)."""
-    c = np.cumsum(mat, axis=1)
+    return _cumulative_quantile(np.cumsum(mat, axis=1), q, first_bin)
+
+
+def _cumulative_quantile(c: np.ndarray, q: float, first_bin: int = 0) -> np.ndarray:
+    """``_coarse_quantile`` of the matrix whose rows' running sums over the bins are ``c``."""
     tot = c[:, -1]
     target = np.floor(q * np.maximum(tot - 1, 0))
     idx = np.argmax(c > target[:, None], axis=1) + first_bin
@@ -412,8 +418,19 @@ def _pair_groups(frames: Frames) -> tuple[dict, dict]:
     cached = frames.__dict__.get("_pair_series_cache")
     if cached is not None and cached[0] is df:
         return cached[1]
-    groups = df.groupby(["caller", "callee"], sort=True)
-    found = ({k: g for k, g in groups}, groups.indices)
+    # Each pair's rows from its runs of consecutive equal (caller, callee) rows: the reader's
+    # frame holds a series' minutes as one run (a pair has 3-4 series), so this is a few
+    # dozen runs; a group-by hashing 50,000 rows of two string columns cost 7.5 of its 10 ms.
+    # The same groups as ``groupby(["caller", "callee"], sort=True)``: keys in sorted order,
+    # each pair's positions ascending, rows without a caller or callee left out.
+    callers, callees = df["caller"].to_numpy(dtype=object), df["callee"].to_numpy(dtype=object)
+    cuts = np.flatnonzero((callers[1:] != callers[:-1]) | (callees[1:] != callees[:-1])) + 1
+    runs: dict[tuple, list[tuple[int, int]]] = {}
+    for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(df)].tolist()):
+        runs.setdefault((callers[a], callees[a]), []).append((a, b))
+    indices = {key: np.concatenate([np.arange(a, b) for a, b in spans])
+               for key, spans in sorted((k, v) for k, v in runs.items() if not (pd.isna(k[0]) or pd.isna(k[1])))}
+    found = ({key: df.iloc[pos] for key, pos in indices.items()}, indices)
     frames.__dict__["_pair_series_cache"] = (df, found)
     return found
 
@@ -502,8 +519,17 @@ def _pair_minute_matrices(frames: Frames) -> dict[tuple[str, str], np.ndarray] |
     if series and n > 0 and len(series) * n * (sketch.NUM_KEYS // COARSE) * 4 <= SHARED_MATRICES_BYTES:
         minutes = df["minute"].to_numpy()
         if minutes.min() >= frames.first_minute and minutes.max() < frames.end_minute:
-            flats = _pair_flats(frames)
-            out = {key: _pair_minute_matrix(frames, g, flats[key]) for key, g in series.items()}
+            # All pairs' matrices stacked, from the whole frame's entries in one pass: each
+            # row goes to its pair's block of minutes (rows of no pair nowhere). Cutting each
+            # pair's entries out first (``_pair_flats``) copied all ~22 MB of a day again.
+            flat = frames.pair_sketches
+            if flat is None or len(flat[0]) != len(df):
+                flat = _flat_sketches(df["keys"], df["counts"])
+            pair_of_row = np.full(len(df), -len(df) * n, dtype=np.int64)
+            for i, pos in enumerate(_pair_groups(frames)[1].values()):
+                pair_of_row[pos] = i * n
+            stacked = _coarse_rows(df, pair_of_row + (minutes - frames.first_minute), len(series) * n, flat)
+            out = {key: stacked[i * n:(i + 1) * n] for i, key in enumerate(series)}
     frames.__dict__["_pair_matrices_cache"] = (df, out)
     return out
 
@@ -650,18 +676,20 @@ def detect_hot_spot(frames: Frames, th: Thresholds) -> list[dict]:
 BAND_CHUNK_MINUTES = 1440
 
 
-def _band_stats(cum: np.ndarray, ts: np.ndarray, B: int, W: int, first_bin: int = 0):
+def _band_stats(prefix: np.ndarray, ts: np.ndarray, B: int, W: int, first_bin: int = 0):
     """For each minute in ``ts``: calls and coarse P50/P99 of its trailing ``B`` minutes and of
-    its next ``W`` (``cum``: cumulative minutes x bins, its first column coarse bin
-    ``first_bin``), a day of minutes at a time."""
+    its next ``W``, a day of minutes at a time. ``prefix``: the minutes x bins matrix summed
+    over both axes (row m, column j: the calls of minutes before m in bins up to j; its first
+    column coarse bin ``first_bin``), so a span of minutes' running sums over the bins are
+    one subtraction (a cumulative sum per quantile was half the detector's time)."""
     parts = []
     for lo in range(0, len(ts), BAND_CHUNK_MINUTES):
         t = ts[lo:lo + BAND_CHUNK_MINUTES]
-        base = cum[t] - cum[t - B]
-        win = cum[t + W] - cum[t]
-        parts.append((base.sum(axis=1), win.sum(axis=1), _coarse_quantile(base, 0.5, first_bin),
-                      _coarse_quantile(base, 0.99, first_bin), _coarse_quantile(win, 0.5, first_bin),
-                      _coarse_quantile(win, 0.99, first_bin)))
+        base = prefix[t] - prefix[t - B]
+        win = prefix[t + W] - prefix[t]
+        parts.append((base[:, -1], win[:, -1], _cumulative_quantile(base, 0.5, first_bin),
+                      _cumulative_quantile(base, 0.99, first_bin), _cumulative_quantile(win, 0.5, first_bin),
+                      _cumulative_quantile(win, 0.99, first_bin)))
     return tuple(np.concatenate(col) for col in zip(*parts))
 
 
@@ -694,9 +722,10 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
         if not len(ts) or not len(used):
             continue
         lo_bin, hi_bin = int(used[0]), int(used[-1]) + 1
-        cum = np.vstack([np.zeros((1, hi_bin - lo_bin), dtype=np.int64),
-                         np.cumsum(mat[:, lo_bin:hi_bin], axis=0, dtype=np.int64)])
-        nb, nw, b50, b99, w50, w99 = _band_stats(cum, ts, B, W, lo_bin)
+        prefix = np.zeros((n + 1, hi_bin - lo_bin), dtype=np.int64)
+        np.cumsum(mat[:, lo_bin:hi_bin], axis=0, dtype=np.int64, out=prefix[1:])
+        np.cumsum(prefix, axis=1, out=prefix)
+        nb, nw, b50, b99, w50, w99 = _band_stats(prefix, ts, B, W, lo_bin)
         with np.errstate(invalid="ignore", divide="ignore"):
             cand = ((nb >= th.min_samples) & (nw >= th.min_samples) & (w99 >= th.band_ratio * b99)
                     & (np.abs(w50 / b50 - 1) <= th.band_p50_tolerance))
@@ -854,7 +883,8 @@ def detect_cache_penetration(frames: Frames, th: Thresholds) -> list[dict]:
     b = max(1, th.block_minutes)
     raw = _attr_spans(frames, "cache.name") if frames.cache is None and not frames.spans.empty else None
     for (cache, key), kdf in df.groupby(["cache", "key"], sort=True):
-        values = set(kdf.loc[kdf["count"] > 0, "value"])
+        # (as plain objects: iterating a pandas string column is a Python call a value)
+        values = set(kdf["value"].to_numpy(dtype=object)[kdf["count"].to_numpy() > 0].tolist())
         if "" in values or not 2 <= len(values) <= MAX_TAG_VALUES:
             continue
         stats = kdf.groupby(["block", "value"], as_index=False)[["count", "hits"]].sum()

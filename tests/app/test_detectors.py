@@ -607,6 +607,27 @@ def test_coarse_rows_add_each_sketch_to_its_row_and_drop_rows_outside():
     assert (d._coarse_rows(df.iloc[:0], np.array([], dtype=int), 4) == 0).all()
 
 
+def test_pair_groups_are_a_sorted_group_by_of_caller_and_callee():
+    """The pair detectors' groups (from runs of consecutive rows) are exactly pandas'
+    ``groupby(["caller", "callee"], sort=True)``: the same keys in the same order, the same
+    sub-frames with their index, the same positions; in runs as the reader gives them,
+    interleaved row by row, and with a row lacking its callee (grouped nowhere)."""
+    rng = np.random.default_rng(11)
+    names = [("gw", "vision"), ("gw", "auth"), ("api", "db"), ("gw", "vision-enc"), ("api", "cache")]
+    rows = [{"caller": c, "callee": e, "minute": T0 + m, "count": int(rng.integers(1, 9))}
+            for c, e in names for m in range(40)]
+    runs = pd.DataFrame(rows)
+    for df in (runs, runs.sample(frac=1, random_state=3).reset_index(drop=True),
+               pd.concat([runs, pd.DataFrame([{"caller": "gw", "callee": None, "minute": T0, "count": 1}])],
+                         ignore_index=True)):
+        want = df.groupby(["caller", "callee"], sort=True)
+        series, positions = d._pair_groups(frames(pairs=df))
+        assert list(series) == [k for k, _ in want] and len(series) == len(names)
+        for key, g in want:
+            assert series[key].equals(g) and series[key].index.equals(g.index)
+            assert np.array_equal(positions[key], want.indices[key])
+
+
 def test_pair_flats_cut_each_pairs_entries_from_the_whole_frames():
     """Each pair's (lengths, keys, counts) as the hot-spot and band-break detectors share
     them: the same as concatenating that pair's rows, whether cut from the reader's flat

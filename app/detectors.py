@@ -709,11 +709,10 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
     first, n = frames.first_minute, frames.end_minute - frames.first_minute
     if n < B + W:
         return []
-    flats = _pair_flats(frames)
     minute_mats = _pair_minute_matrices(frames)
     for (caller, callee), df in _pair_series(frames).items():
         mat = (minute_mats[(caller, callee)] if minute_mats is not None
-               else _pair_minute_matrix(frames, df, flats[(caller, callee)]))
+               else _pair_minute_matrix(frames, df, _pair_flats(frames)[(caller, callee)]))
         minutes = df["minute"].to_numpy()
         # Only the bins the pair's calls fall in (a pair's latencies span a few dozen of the
         # 256): the sums and quantiles below are the same, over a fraction of the columns.

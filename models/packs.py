@@ -172,6 +172,47 @@ def _cut(values: np.ndarray, spans: list[tuple[int, int]], total: int) -> np.nda
     return out
 
 
+def merge(parts: list[Columns], keep_series: np.ndarray | None = None) -> Columns:
+    """``sort_rows(concat(parts))`` (only the rows of ``keep_series`` ids, when given), with
+    each row's sketch entries copied once, straight from its part: concatenating a day of
+    pair packs' 2.7 million entries and copying them again in sorted order was two thirds of
+    their read (19 of 29 ms). Rows of one series next to each other in a part and in the
+    result (an hour of a series in its pack) are copied a run at a time."""
+    parts = [p for p in parts if len(p)]
+    if keep_series is not None:
+        parts = [select_rows(p, np.isin(p.series_id, keep_series)) for p in parts]
+        parts = [p for p in parts if len(p)]
+    if not parts:
+        return empty_columns()
+    if len(parts) == 1:
+        return sort_rows(parts[0])
+    series_id = np.concatenate([p.series_id for p in parts])
+    minute = np.concatenate([p.minute for p in parts])
+    order = np.lexsort((minute, series_id))
+    lengths_all = np.concatenate([p.lengths for p in parts])
+    lengths = lengths_all[order]
+    # Each row's part and its entries' start within that part.
+    part_of = np.repeat(np.arange(len(parts)), [len(p) for p in parts])
+    starts_all = np.concatenate([np.cumsum(p.lengths) - p.lengths for p in parts])
+    part_o, start_o = part_of[order], starts_all[order]
+    # Runs: consecutive result rows that are consecutive rows of one part.
+    breaks = np.flatnonzero((np.diff(order) != 1) | (np.diff(part_o) != 0)) + 1
+    firsts = np.concatenate([[0], breaks])
+    lasts = np.concatenate([breaks, [len(order)]]) - 1
+    ends = (start_o[lasts] + lengths[lasts]).tolist()
+    total = int(lengths.sum())
+    keys = np.empty(total, dtype=parts[0].keys.dtype)
+    counts = np.empty(total, dtype=parts[0].counts.dtype)
+    at = 0
+    for k, a, b in zip(part_o[firsts].tolist(), start_o[firsts].tolist(), ends):
+        src = parts[k]
+        keys[at:at + b - a] = src.keys[a:b]
+        counts[at:at + b - a] = src.counts[a:b]
+        at += b - a
+    rest = [np.concatenate([getattr(p, f) for p in parts])[order] for f in ("count", "errors", "sum_ns")]
+    return Columns(series_id[order], minute[order], *rest, lengths, keys, counts)
+
+
 def sort_rows(cols: Columns) -> Columns:
     """Rows ordered by series, then minute (as the minute rows come through their index)."""
     if len(cols) < 2:
@@ -407,4 +448,4 @@ class PackSchedule:
 
 
 __all__ = ["Columns", "PACK_KINDS", "PackCache", "PackSchedule", "build", "columns_of_rows", "concat", "decode", "encode",
-           "invalidate", "pack_everything", "read", "refresh", "select_rows", "sort_rows", "take", "verify"]
+           "invalidate", "merge", "pack_everything", "read", "refresh", "select_rows", "sort_rows", "take", "verify"]

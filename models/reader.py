@@ -904,10 +904,9 @@ class StoreReader:
         # one created since (each statement sees what was committed before it).
         ids = np.fromiter(dims_of, dtype=np.int64, count=len(dims_of))
         parts = [packs.columns_of_rows([(r[5], r[0], r[1], r[2], r[3], r[4]) for r in rows]), *hours.values()]
-        parts = [packs.select_rows(cols, np.isin(cols.series_id, ids)) for cols in parts]
         if not sketches:
             parts = [packs.without_sketches(cols) for cols in parts]
-        return packs.sort_rows(packs.concat(parts)), dims_of
+        return packs.merge(parts, keep_series=ids), dims_of
 
     def first_minutes(self, kind: str, start_ns: int, end_ns: int) -> list[tuple[str, str, int]]:
         """``(service, name, first minute)`` of every ``kind`` series with a rollup row in the

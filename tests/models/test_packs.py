@@ -352,6 +352,41 @@ def test_take_copies_runs_of_rows_as_picking_them_one_by_one_does():
         assert np.array_equal(got.lengths, lengths[order]) and np.array_equal(got.minute, cols.minute[order])
 
 
+def test_merge_equals_concatenating_and_sorting_the_parts():
+    """``merge`` (the reader's hour packs and minute rows put together) gives the same columns
+    as concatenating the parts, keeping the wanted series and sorting by series and minute:
+    hour-like parts sorted by series, a part in no order, parts without entries, one part
+    alone, and none."""
+    rng = np.random.default_rng(8)
+
+    def part(hour, n_series, shuffled=False, entries=True):
+        sid = np.repeat(np.arange(n_series), 60)
+        minute = np.tile(np.arange(60), n_series) + hour * 60
+        keep = rng.random(len(sid)) < 0.7
+        sid, minute = sid[keep], minute[keep]
+        if shuffled:
+            p = rng.permutation(len(sid))
+            sid, minute = sid[p], minute[p]
+        n = len(sid)
+        lengths = rng.integers(0, 5, n) if entries else np.zeros(n, dtype=np.int64)
+        e = int(lengths.sum())
+        return packs.Columns(sid, minute, rng.integers(1, 9, n), rng.integers(0, 2, n), rng.integers(1, 10**9, n),
+                             lengths, rng.integers(0, 4096, e).astype(np.int32), rng.integers(1, 50, e).astype(np.int32))
+
+    def expected(parts, keep):
+        parts = [packs.select_rows(p, np.isin(p.series_id, keep)) for p in parts] if keep is not None else parts
+        return packs.sort_rows(packs.concat(parts))
+
+    hours = [part(h, 6) for h in range(5)]
+    for parts, keep in ((hours, None), (hours[::-1], np.array([0, 2, 5])), ([part(9, 4, shuffled=True)] + hours, None),
+                        ([part(1, 3, entries=False), part(2, 3, entries=False)], None), ([hours[2]], np.array([1])),
+                        ([], None), ([packs.empty_columns(), hours[0]], np.array([], dtype=np.int64))):
+        got, want = packs.merge(parts, keep_series=keep), expected(parts, keep)
+        for name in packs.Columns.__dataclass_fields__:
+            assert np.array_equal(getattr(got, name), getattr(want, name)), name
+        assert len(got) == len(want)
+
+
 def test_packs_that_cannot_be_read_fall_back_to_minute_rows_said_once(store, monkeypatch, caplog):
     """A pack read that fails (a store not upgraded to 0010, or a bug) still answers, from the
     minute rows, and the reader says so once in the log rather than silently going slow."""

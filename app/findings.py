@@ -292,8 +292,11 @@ def _exemplar_rows(reader: StoreReader, f: dict, w: Window) -> list[dict]:
 #: process, under the interpreter lock: there they run one after another (no faster in
 #: threads, measured).
 EXEMPLAR_THREADS = 3
-#: Where reads run beside each other (``add_exemplars``, ``load_frames``).
+#: Where reads run beside each other (``add_exemplars``, ``load_frames``, ``find``).
 THREADED_DIALECTS = frozenset({"postgresql"})
+#: Detectors run first (``detectors.DETECTORS`` order) whose findings' exemplar look-ups
+#: ``find`` starts while the other detectors run, where reads run beside each other.
+EARLY_KINDS = frozenset({"hot_spot", "p99_band_break"})
 
 
 def finding_identity(f: dict) -> bytes:
@@ -413,19 +416,27 @@ def find(reader: StoreReader, window: Window, filters: Filters = Filters(), th: 
     th = th or d.Thresholds()
     window = judged_window(window)  # every caller (pages, CLI, API) is bounded here
     t0 = time.perf_counter()
-    with _no_gc():
+    early, n_early = None, 0  # the pair findings' exemplar look-ups, run while the other detectors do
+    overlap = exemplars and reader.engine.dialect.name in THREADED_DIALECTS
+    with _no_gc(), ThreadPoolExecutor(1, thread_name_prefix="early-exemplars") as pool:
         frames = load_frames(reader, window, th, known)
         t1 = time.perf_counter()
         out = []
         per: dict[str, float] = {}
         for kind, fn in d.DETECTORS.items():
             a = time.perf_counter()
-            out.extend(fn(frames, th))
+            out.extend(f for f in fn(frames, th) if matches(f, filters))
             per[kind] = time.perf_counter() - a
+            if overlap and early is None and EARLY_KINDS <= per.keys():
+                # (their look-ups mostly wait on the database server; the detectors left are
+                # this process's CPU: a cold 12 h window on PostgreSQL, see BENCHMARKS.md)
+                n_early = len(out)
+                early = pool.submit(add_exemplars, reader, out[:n_early], known)
         t2 = time.perf_counter()
-    out = [f for f in out if matches(f, filters)]
+        if early is not None:
+            early.result()
     if exemplars:
-        add_exemplars(reader, out, known)
+        add_exemplars(reader, out[n_early:], known)
     t3 = time.perf_counter()
     if timings is not None:
         timings.update({"read_s": t1 - t0, "detect_s": t2 - t1, "exemplars_s": t3 - t2, "total_s": t3 - t0,

@@ -39,8 +39,6 @@ def _columns_frame(cols: packs.Columns, dims_of: dict[int, tuple], dims: tuple[s
     """``StoreReader.rollup_columns`` as a frame: ``dims``, minute, count, errors (and
     ``sum_ns``), each row's sketch as ``keys``/``counts`` arrays, views into the columns'
     entries (``sketches`` False: without them)."""
-    ends = np.cumsum(cols.lengths).tolist()
-    bounds = list(zip([0] + ends[:-1], ends))
     ids = np.sort(np.fromiter(dims_of, dtype=np.int64, count=len(dims_of)))
     at = np.searchsorted(ids, cols.series_id)  # each row's series among ``ids``
     values = [dims_of[i] for i in ids.tolist()]
@@ -55,6 +53,8 @@ def _columns_frame(cols: packs.Columns, dims_of: dict[int, tuple], dims: tuple[s
     if not sketches:
         return pd.DataFrame(data)
     keys, counts = cols.keys, cols.counts
+    ends = np.cumsum(cols.lengths).tolist()
+    bounds = list(zip([0] + ends[:-1], ends))
     data["keys"] = [keys[a:b] for a, b in bounds]
     data["counts"] = [counts[a:b] for a, b in bounds]
     return pd.DataFrame(data)

@@ -198,22 +198,29 @@ def load_frames(reader: StoreReader, window: Window, th: d.Thresholds, known: Kn
         frame = _columns_frame(cols, dims_of, ("caller", "callee"), with_sum=False, sketches=False)
         return frame, (cols.lengths, cols.keys, cols.counts)
 
+    def read_births():
+        new_instances, span_rows, cold_starts_known = _new_instances(reader, data_start, window, th, known)
+        return dict(new_instances=new_instances, spans=_spans_frame(span_rows), cold_starts_known=cold_starts_known)
+
     if reader.engine.dialect.name in THREADED_DIALECTS:
-        # The largest read beside the others: the server packs its rows while this process
-        # decodes the rest (PostgreSQL, 24 h at ten million spans: 236 -> 178 ms).
-        with ThreadPoolExecutor(1, thread_name_prefix="frames") as pool:
+        # The largest read, and the raw reads around new instances, beside the others: the
+        # server packs their rows while this process decodes the rest (PostgreSQL, 24 h at ten
+        # million spans: the pairs 236 -> 178 ms; see BENCHMARKS.md for the births).
+        with ThreadPoolExecutor(2, thread_name_prefix="frames") as pool:
             pairs_read = pool.submit(read_pairs)
-            frames = _other_frames(reader, data_start, window, th, known)
+            births_read = pool.submit(read_births)
+            frames = _other_frames(reader, data_start, window, th)
+            frames.update(births_read.result())
             pairs, pair_sketches = pairs_read.result()
     else:
-        frames = _other_frames(reader, data_start, window, th, known)
+        frames = _other_frames(reader, data_start, window, th)
+        frames.update(read_births())
         pairs, pair_sketches = read_pairs()
     return d.Frames(window.start_ns, window.end_ns, data_start, pairs=pairs, pair_sketches=pair_sketches, **frames)
 
 
-def _other_frames(reader: StoreReader, data_start: int, window: Window, th: d.Thresholds,
-                  known: Known | None) -> dict:
-    """``load_frames``' frames but the pairs, as ``Frames`` arguments."""
+def _other_frames(reader: StoreReader, data_start: int, window: Window, th: d.Thresholds) -> dict:
+    """``load_frames``' frames but the pairs and the new instances', as ``Frames`` arguments."""
     traces = _columns_frame(*reader.rollup_columns("trace", data_start, window.end_ns, ("input_type",)),
                             ("input_type",), with_sum=True)
     # (the preprocessing stage's only: no detector reads the other stages' time)
@@ -224,11 +231,9 @@ def _other_frames(reader: StoreReader, data_start: int, window: Window, th: d.Th
     tstage = pd.DataFrame({"input_type": [r[5] for r in ts_rows], "stage": [r[6] for r in ts_rows],
                            "minute": [r[0] for r in ts_rows], "count": [r[1] for r in ts_rows],
                            "sum_ns": [r[3] for r in ts_rows]})
-    new_instances, span_rows, cold_starts_known = _new_instances(reader, data_start, window, th, known)
     long_traces = (pd.DataFrame(long_rows)[list(d.LONG_TRACE_COLUMNS)] if long_rows
                    else d.empty_frame(d.LONG_TRACE_COLUMNS))
-    return dict(traces=traces, tstage=tstage, spans=_spans_frame(span_rows), long_traces=long_traces,
-                new_instances=new_instances, cold_starts_known=cold_starts_known,
+    return dict(traces=traces, tstage=tstage, long_traces=long_traces,
                 **_convention_frames(reader, data_start, window.end_ns))
 
 
@@ -292,11 +297,10 @@ def _exemplar_rows(reader: StoreReader, f: dict, w: Window) -> list[dict]:
 #: process, under the interpreter lock: there they run one after another (no faster in
 #: threads, measured).
 EXEMPLAR_THREADS = 3
-#: Where reads run beside each other (``add_exemplars``, ``load_frames``, ``find``).
+#: Where reads run beside each other (``add_exemplars``, ``load_frames``). (Exemplar look-ups
+#: beside the detectors were tried: the look-ups' own Python work slowed the detectors as much
+#: as it saved, BENCHMARKS.md session 18.)
 THREADED_DIALECTS = frozenset({"postgresql"})
-#: Detectors run first (``detectors.DETECTORS`` order) whose findings' exemplar look-ups
-#: ``find`` starts while the other detectors run, where reads run beside each other.
-EARLY_KINDS = frozenset({"hot_spot", "p99_band_break"})
 
 
 def finding_identity(f: dict) -> bytes:
@@ -416,27 +420,19 @@ def find(reader: StoreReader, window: Window, filters: Filters = Filters(), th: 
     th = th or d.Thresholds()
     window = judged_window(window)  # every caller (pages, CLI, API) is bounded here
     t0 = time.perf_counter()
-    early, n_early = None, 0  # the pair findings' exemplar look-ups, run while the other detectors do
-    overlap = exemplars and reader.engine.dialect.name in THREADED_DIALECTS
-    with _no_gc(), ThreadPoolExecutor(1, thread_name_prefix="early-exemplars") as pool:
+    with _no_gc():
         frames = load_frames(reader, window, th, known)
         t1 = time.perf_counter()
         out = []
         per: dict[str, float] = {}
         for kind, fn in d.DETECTORS.items():
             a = time.perf_counter()
-            out.extend(f for f in fn(frames, th) if matches(f, filters))
+            out.extend(fn(frames, th))
             per[kind] = time.perf_counter() - a
-            if overlap and early is None and EARLY_KINDS <= per.keys():
-                # (their look-ups mostly wait on the database server; the detectors left are
-                # this process's CPU: a cold 12 h window on PostgreSQL, see BENCHMARKS.md)
-                n_early = len(out)
-                early = pool.submit(add_exemplars, reader, out[:n_early], known)
         t2 = time.perf_counter()
-        if early is not None:
-            early.result()
+    out = [f for f in out if matches(f, filters)]
     if exemplars:
-        add_exemplars(reader, out[n_early:], known)
+        add_exemplars(reader, out, known)
     t3 = time.perf_counter()
     if timings is not None:
         timings.update({"read_s": t1 - t0, "detect_s": t2 - t1, "exemplars_s": t3 - t2, "total_s": t3 - t0,

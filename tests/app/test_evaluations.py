@@ -83,35 +83,21 @@ def test_filters_apply_to_stored_findings_as_to_fresh_ones(filled):
         assert stored.findings, value
 
 
-def test_pair_findings_exemplars_looked_up_beside_the_other_detectors_are_the_same(filled, monkeypatch):
-    """Where reads run beside each other (PostgreSQL), the hot-spot and band-break findings'
-    exemplar look-ups start while the other detectors run; each finding is looked up once,
-    and the findings, exemplars included, are those of doing it all in turn."""
-    import threading
-
-    reader, th = StoreReader(filled), Thresholds()
+def test_frames_read_beside_each_other_find_what_reading_them_in_turn_finds(filled, monkeypatch):
+    """Where reads run beside each other (PostgreSQL), the pairs and the raw spans around new
+    instances are read in threads beside the other frames: the same frames and findings as
+    reading them one after another (SQLite's way), cold starts included."""
     now = time.time_ns() // (60 * S) * (60 * S)
-    window = Window(now - HOUR, now + 60 * S)
-    calls = []
-    real = fnd.add_exemplars
-
-    def recorded(reader_, found, known=None):
-        calls.append((threading.current_thread().name, sorted({f["kind"] for f in found}), len(found)))
-        return real(reader_, found, known)
-
-    monkeypatch.setattr(fnd, "add_exemplars", recorded)
-    overlapped = fnd.find(reader, window, Filters(), th)
-    pair_kinds = {"hot_spot", "p99_band_break"}
-    assert any(f["kind"] in pair_kinds and f["exemplar_trace_ids"] for f in overlapped)
-    if filled.dialect.name == "postgresql":
-        (early, early_kinds, _), (late, late_kinds, _) = calls
-        assert early.startswith("early-exemplars") and set(early_kinds) <= pair_kinds
-        assert late == threading.current_thread().name and not set(late_kinds) & pair_kinds
-    else:  # (SQLite answers in this process: in turn, measured faster)
-        assert [c[0] for c in calls] == [threading.current_thread().name]
-    assert sum(c[2] for c in calls) == len(overlapped)
-    monkeypatch.setattr(fnd, "EARLY_KINDS", frozenset({"no such kind"}))
-    assert fnd.find(reader, window, Filters(), th) == overlapped
+    window, th = Window(now - HOUR, now + 60 * S), Thresholds()
+    beside = fnd.load_frames(StoreReader(filled), window, th)
+    found = fnd.find(StoreReader(filled), window, Filters(), th)
+    assert beside.new_instances and len(beside.spans) and any(f["kind"] == "cold_start" for f in found)
+    monkeypatch.setattr(fnd, "THREADED_DIALECTS", frozenset())
+    in_turn = fnd.load_frames(StoreReader(filled), window, th)
+    for name in ("pairs", "traces", "tstage", "spans", "long_traces", "cache", "batch", "cuda", "sync"):
+        assert getattr(in_turn, name).equals(getattr(beside, name)), name
+    assert in_turn.new_instances == beside.new_instances
+    assert fnd.find(StoreReader(filled), window, Filters(), th) == found
 
 
 def _settled_long_ago(engine, seconds: int = 600) -> None:

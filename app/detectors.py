@@ -528,7 +528,7 @@ def _pair_minute_matrices(frames: Frames) -> dict[tuple[str, str], np.ndarray] |
             flat = frames.pair_sketches
             if flat is None or len(flat[0]) != len(df):
                 flat = _flat_sketches(df["keys"], df["counts"])
-            pair_of_row = np.full(len(df), -len(df) * n, dtype=np.int64)
+            pair_of_row = np.full(len(df), -n, dtype=np.int64)  # (below row 0 with any minute)
             for i, pos in enumerate(_pair_groups(frames)[1].values()):
                 pair_of_row[pos] = i * n
             stacked = _coarse_rows(df, pair_of_row + (minutes - frames.first_minute), len(series) * n, flat)

@@ -75,7 +75,7 @@ def test_packs_read_as_the_minute_rows_and_the_detectors_find_the_same(store, mo
     minute_reads = []
     real = StoreReader._series_rows
     monkeypatch.setattr(StoreReader, "_series_rows",
-                        lambda self, conn, where, cols, tiers, **k: minute_reads.extend((t[2], t[3]) for t in tiers)
+                        lambda self, conn, where, cols, tiers, **k: minute_reads.extend((t[1], t[2]) for t in tiers)
                         or real(self, conn, where, cols, tiers, **k))
     for w in windows:
         for kind, dims, filters in (("pair", ("caller", "callee"), None), ("trace", ("input_type",), None),

@@ -144,8 +144,10 @@ def plan_tiers(plan: TierPlan) -> list[tuple[type, int, int]]:
     return tiers
 
 
-#: Each rollup table's time column and the expression that gives a row's first minute.
-_TIER_TIME = {Rollup: (Rollup.minute, Rollup.minute), QuarterRollup: (QuarterRollup.quarter, QuarterRollup.quarter * 15),
+#: Each rollup table's time column, and the expression that gives a row's first minute.
+#: (Statements are shared between threads and engines: SQLAlchemy compiles them per dialect.)
+_TIER_TIME = {Rollup: (Rollup.minute, Rollup.minute),
+              QuarterRollup: (QuarterRollup.quarter, QuarterRollup.quarter * 15),
               HourlyRollup: (HourlyRollup.hour, HourlyRollup.hour * 60)}
 _TIER_STATEMENTS: dict[tuple[type, bool], Any] = {}
 
@@ -239,7 +241,8 @@ class StoreReader:
         for model, t0, t1 in tiers:
             stmt = _tier_statement(model, sketches)
             for i in range(0, len(ids), 500):
-                rows.extend(r[:5] + dims[r[5]] for r in _raw_rows(conn, stmt, {"ids": ids[i : i + 500], "t0": t0, "t1": t1}))
+                params = {"ids": ids[i : i + 500], "t0": t0, "t1": t1}
+                rows.extend(r[:5] + dims[r[5]] for r in _raw_rows(conn, stmt, params))
         return rows
 
     def _minute_rows(self, q: RollupQuery) -> tuple[int, list[tuple]]:

@@ -150,6 +150,10 @@ _TIER_TIME = {Rollup: (Rollup.minute, Rollup.minute),
               QuarterRollup: (QuarterRollup.quarter, QuarterRollup.quarter * 15),
               HourlyRollup: (HourlyRollup.hour, HourlyRollup.hour * 60)}
 _TIER_STATEMENTS: dict[tuple[tuple[type, ...], bool], Any] = {}
+#: Rollup tier ranges read by one ``UNION ALL`` (a window has at most five: two ragged
+#: minute edges, two quarter-hour runs and its hours; the detectors' minute rows between
+#: packed hours can have more).
+TIERS_PER_STATEMENT = 8
 
 
 def _tier_statement(models: tuple[type, ...], sketches: bool):
@@ -245,12 +249,16 @@ class StoreReader:
         rows: list[tuple] = []
         if not tiers:
             return rows
-        stmt = _tier_statement(tuple(model for model, _, _ in tiers), sketches)
-        bounds = {}
-        for k, (_, t0, t1) in enumerate(tiers):
-            bounds[f"t0_{k}"], bounds[f"t1_{k}"] = t0, t1
-        for i in range(0, len(ids), 500):
-            rows.extend(r[:5] + dims[r[5]] for r in _raw_rows(conn, stmt, {"ids": ids[i : i + 500], **bounds}))
+        # A few tiers a statement: each repeats the ids, and a week's ragged minute ranges
+        # between packed hours can be dozens (SQLite binds at most 32,766 values a statement).
+        for j in range(0, len(tiers), TIERS_PER_STATEMENT):
+            part = tiers[j : j + TIERS_PER_STATEMENT]
+            stmt = _tier_statement(tuple(model for model, _, _ in part), sketches)
+            bounds = {}
+            for k, (_, t0, t1) in enumerate(part):
+                bounds[f"t0_{k}"], bounds[f"t1_{k}"] = t0, t1
+            for i in range(0, len(ids), 500):
+                rows.extend(r[:5] + dims[r[5]] for r in _raw_rows(conn, stmt, {"ids": ids[i : i + 500], **bounds}))
         return rows
 
     def _minute_rows(self, q: RollupQuery) -> tuple[int, list[tuple]]:

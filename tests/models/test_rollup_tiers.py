@@ -205,3 +205,28 @@ def test_settled_sketch_counts_match_rollup_counts(engine):
     with engine.connect() as conn:
         for count, blob in conn.execute(select(HourlyRollup.count, HourlyRollup.sketch)):
             assert int(decode(blob)[1].sum()) == count
+
+
+def test_many_tier_ranges_read_as_one_range_at_a_time(engine, monkeypatch):
+    """Tiers go a few to a ``UNION ALL``: forty one-minute ranges (as the detectors' minute
+    rows between packed hours can be) give the rows of forty separate reads, and no
+    statement binds more than a few tiers' worth of series ids."""
+    from modalscope.models import reader as reader_module
+    from modalscope.models.reader import Series
+
+    start, end, _ = _fill(engine)
+    reader = StoreReader(engine)
+    first = minute_range(start, end)[0]
+    tiers = [(Rollup, m, m + 1) for m in range(first, first + 80, 2)] + [(QuarterRollup, first // 15, first // 15 + 4)]
+    where = Series.kind == "op"
+    with engine.connect() as conn:
+        one_by_one = sorted(r for t in tiers for r in reader._series_rows(conn, where, [Series.service], [t]))
+    binds = []
+    real = reader_module._raw_rows
+    monkeypatch.setattr(reader_module, "_raw_rows",
+                        lambda conn, stmt, params=None: binds.append(params) or real(conn, stmt, params))
+    with engine.connect() as conn:
+        together = reader._series_rows(conn, where, [Series.service], tiers)
+    assert one_by_one and sorted(together) == one_by_one
+    assert len(binds) == -(-len(tiers) // reader_module.TIERS_PER_STATEMENT)
+    assert all(len(p) - 1 <= 2 * reader_module.TIERS_PER_STATEMENT and len(p["ids"]) <= 500 for p in binds)

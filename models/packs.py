@@ -204,11 +204,12 @@ def merge(parts: list[Columns], keep_series: np.ndarray | None = None) -> Column
     keys = np.empty(total, dtype=parts[0].keys.dtype)
     counts = np.empty(total, dtype=parts[0].counts.dtype)
     at = 0
-    for k, a, b in zip(part_o[firsts].tolist(), start_o[firsts].tolist(), ends) if total else ():
-        src = parts[k]
-        keys[at:at + b - a] = src.keys[a:b]
-        counts[at:at + b - a] = src.counts[a:b]
-        at += b - a
+    if total:  # (parts without sketches: no entries to copy)
+        for k, a, b in zip(part_o[firsts].tolist(), start_o[firsts].tolist(), ends):
+            src = parts[k]
+            keys[at:at + b - a] = src.keys[a:b]
+            counts[at:at + b - a] = src.counts[a:b]
+            at += b - a
     rest = [np.concatenate([getattr(p, f) for p in parts])[order] for f in ("count", "errors", "sum_ns")]
     return Columns(series_id[order], minute[order], *rest, lengths, keys, counts)
 

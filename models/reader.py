@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+import functools
 import json as _json
 import logging
 import time
@@ -149,31 +150,28 @@ def plan_tiers(plan: TierPlan) -> list[tuple[type, int, int]]:
 _TIER_TIME = {Rollup: (Rollup.minute, Rollup.minute),
               QuarterRollup: (QuarterRollup.quarter, QuarterRollup.quarter * 15),
               HourlyRollup: (HourlyRollup.hour, HourlyRollup.hour * 60)}
-_TIER_STATEMENTS: dict[tuple[tuple[type, ...], bool], Any] = {}
 #: Rollup tier ranges read by one ``UNION ALL`` (a window has at most five: two ragged
 #: minute edges, two quarter-hour runs and its hours; the detectors' minute rows between
 #: packed hours can have more).
 TIERS_PER_STATEMENT = 8
 
 
+@functools.cache
 def _tier_statement(models: tuple[type, ...], sketches: bool):
     """``(minute, count, error_count, sum_ns, sketch or NULL, series_id)`` of the series
     ``ids`` over ``[t0_i, t1_i)`` of each rollup table ``models[i]``, one ``UNION ALL``
     built once a shape: building and compiling a select each time cost more than SQLite's
     own read of a short window (an hour's cache rates: ~0.4 of 2.8 ms was SQLite's), and on
     PostgreSQL each tier was a round trip of its own."""
-    stmt = _TIER_STATEMENTS.get((models, sketches))
-    if stmt is None:
-        ids = bindparam("ids", expanding=True)
-        parts = []
-        for i, model in enumerate(models):
-            time_col, minute_expr = _TIER_TIME[model]
-            parts.append(select(minute_expr.label("minute"), model.count, model.error_count, model.sum_ns,
-                                (model.sketch if sketches else null()).label("sketch"), model.series_id)
-                         .where(model.series_id.in_(ids), time_col >= bindparam(f"t0_{i}"),
-                                time_col < bindparam(f"t1_{i}")))
-        stmt = _TIER_STATEMENTS[(models, sketches)] = parts[0] if len(parts) == 1 else union_all(*parts)
-    return stmt
+    ids = bindparam("ids", expanding=True)
+    parts = []
+    for i, model in enumerate(models):
+        time_col, minute_expr = _TIER_TIME[model]
+        parts.append(select(minute_expr.label("minute"), model.count, model.error_count, model.sum_ns,
+                            (model.sketch if sketches else null()).label("sketch"), model.series_id)
+                     .where(model.series_id.in_(ids), time_col >= bindparam(f"t0_{i}"),
+                            time_col < bindparam(f"t1_{i}")))
+    return parts[0] if len(parts) == 1 else union_all(*parts)
 
 
 def _merge(rows) -> list[RollupGroup]:
@@ -247,8 +245,6 @@ class StoreReader:
         dims = {r[0]: tuple(r[1:]) for r in series}
         ids = list(dims)
         rows: list[tuple] = []
-        if not tiers:
-            return rows
         # A few tiers a statement: each repeats the ids, and a week's ragged minute ranges
         # between packed hours can be dozens (SQLite binds at most 32,766 values a statement).
         for j in range(0, len(tiers), TIERS_PER_STATEMENT):

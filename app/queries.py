@@ -1047,13 +1047,15 @@ def _cache_lookups(reader: StoreReader, window: Window, group_by: str | None, ca
     in the one hour a store settled before TOTAL series existed was upgraded: a minute
     without its TOTAL row can hide in an hour that has one)."""
     m0, m1 = -(-window.start_ns // _NS_MIN), window.end_ns // _NS_MIN
-    plan = (_cache_plan(m0 * _NS_MIN, m1 * _NS_MIN, step_minutes, reader.minutes_kept_from())
-            if rollups and m1 > m0 else None)
+    plan, rows = None, {}
+    if rollups and m1 > m0:
+        kinds = {"cache": ("service", "name", "caller", "callee")}
+        if group_by is not None:
+            kinds[CACHE_UNTAGGED_KIND] = ("service", "name", "caller")
+        plan, rows = reader.tier_rows_of_kinds(
+            kinds, lambda kept_from: _cache_plan(m0 * _NS_MIN, m1 * _NS_MIN, step_minutes, kept_from), sketches=False)
     if plan is not None:
-        rows = reader.tier_rows("cache", plan, ("service", "name", "caller", "callee"), sketches=False)
-        untagged = (reader.tier_rows(CACHE_UNTAGGED_KIND, plan, ("service", "name", "caller"), sketches=False)
-                    if group_by is not None else ())
-        cells = cache_rollup_cells(rows, untagged, group_by, cache)
+        cells = cache_rollup_cells(rows["cache"], rows.get(CACHE_UNTAGGED_KIND, ()), group_by, cache)
         if cells is not None:
             out = [(m * _NS_MIN, name, group, h, mi) for (m, name, group), (h, mi) in cells.items()]
             first, end = _plan_bounds(plan)

@@ -191,6 +191,12 @@ def _merge(rows) -> list[RollupGroup]:
 class StoreReader:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        # Reads on PostgreSQL run in autocommit: under READ COMMITTED each statement takes its
+        # own snapshot anyway, and a transaction costs two more round trips a checkout (its
+        # BEGIN and the pool's ROLLBACK): a third of an hour's /api/v1/pairs on loopback.
+        # The same pool; ``engine`` itself is untouched for the callers that write through it.
+        self._reads = (engine.execution_options(isolation_level="AUTOCOMMIT")
+                       if engine.dialect.name == "postgresql" else engine)
         self._remembered: dict[Any, tuple[float, Any]] = {}
         self.pack_cache = packs.PackCache()  # decoded hour packs kept between reads
         self._pack_read_failed = False  # (said once)
@@ -240,9 +246,14 @@ class StoreReader:
         the time range of every series of every kind instead (a day: 331k rows read for 33k
         wanted). ``sketches`` False: ``sketch`` is None (the blobs are most of what is read)."""
         series = conn.execute(select(Series.id, *cols).where(where)).fetchall()
-        if not series:
+        return self._rows_of_series(conn, {r[0]: tuple(r[1:]) for r in series}, tiers, sketches)
+
+    @staticmethod
+    def _rows_of_series(conn, dims: dict[int, tuple], tiers, sketches: bool) -> list[tuple]:
+        """``(minute, count, error_count, sum_ns, sketch, *dims[id])`` rows of the series
+        ``dims`` names, from each ``(model, t0, t1)`` tier."""
+        if not dims:
             return []
-        dims = {r[0]: tuple(r[1:]) for r in series}
         ids = list(dims)
         rows: list[tuple] = []
         # A few tiers a statement: each repeats the ids, and a week's ragged minute ranges
@@ -260,7 +271,7 @@ class StoreReader:
     def _minute_rows(self, q: RollupQuery) -> tuple[int, list[tuple]]:
         """(first minute, minute rows of the query's series) for its window."""
         first, last = minute_range(q.start_ns, q.end_ns)
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             return first, self._series_rows(conn, self._series_filter(q.kind, q.filters),
                                             [getattr(Series, d) for d in q.group_by],
                                             [(Rollup, first, last)])
@@ -270,7 +281,7 @@ class StoreReader:
         quarter's first) for its whole quarters, minute rows at its edges; None when the
         window reaches before the minutes retention keeps (quarters go with them)."""
         first, _ = minute_range(q.start_ns, q.end_ns)
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             kept = self._minutes_kept_from(conn)
             if kept is not None and first < kept:
                 return None
@@ -281,7 +292,7 @@ class StoreReader:
     def minutes_kept_from(self) -> int | None:
         """The oldest minute whose minute (and quarter-hour) rollups retention keeps; None
         when nothing was ever pruned."""
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             return self._minutes_kept_from(conn)
 
     def tier_rows(self, kind: str, plan: TierPlan, dims: tuple[str, ...], filters: Filters | None = None,
@@ -289,15 +300,38 @@ class StoreReader:
         """``(minute, count, error_count, sum_ns, sketch, *dims)`` rows of a ``tier_plan``:
         minute, quarter-hour and hourly rows, each row's minute the first of its minute,
         quarter or hour (``sketches`` False: None for the blob)."""
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             return self._series_rows(conn, self._series_filter(kind, filters or Filters()),
                                      [getattr(Series, d) for d in dims], plan_tiers(plan), sketches=sketches)
+
+    def tier_rows_of_kinds(self, kinds: dict[str, tuple[str, ...]], plan_for, sketches: bool = True
+                           ) -> tuple[TierPlan | None, dict[str, list[tuple]]]:
+        """``tier_rows`` of several series kinds (``{kind: dims}``) over one connection, with
+        the plan ``plan_for(minutes_kept_from)`` chooses (None: no rows read): the retention
+        boundary, the series of every kind and all their rows in three statements. On
+        PostgreSQL each connection checked out costs a ping and a rollback, and each
+        statement a round trip: the cache view's two kinds read apart took ~11 round trips,
+        most of an hour's answer."""
+        with self._reads.connect() as conn:
+            plan = plan_for(self._minutes_kept_from(conn))
+            if plan is None:
+                return None, {}
+            cols = sorted({d for dims in kinds.values() for d in dims})
+            at = {d: i for i, d in enumerate(cols)}
+            series = conn.execute(select(Series.id, Series.kind, *[getattr(Series, d) for d in cols])
+                                  .where(Series.kind.in_(list(kinds)))).fetchall()
+            # Each row keeps its kind first, then that kind's own dims.
+            dims = {r[0]: (r[1], *(r[2 + at[d]] for d in kinds[r[1]])) for r in series}
+            out: dict[str, list[tuple]] = {kind: [] for kind in kinds}
+            for r in self._rows_of_series(conn, dims, plan_tiers(plan), sketches):
+                out[r[5]].append(r[:5] + r[6:])
+            return plan, out
 
     def _tiered_rows(self, kind: str, filters: Filters, start_ns: int, end_ns: int, cols: list) -> list[tuple]:
         """``(minute, count, error_count, sum_ns, sketch, *cols)`` rows covering the window:
         minute and quarter-hour rows at the edges, hourly rows (minute = the hour's first) in
         between."""
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             plan = tier_plan(start_ns, end_ns, self._minutes_kept_from(conn))
             return self._series_rows(conn, self._series_filter(kind, filters), cols, plan_tiers(plan))
 
@@ -316,11 +350,11 @@ class StoreReader:
     # -- raw spans --------------------------------------------------------------------
     def trace_spans(self, trace_id: str) -> list[dict]:
         stmt = select(Span.__table__).where(Span.trace_id == trace_id).order_by(Span.start_ns, Span.id)
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             return [dict(r) for r in conn.execute(stmt).mappings()]
 
     def trace_row(self, trace_id: str) -> dict | None:
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             cols = [Trace.__table__.c[c] for c in _TRACE_COLUMNS]
             row = conn.execute(select(*cols).where(Trace.trace_id == trace_id)).mappings().first()
             return None if row is None else dict(row)
@@ -328,7 +362,7 @@ class StoreReader:
     def counts(self) -> dict[str, int]:
         from sqlalchemy import func
 
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             return {
                 "spans": conn.execute(select(func.count()).select_from(Span)).scalar_one(),
                 "traces": conn.execute(select(func.count()).select_from(Trace)).scalar_one(),
@@ -366,7 +400,7 @@ class StoreReader:
         pairs: set[tuple[str, str]] = set()
         stages: set[str] = set()
         input_types: set[str] = set()
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             for kind, service, stage, input_type, caller, callee in conn.execute(stmt):
                 if kind == "pair":
                     pairs.add((caller, callee))
@@ -391,7 +425,7 @@ class StoreReader:
         if not wanted:
             return out
         rows: list[tuple] = []
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             plan = tier_plan(start_ns, end_ns, self._minutes_kept_from(conn))
             for table, t0, t1 in plan_tiers(plan):
                 time_col = _TIER_TIME[table][0]
@@ -440,7 +474,7 @@ class StoreReader:
         floor = duration_bucket(q.min_ns) if q.min_ns is not None else 0
         below = duration_bucket(q.max_ns) + 1 if q.max_ns is not None else MAX_BUCKET + 1
         rows: list[dict] = []
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             while len(rows) < wanted:
                 bucket = conn.execute(select(func.max(Span.duration_bucket)).where(
                     Span.service == service, Span.duration_bucket < below)).scalar()
@@ -507,7 +541,7 @@ class StoreReader:
         stmt = stmt.limit(q.limit).offset(q.offset) if limit is None else stmt.limit(limit)
         if conn is not None:
             return [dict(r) for r in conn.execute(stmt).mappings()]
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             return [dict(r) for r in conn.execute(stmt).mappings()]
 
     def _long_window(self, model, start_ns: int, end_ns: int, share: int) -> bool:
@@ -522,7 +556,7 @@ class StoreReader:
         return (end_ns - start_ns) * share >= (hi - lo)
 
     def _time_range(self, model) -> tuple[int | None, int | None]:
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             # Two scalar subqueries: SQLite answers a lone min() or max() from the index's ends,
             # but min() and max() in one SELECT scan the whole index (0.5 s at 10M spans).
             # A trace row written before its trace settles starts at 0: not part of the range
@@ -535,7 +569,7 @@ class StoreReader:
         the candidates an exemplar search walks when no service is named."""
         col = Series.caller if kind == "pair" else Series.service
         stmt = select(col).where(self._series_filter(kind, filters)).distinct()
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             return sorted(v for v in conn.execute(stmt).scalars() if v)
 
     def callee_children(self, parents: Iterable[tuple[str, str]]) -> list[dict]:
@@ -550,7 +584,7 @@ class StoreReader:
             by_trace.setdefault(tid, set()).add(sid)
         tids = sorted(by_trace)
         cols = [Span.__table__.c[c] for c in _CANDIDATE_COLUMNS]
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             for i in range(0, len(tids), 300):
                 chunk = tids[i : i + 300]
                 stmt = select(*cols).where(Span.trace_id.in_(chunk), Span.kind.in_(CALLEE_KIND_CODES),
@@ -567,7 +601,7 @@ class StoreReader:
         ``REMEMBER_S``: it only moves back (to 0 when ``retag`` rebuilds the table), so a stale
         answer sends a search to the raw spans, never to an incomplete table."""
         def read() -> int:
-            with self.engine.connect() as conn:
+            with self._reads.connect() as conn:
                 return int(conn.execute(select(Cursor.position).where(Cursor.name == PAIR_CALLS_CURSOR)).scalar() or 0)
         return self._recent("pair calls from", read)
 
@@ -578,7 +612,7 @@ class StoreReader:
         (candidate columns and ``_id``), at most ``limit``. Each series walks the
         ``(series_id, duration_ns, start_ns)`` index slowest first; the walks are merged.
         The flag says whether more rows may exist beyond ``limit``."""
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             series_ids = conn.execute(select(Series.id).where(self._series_filter("pair", filters))).scalars().all()
             picked: list[tuple[int, int, int]] = []
             more = False
@@ -624,7 +658,7 @@ class StoreReader:
         trace; the earliest-starting few (stragglers whose spans would widen the walk) and
         traces whose first start is not known are read one by one."""
         services = list(services)
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             rows = conn.execute(select(Trace.trace_id, Trace.first_start_ns).where(
                 Trace.pending.is_(True), or_(Trace.first_start_ns.is_(None), Trace.first_start_ns < end_ns))).all()
             known = sorted((first, tid) for tid, first in rows if first is not None)
@@ -795,7 +829,7 @@ class StoreReader:
         if max_ns is not None:
             conds.append(duration <= max_ns)
         stmt = select(*cols).where(*conds).order_by(Trace.duration_ns.desc(), Trace.start_ns, Trace.trace_id).limit(limit)
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             return [dict(r) for r in conn.execute(stmt).mappings()]
 
     def trace_rows(self, trace_ids: Iterable[str]) -> dict[str, dict]:
@@ -803,7 +837,7 @@ class StoreReader:
         ids = sorted(set(trace_ids))
         out: dict[str, dict] = {}
         cols = [Trace.__table__.c[c] for c in _TRACE_SUMMARY_COLUMNS]
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             for i in range(0, len(ids), 500):
                 for r in conn.execute(select(*cols).where(Trace.trace_id.in_(ids[i : i + 500]))).mappings():
                     out[r["trace_id"]] = dict(r)
@@ -828,7 +862,7 @@ class StoreReader:
         stmt = select(inner.c.service, inner.c.name, inner.c.attributes).where(
             inner.c.attributes.contains(needle, autoescape=True))
         found: dict[tuple[str, str], object] = {}
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             for service, name, attrs in conn.execute(stmt):
                 if (service, name) in found:
                     continue
@@ -852,7 +886,7 @@ class StoreReader:
             .order_by(Span.start_ns.desc())
             .limit(limit)
         )
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             return [tuple(r) for r in conn.execute(stmt)]
 
     def subject_spans(self, start_ns: int, end_ns: int, *, kind: int | None = None, service: str | None = None,
@@ -882,7 +916,7 @@ class StoreReader:
             .order_by(Span.start_ns.desc())
             .limit(limit)
         )
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             return [dict(r) for r in conn.execute(stmt).mappings()]
 
     # -- findings readers (issue 5) ----------------------------------------------------
@@ -895,7 +929,7 @@ class StoreReader:
         Detectors keep minutes apart (trailing baselines, blocks), so nothing is merged here.
         """
         first, last = minute_range(start_ns, end_ns)
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             return self._series_rows(conn, self._series_filter(kind, filters or Filters()),
                                      [getattr(Series, d) for d in dims],
                                      [(Rollup, first, last)], sketches=sketches)
@@ -908,7 +942,7 @@ class StoreReader:
         entries (and then ``packs.SKETCHLESS_KINDS`` are read from packs too)."""
         first, last = minute_range(start_ns, end_ns)
         where = self._series_filter(kind, filters or Filters())
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             dims_of = {r[0]: tuple(r[1:]) for r in conn.execute(
                 select(Series.id, *[getattr(Series, d) for d in dims]).where(where))}
             if not dims_of:
@@ -953,13 +987,13 @@ class StoreReader:
         earliest = (select(func.min(r.c.minute)).where(r.c.series_id == Series.id, r.c.minute >= first,
                                                       r.c.minute < last).scalar_subquery())
         stmt = select(Series.service, Series.name, earliest).where(Series.kind == kind)
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             return [(svc, name, m) for svc, name, m in conn.execute(stmt) if m is not None]
 
     def series_ids(self, kind: str) -> dict[str, list[int]]:
         """service -> ids of its ``kind`` series (one query for callers that read many services)."""
         out: dict[str, list[int]] = {}
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             for sid, service in conn.execute(select(Series.id, Series.service).where(Series.kind == kind)):
                 out.setdefault(service, []).append(sid)
         return out
@@ -972,7 +1006,7 @@ class StoreReader:
         order, by service; ``series_ids``: the services' ids when the caller has them
         (``series_ids``). One connection for all (on PostgreSQL a connection's check-out and
         return cost more than a short read)."""
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             return {service: self._service_rollup_rows(conn, kind, service, r, dims,
                                                        None if series_ids is None else series_ids.get(service, []))
                     for service, r in ranges.items()}
@@ -1022,7 +1056,7 @@ class StoreReader:
         wanted = or_(*needles) if needles else literal(False)
         window = [Span.start_ns >= start_ns, Span.start_ns < end_ns]
         attrs = case((wanted, Span.attributes), else_=literal(""))
-        with self.engine.connect() as conn:
+        with self.engine.connect() as conn:  # (a transaction: index_by_bitmap's SET LOCAL)
             by_service = decided = None
             if service is not None:
                 # The service's spans of the window through its (service, duration_bucket,
@@ -1081,7 +1115,7 @@ class StoreReader:
         # up) instead of reading every trace of the window through start_ns.
         stmt = select(*cols).where(Trace.start_ns + 0 >= start_ns, Trace.start_ns + 0 < end_ns,
                                    Trace.duration_ns >= min_duration_ns, Trace.settled_ns.is_not(None))
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             return [dict(r) for r in conn.execute(stmt).mappings()]
 
 

@@ -230,3 +230,53 @@ def test_many_tier_ranges_read_as_one_range_at_a_time(engine, monkeypatch):
     assert one_by_one and sorted(together) == one_by_one
     assert len(binds) == -(-len(tiers) // reader_module.TIERS_PER_STATEMENT)
     assert all(len(p) - 1 <= 2 * reader_module.TIERS_PER_STATEMENT and len(p["ids"]) <= 500 for p in binds)
+
+
+def test_several_kinds_read_over_one_connection_give_each_kinds_own_rows(engine):
+    """``tier_rows_of_kinds`` (the cache view's two kinds): per kind, the rows and dims of a
+    ``tier_rows`` read of that kind alone; the plan comes from the retention boundary read
+    on the same connection, and one connection is checked out for all of it."""
+    from sqlalchemy import event
+
+    from modalscope.ingest.retention import _record_minute_boundary
+
+    start, end, _ = _fill(engine)
+    reader = StoreReader(engine)
+    kinds = {"op": ("service", "name", "stage"), "pair": ("caller", "callee")}
+    plan = tier_plan(start, end)
+    alone = {kind: sorted(reader.tier_rows(kind, plan, dims, sketches=False)) for kind, dims in kinds.items()}
+    assert all(alone.values())
+    checkouts, seen = [], []
+
+    def count(*_):
+        checkouts.append(1)
+
+    event.listen(engine.pool, "checkout", count)
+    try:
+        got_plan, rows = reader.tier_rows_of_kinds(
+            kinds, lambda kept: seen.append(kept) or tier_plan(start, end, kept), sketches=False)
+    finally:
+        event.remove(engine.pool, "checkout", count)
+    assert got_plan == plan and seen == [None] and len(checkouts) == 1
+    assert {kind: sorted(r) for kind, r in rows.items()} == alone
+    # Past the minutes retention keeps: the boundary reaches plan_for; None reads nothing.
+    _record_minute_boundary(engine, end // MIN + 60)
+    seen.clear()
+    assert reader.tier_rows_of_kinds(kinds, lambda kept: seen.append(kept)) == (None, {})
+    assert seen == [end // MIN + 60]
+
+
+def test_postgresql_reads_open_no_transaction(engine):
+    """On PostgreSQL the reader's connections are in autocommit (a transaction costs a BEGIN
+    and a ROLLBACK round trip a checkout; READ COMMITTED gives each statement its own
+    snapshot either way), while the engine it was given still writes in transactions."""
+    reader = StoreReader(engine)
+    with reader._reads.connect() as conn:
+        if engine.dialect.name != "postgresql":
+            assert reader._reads is engine
+            return
+        assert conn.exec_driver_sql("SELECT 1").scalar() == 1
+        assert conn.connection.dbapi_connection.info.transaction_status.name == "IDLE"
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SELECT 1")
+        assert conn.connection.dbapi_connection.info.transaction_status.name == "INTRANS"

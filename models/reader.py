@@ -150,6 +150,8 @@ def plan_tiers(plan: TierPlan) -> list[tuple[type, int, int]]:
 _TIER_TIME = {Rollup: (Rollup.minute, Rollup.minute),
               QuarterRollup: (QuarterRollup.quarter, QuarterRollup.quarter * 15),
               HourlyRollup: (HourlyRollup.hour, HourlyRollup.hour * 60)}
+#: The minutes retention boundary (``StoreReader._minutes_kept_from``) as a subquery.
+_KEPT_FROM = select(Cursor.position).where(Cursor.name == MINUTE_BOUNDARY_CURSOR).scalar_subquery()
 #: Rollup tier ranges read by one ``UNION ALL`` (a window has at most five: two ragged
 #: minute edges, two quarter-hour runs and its hours; the detectors' minute rows between
 #: packed hours can have more).
@@ -215,7 +217,8 @@ class StoreReader:
         self._remembered[key] = (now, value)
         return value
 
-    def _minutes_kept_from(self, conn) -> int | None:
+    @staticmethod
+    def _minutes_kept_from(conn) -> int | None:
         """The oldest minute whose minute rollups retention keeps (it records the boundary
         when it prunes; MODALSCOPE_MINUTE_ROLLUP_DAYS): windows before it are answered
         from hourly rows. One primary-key lookup; None when nothing was ever pruned."""
@@ -247,6 +250,17 @@ class StoreReader:
         wanted). ``sketches`` False: ``sketch`` is None (the blobs are most of what is read)."""
         series = conn.execute(select(Series.id, *cols).where(where)).fetchall()
         return self._rows_of_series(conn, {r[0]: tuple(r[1:]) for r in series}, tiers, sketches)
+
+    @staticmethod
+    def _series_and_kept_from(conn, where, cols: list) -> tuple[list, int | None]:
+        """The series matching ``where`` (``(id, *cols)`` rows) and, from the same statement,
+        the retention boundary ``_minutes_kept_from`` reads (a round trip less a tiered read
+        on PostgreSQL; an uncorrelated subquery, evaluated once). With no series the
+        boundary is read by itself."""
+        rows = conn.execute(select(Series.id, *cols, _KEPT_FROM.label("kept_from")).where(where)).fetchall()
+        if not rows:
+            return [], StoreReader._minutes_kept_from(conn)
+        return [tuple(r[:-1]) for r in rows], rows[0][-1]
 
     @staticmethod
     def _rows_of_series(conn, dims: dict[int, tuple], tiers, sketches: bool) -> list[tuple]:
@@ -282,12 +296,12 @@ class StoreReader:
         window reaches before the minutes retention keeps (quarters go with them)."""
         first, _ = minute_range(q.start_ns, q.end_ns)
         with self._reads.connect() as conn:
-            kept = self._minutes_kept_from(conn)
+            series, kept = self._series_and_kept_from(conn, self._series_filter(q.kind, q.filters),
+                                                      [getattr(Series, d) for d in q.group_by])
             if kept is not None and first < kept:
                 return None
             plan = tier_plan(q.start_ns, q.end_ns, hours=False)
-            return self._series_rows(conn, self._series_filter(q.kind, q.filters),
-                                     [getattr(Series, d) for d in q.group_by], plan_tiers(plan))
+            return self._rows_of_series(conn, {r[0]: r[1:] for r in series}, plan_tiers(plan), True)
 
     def minutes_kept_from(self) -> int | None:
         """The oldest minute whose minute (and quarter-hour) rollups retention keeps; None
@@ -307,19 +321,19 @@ class StoreReader:
     def tier_rows_of_kinds(self, kinds: dict[str, tuple[str, ...]], plan_for, sketches: bool = True
                            ) -> tuple[TierPlan | None, dict[str, list[tuple]]]:
         """``tier_rows`` of several series kinds (``{kind: dims}``) over one connection, with
-        the plan ``plan_for(minutes_kept_from)`` chooses (None: no rows read): the retention
-        boundary, the series of every kind and all their rows in three statements. On
+        the plan ``plan_for(minutes_kept_from)`` chooses (None: no rows read): the series of
+        every kind with the retention boundary, then all their rows: two statements. On
         PostgreSQL each connection checked out costs a ping and a rollback, and each
         statement a round trip: the cache view's two kinds read apart took ~11 round trips,
         most of an hour's answer."""
+        cols = sorted({d for dims in kinds.values() for d in dims})
+        at = {d: i for i, d in enumerate(cols)}
         with self._reads.connect() as conn:
-            plan = plan_for(self._minutes_kept_from(conn))
+            series, kept = self._series_and_kept_from(conn, Series.kind.in_(list(kinds)),
+                                                      [Series.kind, *[getattr(Series, d) for d in cols]])
+            plan = plan_for(kept)
             if plan is None:
                 return None, {}
-            cols = sorted({d for dims in kinds.values() for d in dims})
-            at = {d: i for i, d in enumerate(cols)}
-            series = conn.execute(select(Series.id, Series.kind, *[getattr(Series, d) for d in cols])
-                                  .where(Series.kind.in_(list(kinds)))).fetchall()
             # Each row keeps its kind first, then that kind's own dims.
             dims = {r[0]: (r[1], *(r[2 + at[d]] for d in kinds[r[1]])) for r in series}
             out: dict[str, list[tuple]] = {kind: [] for kind in kinds}
@@ -332,8 +346,9 @@ class StoreReader:
         minute and quarter-hour rows at the edges, hourly rows (minute = the hour's first) in
         between."""
         with self._reads.connect() as conn:
-            plan = tier_plan(start_ns, end_ns, self._minutes_kept_from(conn))
-            return self._series_rows(conn, self._series_filter(kind, filters), cols, plan_tiers(plan))
+            series, kept = self._series_and_kept_from(conn, self._series_filter(kind, filters), cols)
+            plan = tier_plan(start_ns, end_ns, kept)
+            return self._rows_of_series(conn, {r[0]: r[1:] for r in series}, plan_tiers(plan), True)
 
     def rollups(self, q: RollupQuery) -> list[RollupGroup]:
         """Merge rollup rows per group (and minute, with by_minute).

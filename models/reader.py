@@ -252,18 +252,18 @@ class StoreReader:
         return self._rows_of_series(conn, {r[0]: tuple(r[1:]) for r in series}, tiers, sketches)
 
     @staticmethod
-    def _series_and_kept_from(conn, where, cols: list) -> tuple[list, int | None]:
-        """The series matching ``where`` (``(id, *cols)`` rows) and, from the same statement,
+    def _series_and_kept_from(conn, where, cols: list) -> tuple[dict[int, tuple], int | None]:
+        """The series matching ``where`` (``{id: cols}``) and, from the same statement,
         the retention boundary ``_minutes_kept_from`` reads (a round trip less a tiered read
         on PostgreSQL; an uncorrelated subquery, evaluated once). With no series the
         boundary is read by itself."""
         rows = conn.execute(select(Series.id, *cols, _KEPT_FROM.label("kept_from")).where(where)).fetchall()
         if not rows:
-            return [], StoreReader._minutes_kept_from(conn)
-        return [tuple(r[:-1]) for r in rows], rows[0][-1]
+            return {}, StoreReader._minutes_kept_from(conn)
+        return {r[0]: tuple(r[1:-1]) for r in rows}, rows[0][-1]
 
     @staticmethod
-    def _rows_of_series(conn, dims: dict[int, tuple], tiers, sketches: bool) -> list[tuple]:
+    def _rows_of_series(conn, dims: dict[int, tuple], tiers, sketches: bool = True) -> list[tuple]:
         """``(minute, count, error_count, sum_ns, sketch, *dims[id])`` rows of the series
         ``dims`` names, from each ``(model, t0, t1)`` tier."""
         if not dims:
@@ -301,7 +301,7 @@ class StoreReader:
             if kept is not None and first < kept:
                 return None
             plan = tier_plan(q.start_ns, q.end_ns, hours=False)
-            return self._rows_of_series(conn, {r[0]: r[1:] for r in series}, plan_tiers(plan), True)
+            return self._rows_of_series(conn, series, plan_tiers(plan))
 
     def minutes_kept_from(self) -> int | None:
         """The oldest minute whose minute (and quarter-hour) rollups retention keeps; None
@@ -335,7 +335,7 @@ class StoreReader:
             if plan is None:
                 return None, {}
             # Each row keeps its kind first, then that kind's own dims.
-            dims = {r[0]: (r[1], *(r[2 + at[d]] for d in kinds[r[1]])) for r in series}
+            dims = {sid: (r[0], *(r[1 + at[d]] for d in kinds[r[0]])) for sid, r in series.items()}
             out: dict[str, list[tuple]] = {kind: [] for kind in kinds}
             for r in self._rows_of_series(conn, dims, plan_tiers(plan), sketches):
                 out[r[5]].append(r[:5] + r[6:])
@@ -348,7 +348,7 @@ class StoreReader:
         with self._reads.connect() as conn:
             series, kept = self._series_and_kept_from(conn, self._series_filter(kind, filters), cols)
             plan = tier_plan(start_ns, end_ns, kept)
-            return self._rows_of_series(conn, {r[0]: r[1:] for r in series}, plan_tiers(plan), True)
+            return self._rows_of_series(conn, series, plan_tiers(plan))
 
     def rollups(self, q: RollupQuery) -> list[RollupGroup]:
         """Merge rollup rows per group (and minute, with by_minute).

@@ -154,7 +154,7 @@ def test_quarter_hour_steps_read_quarter_rows_and_give_the_minute_answer(engine,
     # The quarter rows are what is read: without them the whole quarters are missing.
     seen = []
     real = reader._rows_of_series
-    monkeypatch.setattr(reader, "_rows_of_series", lambda conn, dims, tiers, sketches:
+    monkeypatch.setattr(reader, "_rows_of_series", lambda conn, dims, tiers, sketches=True:
                         seen.extend(t[0] for t in tiers) or real(conn, dims, tiers, sketches))
     reader.rollup_steps(RollupQuery("op", start, end, Filters(), ("service",)), 15)
     assert QuarterRollup in seen

@@ -72,7 +72,28 @@ def make_engine(url: str, *, write: bool = False, pool_size: int = 5) -> Engine:
     engine = create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=pool_size,
                            connect_args=connect_args)
     _configure_binary_results(engine)
+    _configure_parallel_setup_cost(engine)
     return engine
+
+
+#: ``parallel_setup_cost`` on this project's PostgreSQL sessions (the server's default is 1000).
+#: Starting parallel workers took 10-15 ms here, and the planner chose them for reads of a
+#: millisecond: the Stages view's hour of rollups (1,900 rows) took 36 ms with two workers and
+#: 23 ms without (1 M spans, BENCHMARKS.md session 21). At this cost only plans that are large
+#: by the planner's estimate run in parallel. A URL whose ``options`` set it keeps its own.
+PARALLEL_SETUP_COST = 10_000
+
+
+def _configure_parallel_setup_cost(engine: Engine) -> None:
+    if "parallel_setup_cost" in str(engine.url.query.get("options", "")):
+        return
+
+    @event.listens_for(engine, "connect")
+    def _set_cost(dbapi_connection, connection_record):
+        # (a session setting: committed so that it outlives this first transaction)
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute(f"SET parallel_setup_cost = {PARALLEL_SETUP_COST}")
+        dbapi_connection.commit()
 
 
 #: Execution option: fetch this statement's rows in PostgreSQL's binary format (psycopg).

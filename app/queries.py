@@ -1096,7 +1096,9 @@ def cache_rates_and_series(reader: StoreReader, window: Window, group_by: str | 
 
 
 # -- triage compare --------------------------------------------------------------------
-COMPARE_MAX_SPANS = 100_000  # subject spans read per window (newest first)
+#: Subject spans read per window: a sample spread over the window when it holds more
+#: (``StoreReader.subject_spans``). The selection's are its slow spans only.
+COMPARE_MAX_SPANS = 3_000
 COMPARE_MAX_VALUES = 50  # keys with more distinct values are skipped (ids, free text)
 COMPARE_TOP = 10
 COMPARE_MIN_SELECTION = 5  # slow spans in the selection carrying the value
@@ -1113,6 +1115,7 @@ def default_baseline(window: Window) -> Window:
     return Window(window.start_ns - length, window.start_ns)
 
 
+@lru_cache(maxsize=4096)  # (a few dozen keys, each tested once a span otherwise)
 def _compare_key_ok(key: str) -> bool:
     if key in KEEP_ID_KEYS:
         return True
@@ -1228,19 +1231,19 @@ def stage_deltas(sel: dict[str, tuple[int, int, Histogram]], base: dict[str, tup
     return rows
 
 
-def _subject_rows(reader: StoreReader, window: Window, filters: Filters, limit: int) -> list[dict]:
+def _subject_rows(reader: StoreReader, window: Window, filters: Filters, limit: int, *,
+                  min_ns: int | None = None, expected: int | None = None) -> list[dict]:
+    """The subject's spans of the window (at least ``min_ns`` long), at most ``limit``: a
+    sample spread over the window when the rollups ``expected`` more."""
     subject = subject_of(filters)
+    kw = dict(input_type=filters.input_type, limit=limit, min_ns=min_ns, expected=expected)
     if subject == "pair":
         if filters.callee:  # the callee's side of the calls: its instances, its attributes
-            return reader.subject_spans(window.start_ns, window.end_ns, kind=2, service=filters.callee,
-                                        input_type=filters.input_type, limit=limit)
-        return reader.subject_spans(window.start_ns, window.end_ns, kind=KIND_CLIENT, service=filters.caller,
-                                    input_type=filters.input_type, limit=limit)
+            return reader.subject_spans(window.start_ns, window.end_ns, kind=2, service=filters.callee, **kw)
+        return reader.subject_spans(window.start_ns, window.end_ns, kind=KIND_CLIENT, service=filters.caller, **kw)
     if subject in ("stage", "service"):
-        return reader.subject_spans(window.start_ns, window.end_ns, service=filters.service, stage=filters.stage,
-                                    input_type=filters.input_type, limit=limit)
-    return reader.subject_spans(window.start_ns, window.end_ns, input_type=filters.input_type, root_only=True,
-                                limit=limit)
+        return reader.subject_spans(window.start_ns, window.end_ns, service=filters.service, stage=filters.stage, **kw)
+    return reader.subject_spans(window.start_ns, window.end_ns, root_only=True, **kw)
 
 
 def compare(reader: StoreReader, window: Window, baseline: Window | None = None,
@@ -1258,7 +1261,9 @@ def compare(reader: StoreReader, window: Window, baseline: Window | None = None,
     spans; else root spans, i.e. whole traces), against every subject span of the baseline.
     Span and resource attributes plus the trace's ``input_type``; keys with more than 50
     distinct values, ids and timestamps skipped; top 10 by lift with minimum counts
-    (``attribute_lift``). At most ``COMPARE_MAX_SPANS`` raw spans a window (newest first).
+    (``attribute_lift``). At most ``COMPARE_MAX_SPANS`` raw spans a window: where it holds
+    more, a sample spread over it (``StoreReader.subject_spans``), the selection's read among
+    its slow spans only.
     """
     baseline = baseline or default_baseline(window)
     # stage deltas (rollups)
@@ -1282,11 +1287,13 @@ def compare(reader: StoreReader, window: Window, baseline: Window | None = None,
     threshold_ns = sel_hist.quantile(SLOW_QUANTILE) if sel_hist.count > 0 else None
     attributes: list[dict] = []
     if threshold_ns is not None:
-        sel_rows = _subject_rows(reader, window, filters, COMPARE_MAX_SPANS)
+        # (only spans at or past the threshold are read: about a tenth of the selection's)
+        sel_rows = _subject_rows(reader, window, filters, COMPARE_MAX_SPANS, min_ns=int(threshold_ns),
+                                 expected=math.ceil(counts[0] * (1 - SLOW_QUANTILE)))
         slow = [span_facets(r) for r in sel_rows if r["duration_ns"] > threshold_ns]
         if not slow:  # a sketch bucket's representative may sit above every span in it
             slow = [span_facets(r) for r in sel_rows if r["duration_ns"] >= threshold_ns]
-        base_rows = _subject_rows(reader, baseline, filters, COMPARE_MAX_SPANS)
+        base_rows = _subject_rows(reader, baseline, filters, COMPARE_MAX_SPANS, expected=counts[1])
         attributes = attribute_lift(slow, [span_facets(r) for r in base_rows])
     return {
         "selection": {"start": rfc3339(window.start_ns), "end": rfc3339(window.end_ns), "count": counts[0], "traces": units[0]},

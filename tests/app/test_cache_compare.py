@@ -209,3 +209,43 @@ def test_compare_bad_baseline_is_a_400(spike):
     r = client.get("/api/v1/compare", query_string={"range": "1h", "baseline_start": rfc3339(base),
                                                      "baseline_end": rfc3339(base - MIN)})
     assert r.status_code == 400 and r.get_json()["parameter"] == "baseline_end"
+
+
+def test_subject_spans_sample_spreads_over_the_window_and_reads_only_long_enough_spans(spike, engine):
+    """More spans than the limit: a sample from all over the window, not its newest minutes;
+    ``min_ns``: only spans at least that long, whole traces through the traces table too."""
+    from modalscope.models.reader import StoreReader
+
+    _, base = spike
+    reader = StoreReader(engine)
+    end = base + 60 * MIN
+    every = reader.subject_spans(base, end, kind=KIND_SERVER, service="vision-encoder", limit=10_000)
+    assert len(every) == 960
+    sample = reader.subject_spans(base, end, kind=KIND_SERVER, service="vision-encoder", limit=96, expected=960)
+    assert 48 <= len(sample) <= 96
+    starts = sorted(r["start_ns"] for r in sample)
+    assert starts[0] < base + 5 * MIN and starts[-1] >= end - 5 * MIN  # both ends of the hour
+    assert len({(s - base) // (5 * MIN) for s in starts}) == 12  # and every 5 minutes between
+    assert [r["start_ns"] for r in sample] == sorted((r["start_ns"] for r in sample), reverse=True)
+
+    slow_ns = 1000 * MS
+    long_ones = reader.subject_spans(base, end, kind=KIND_SERVER, service="vision-encoder", min_ns=slow_ns)
+    assert long_ones and all(r["duration_ns"] >= slow_ns for r in long_ones)
+    assert len(long_ones) == sum(r["duration_ns"] >= slow_ns for r in every)
+    roots = reader.subject_spans(base, end, root_only=True, min_ns=slow_ns)
+    assert {r["trace_id"] for r in roots} == {r["trace_id"] for r in long_ones}  # a slow encode, a slow trace
+    assert all(r["duration_ns"] >= slow_ns for r in roots)
+    spread = reader.subject_spans(base, end, root_only=True, limit=48, expected=960)
+    assert 24 <= len(spread) <= 48 and max(r["start_ns"] for r in spread) - min(r["start_ns"] for r in spread) > 50 * MIN
+
+
+def test_compare_on_a_sample_still_names_the_injected_attribute_first(spike, monkeypatch):
+    """With far fewer spans read than the windows hold, Compare ranks the same value first."""
+    client, base = spike
+    monkeypatch.setattr(queries, "COMPARE_MAX_SPANS", 60)
+    q = {"start": rfc3339(base + 30 * MIN), "end": rfc3339(base + 60 * MIN),
+         "caller": "gateway", "callee": "vision-encoder"}
+    body = client.get("/api/v1/compare", query_string=q).get_json()
+    top = body["attributes"][0]
+    assert (top["key"], top["value"]) == ("service.instance.id", "pod-7"), body["attributes"]
+    assert top["lift"] >= 3

@@ -1122,26 +1122,42 @@ def _compare_key_ok(key: str) -> bool:
     return not (_ID_KEY.search(key) or _TIME_KEY.search(key))
 
 
-def span_facets(row: dict) -> dict[str, str]:
+def _blob_facets(blob) -> dict[str, str]:
+    """The rankable scalars of one attributes or resource JSON object (``span_facets``)."""
+    out: dict[str, str] = {}
+    try:
+        d = _orjson.loads(blob) if isinstance(blob, (str, bytes)) else blob
+    except _orjson.JSONDecodeError:
+        return out
+    if not isinstance(d, dict):
+        return out
+    for k, v in d.items():
+        if not isinstance(k, str) or not _compare_key_ok(k):
+            continue
+        g = _group_value(v)
+        if g is not None and len(g) <= 256:
+            out[k] = g
+    return out
+
+
+def span_facets(row: dict, resources: dict | None = None) -> dict[str, str]:
     """Pure: the attribute values of one subject span a Compare ranks: span attributes,
     resource attributes (span wins on a clash), ``service.instance.id`` and the trace's
-    ``input_type``; scalars only, keys that look like ids or timestamps dropped."""
-    out: dict[str, str] = {}
-    for blob in (row.get("resource"), row.get("attributes")):
-        if not blob:
-            continue
-        try:
-            d = _orjson.loads(blob) if isinstance(blob, (str, bytes)) else blob
-        except _orjson.JSONDecodeError:
-            continue
-        if not isinstance(d, dict):
-            continue
-        for k, v in d.items():
-            if not isinstance(k, str) or not _compare_key_ok(k):
-                continue
-            g = _group_value(v)
-            if g is not None and len(g) <= 256:
-                out[k] = g
+    ``input_type``; scalars only, keys that look like ids or timestamps dropped.
+    ``resources``: resource JSON text -> its facets, filled as spans are seen (a service's
+    instances share a few resources: parsing each span's copy was a third of a Compare)."""
+    res = row.get("resource")
+    if not res:
+        out = {}
+    elif resources is None or not isinstance(res, (str, bytes)):
+        out = _blob_facets(res)
+    else:
+        known = resources.get(res)
+        if known is None:
+            known = resources[res] = _blob_facets(res)
+        out = dict(known)
+    if row.get("attributes"):
+        out.update(_blob_facets(row["attributes"]))
     if row.get("instance"):
         out.setdefault("service.instance.id", str(row["instance"]))
     if row.get("input_type"):
@@ -1290,11 +1306,12 @@ def compare(reader: StoreReader, window: Window, baseline: Window | None = None,
         # (only spans at or past the threshold are read: about a tenth of the selection's)
         sel_rows = _subject_rows(reader, window, filters, COMPARE_MAX_SPANS, min_ns=int(threshold_ns),
                                  expected=math.ceil(counts[0] * (1 - SLOW_QUANTILE)))
-        slow = [span_facets(r) for r in sel_rows if r["duration_ns"] > threshold_ns]
+        resources: dict = {}
+        slow = [span_facets(r, resources) for r in sel_rows if r["duration_ns"] > threshold_ns]
         if not slow:  # a sketch bucket's representative may sit above every span in it
-            slow = [span_facets(r) for r in sel_rows if r["duration_ns"] >= threshold_ns]
+            slow = [span_facets(r, resources) for r in sel_rows if r["duration_ns"] >= threshold_ns]
         base_rows = _subject_rows(reader, baseline, filters, COMPARE_MAX_SPANS, expected=counts[1])
-        attributes = attribute_lift(slow, [span_facets(r) for r in base_rows])
+        attributes = attribute_lift(slow, [span_facets(r, resources) for r in base_rows])
     return {
         "selection": {"start": rfc3339(window.start_ns), "end": rfc3339(window.end_ns), "count": counts[0], "traces": units[0]},
         "baseline": {"start": rfc3339(baseline.start_ns), "end": rfc3339(baseline.end_ns), "count": counts[1], "traces": units[1]},

@@ -25,7 +25,8 @@ newest span's minute (and 7 d when the store holds that much) it times, median o
 after one warm-up:
 
 * every ``/api/v1`` endpoint: health, pairs, input-types, stages, traces (no filter, a pair,
-  a pair and a latency band, a stage), traces/<id>, cache, anomalies, compare;
+  a pair and a latency band, a stage), traces/<id>, cache, anomalies, compare (the busiest
+  pair, the busiest one whose callee sends spans, whole traces);
 * every page's data callback, called as the browser calls it (``POST /_dash-update-component``
   with the page's state store; figures and tables built and serialised);
 * the query functions those callbacks call (``app/queries.py``, ``app/findings.find``).
@@ -331,6 +332,12 @@ def pick_subject(reader, window) -> Subject:
         # its caller's slower calls to other services (the hard case for an exemplar search).
         fast = min(pairs[:10], key=lambda p: (p["p50_ms"] if p["p50_ms"] is not None else math.inf))
         subject.extra["fast_pair"] = (fast["caller"], fast["callee"])
+    # Compare reads the callee's SERVER spans: the busiest pair whose callee sends spans of
+    # its own (the busiest pair's callee may be an uninstrumented database, read in no time).
+    served = next((p for p in pairs if reader.subject_spans(window.start_ns, window.end_ns, kind=2,
+                                                            service=p["callee"], limit=1)), None)
+    if served is not None and (served["caller"], served["callee"]) != (caller, callee):
+        subject.extra["served_pair"] = (served["caller"], served["callee"])
     return subject
 
 
@@ -554,6 +561,11 @@ def build_calls(app, client, reader, window, subject: Subject) -> list[Call]:
              api(f"/api/v1/compare?{q}" + (f"&{pair_q}" if pair_q else ""))),
         Call("api", "/api/v1/share?panel=pair-heatmap", api(f"/api/v1/share?panel=pair-heatmap&{q}")),
     ]
+    if "served_pair" in subject.extra:
+        served_q = "caller={}&callee={}".format(*subject.extra["served_pair"])
+        calls.append(Call("api", "/api/v1/compare?caller&callee (the busiest pair with an instrumented callee)",
+                          api(f"/api/v1/compare?{q}&{served_q}")))
+    calls.append(Call("api", "/api/v1/compare (whole traces)", api(f"/api/v1/compare?{q}")))
 
     # Page data callbacks, as the browser calls them.
     dash_app = app.extensions["modalscope"]["dash"]
@@ -562,7 +574,10 @@ def build_calls(app, client, reader, window, subject: Subject) -> list[Call]:
         "drilldown": [(" pair", {**base, **pair_state})] + ([(" pair+band", {**base, **band_state})] if band_state else []),
         "trace": [("", {"trace_id": subject.trace_id, "state": base})],
         "cache": [("", {**base, "group_by": subject.group_by})],
-        "compare": [(" pair" if pair_state else "", {**base, **pair_state})],
+        "compare": [(" pair" if pair_state else "", {**base, **pair_state})]
+        + ([(" pair with an instrumented callee", {**base, "caller": subject.extra["served_pair"][0],
+                                                 "callee": subject.extra["served_pair"][1]})]
+           if "served_pair" in subject.extra else []),
     }
     for label, key, store in page_callbacks(dash_app):
         page = label.split(" ", 1)[0]
@@ -935,7 +950,8 @@ def measure(url: str, runs: int, baseline_runs: int, no_baseline: bool, groups: 
         subject = pick_subject(reader, w)
         out["windows"][label] = {"start_ns": w.start_ns, "end_ns": w.end_ns, "caller": subject.caller,
                                  "callee": subject.callee, "band_ms": subject.band, "trace_id": subject.trace_id,
-                                 "fast_pair": subject.extra.get("fast_pair")}
+                                 "fast_pair": subject.extra.get("fast_pair"),
+                                 "served_pair": subject.extra.get("served_pair")}
         calls = [c for c in build_calls(app, client, reader, w, subject) if c.group in groups]
         for i, call in enumerate(calls, 1):
             bl.log(f"[{label}] {i}/{len(calls)} {call.group}: {call.name}")

@@ -94,6 +94,12 @@ def test_span_facets_drop_ids_timestamps_and_structures():
            "instance": "pod-7", "input_type": "image"}
     assert queries.span_facets(row) == {"service.name": "enc", "service.instance.id": "pod-7", "user_tier": "gold",
                                         "cache.hit": "false", "batch.size": "4", "input_type": "image"}
+    # A resource seen before is taken from ``resources``, and a span's own values still win.
+    resources: dict = {}
+    assert queries.span_facets(row, resources) == queries.span_facets(row)
+    other = {**row, "attributes": orjson.dumps({"user_tier": "bronze"}).decode()}
+    assert queries.span_facets(other, resources)["user_tier"] == "bronze"
+    assert list(resources.values()) == [{"service.name": "enc", "service.instance.id": "pod-7", "user_tier": "res"}]
 
 
 def test_attribute_lift_ranks_skips_high_cardinality_and_needs_counts():

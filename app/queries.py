@@ -1098,7 +1098,7 @@ def cache_rates_and_series(reader: StoreReader, window: Window, group_by: str | 
 # -- triage compare --------------------------------------------------------------------
 #: Subject spans read per window: a sample spread over the window when it holds more
 #: (``StoreReader.subject_spans``). The selection's are its slow spans only.
-COMPARE_MAX_SPANS = 3_000
+COMPARE_MAX_SPANS = 2_000
 COMPARE_MAX_VALUES = 50  # keys with more distinct values are skipped (ids, free text)
 COMPARE_TOP = 10
 COMPARE_MIN_SELECTION = 5  # slow spans in the selection carrying the value

@@ -46,6 +46,20 @@ def index_by_bitmap(conn: Connection) -> None:
         conn.execute(text("SET LOCAL enable_indexscan = off"))
 
 
+def plan_for_parameters(conn: Connection) -> None:
+    """For the rest of this transaction, PostgreSQL plans every statement for its own
+    parameters; nothing elsewhere.
+
+    psycopg prepares a statement it has run five times, and PostgreSQL may then keep one
+    generic plan for any parameters. For reads whose best plan depends on the window (a
+    Compare's stretches of one service's spans) that plan was the wrong one: a day's Compare
+    of one pair took 420-565 ms on every call after the first, 57-153 ms planned each time
+    (10 M spans). Not for every read: planning each statement anew made the raw-span reads
+    slower (BENCHMARKS.md session 21)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SET LOCAL plan_cache_mode = force_custom_plan"))
+
+
 def supports_skip_locked(conn: Connection) -> bool:
     # SQLite serialises writers with BEGIN IMMEDIATE; row locks exist only on PostgreSQL.
     return conn.dialect.name == "postgresql"

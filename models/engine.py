@@ -72,27 +72,31 @@ def make_engine(url: str, *, write: bool = False, pool_size: int = 5) -> Engine:
     engine = create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=pool_size,
                            connect_args=connect_args)
     _configure_binary_results(engine)
-    _configure_parallel_setup_cost(engine)
+    _configure_session_settings(engine)
     return engine
 
 
-#: ``parallel_setup_cost`` on this project's PostgreSQL sessions (the server's default is 1000).
-#: Starting parallel workers took 10-15 ms here, and the planner chose them for reads of a
-#: millisecond: the Stages view's hour of rollups (1,900 rows) took 36 ms with two workers and
-#: 23 ms without (1 M spans, BENCHMARKS.md session 21). At this cost only plans that are large
-#: by the planner's estimate run in parallel. A URL whose ``options`` set it keeps its own.
-PARALLEL_SETUP_COST = 10_000
+#: Settings of this project's PostgreSQL sessions; a URL whose ``options`` name one keeps its own.
+#: - ``parallel_setup_cost`` (the server's default is 1000): starting parallel workers took
+#:   10-15 ms here, and the planner chose them for reads of a millisecond: the Stages view's
+#:   hour of rollups (1,900 rows) took 36 ms with two workers and 23 ms without (1 M spans,
+#:   BENCHMARKS.md session 21). At this cost only plans that are large by the planner's
+#:   estimate run in parallel.
+SESSION_SETTINGS = {"parallel_setup_cost": "10000"}
 
 
-def _configure_parallel_setup_cost(engine: Engine) -> None:
-    if "parallel_setup_cost" in str(engine.url.query.get("options", "")):
+def _configure_session_settings(engine: Engine) -> None:
+    own = str(engine.url.query.get("options", ""))
+    statements = [f"SET {name} = {value}" for name, value in SESSION_SETTINGS.items() if name not in own]
+    if not statements:
         return
 
     @event.listens_for(engine, "connect")
-    def _set_cost(dbapi_connection, connection_record):
-        # (a session setting: committed so that it outlives this first transaction)
+    def _set(dbapi_connection, connection_record):
+        # (session settings: committed so that they outlive this first transaction)
         with dbapi_connection.cursor() as cursor:
-            cursor.execute(f"SET parallel_setup_cost = {PARALLEL_SETUP_COST}")
+            for statement in statements:
+                cursor.execute(statement)
         dbapi_connection.commit()
 
 

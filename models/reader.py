@@ -24,7 +24,7 @@ from . import (MINUTE_BOUNDARY_CURSOR, PAIR_CALLS_CURSOR, Cursor, HourlyRollup, 
                Series, Span, Trace)
 from . import packs
 from .buckets import MAX_BUCKET, duration_bucket
-from .dialect import contains_text_in, index_by_bitmap
+from .dialect import contains_text_in, index_by_bitmap, plan_for_parameters
 from .engine import BINARY_RESULTS
 from .sketch import Histogram, merge_blobs
 
@@ -934,7 +934,8 @@ class StoreReader:
         columns = (Span.trace_id, Span.start_ns, Span.duration_ns, Span.attributes, Span.resource, Span.instance,
                    Trace.input_type)
         out: list[dict] = []
-        with self._reads.connect() as conn:
+        with self.engine.connect() as conn:  # (a transaction: plan_for_parameters' SET LOCAL)
+            plan_for_parameters(conn)
             buckets = self._walk_bucket_list(conn, service, min_ns, None) if service else None
             if buckets is not None and not buckets:
                 return []

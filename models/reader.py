@@ -967,7 +967,9 @@ class StoreReader:
         """``subject_spans`` rows of the root spans of the traces starting in [lo, hi) (at least
         ``min_ns`` long), newest trace first: the traces from their table, then their root
         spans by trace id. (As one join PostgreSQL's planner took a parallel scan of the whole
-        traces table for an hour's slow traces: 210 ms.)"""
+        traces table for an hour's slow traces: 210 ms.) Settled traces only, as in the
+        rollups Compare's counts and threshold come from: a pending trace's row has no start
+        yet."""
         conds = [Trace.start_ns >= lo, Trace.start_ns < hi]
         if min_ns is not None:  # (a root span is at most as long as its trace)
             conds.append(Trace.duration_ns >= min_ns)

@@ -931,8 +931,13 @@ class StoreReader:
             parts = [(start_ns + int(i * step), min(end_ns, start_ns + int(i * step) + width))
                      for i in range(clusters - 1, -1, -1)]
             per_part = -(-limit // clusters)
-        columns = (Span.trace_id, Span.start_ns, Span.duration_ns, Span.attributes, Span.resource, Span.instance,
-                   Trace.input_type)
+        stmt = (select(Span.trace_id, Span.start_ns, Span.duration_ns, Span.attributes, Span.resource, Span.instance,
+                       Trace.input_type)
+                .select_from(Span).outerjoin(Trace, Trace.trace_id == Span.trace_id).order_by(Span.start_ns.desc()))
+        narrowing = [cond for cond in (Span.duration_ns >= min_ns if min_ns is not None else None,
+                                       Span.kind == kind if kind is not None else None,
+                                       Span.stage == stage if stage else None,
+                                       Trace.input_type == input_type if input_type else None) if cond is not None]
         out: list[dict] = []
         with self.engine.connect() as conn:  # (a transaction: plan_for_parameters' SET LOCAL)
             plan_for_parameters(conn)
@@ -940,25 +945,15 @@ class StoreReader:
             if buckets is not None and not buckets:
                 return []
             for lo, hi in parts:
-                if len(out) >= limit:
+                wanted = min(per_part, limit - len(out))
+                if wanted <= 0:
                     break
                 if root_only:
-                    out.extend(self._root_spans(conn, lo, hi, min_ns, input_type, min(per_part, limit - len(out))))
+                    out.extend(self._root_spans(conn, lo, hi, min_ns, input_type, wanted))
                     continue
-                conds = (self._walk_conds(service, buckets, lo, hi, None, None) if service
-                         else [Span.start_ns >= lo, Span.start_ns < hi])
-                stmt = (select(*columns).select_from(Span)
-                        .outerjoin(Trace, Trace.trace_id == Span.trace_id).order_by(Span.start_ns.desc()))
-                if min_ns is not None:
-                    conds.append(Span.duration_ns >= min_ns)
-                if kind is not None:
-                    conds.append(Span.kind == kind)
-                if stage:
-                    conds.append(Span.stage == stage)
-                if input_type:
-                    conds.append(Trace.input_type == input_type)
-                rows = conn.execute(stmt.where(*conds).limit(min(per_part, limit - len(out)))).mappings()
-                out.extend(dict(r) for r in rows)
+                span_range = (self._walk_conds(service, buckets, lo, hi, None, None) if service
+                              else [Span.start_ns >= lo, Span.start_ns < hi])
+                out.extend(dict(r) for r in conn.execute(stmt.where(*span_range, *narrowing).limit(wanted)).mappings())
         return out[:limit]
 
     @staticmethod
@@ -982,10 +977,10 @@ class StoreReader:
         span_conds = [Span.trace_id.in_([t for t, _ in traces]), Span.parent_span_id.is_(None)]
         if min_ns is not None:
             span_conds.append(Span.duration_ns >= min_ns)
-        roots: dict[str, list[dict]] = {}
+        roots: dict[str, list] = {}
         for r in conn.execute(select(Span.trace_id, Span.start_ns, Span.duration_ns, Span.attributes, Span.resource,
                                      Span.instance).where(*span_conds)).mappings():
-            roots.setdefault(r["trace_id"], []).append(dict(r))
+            roots.setdefault(r["trace_id"], []).append(r)
         return [{**r, "input_type": it} for t, it in traces for r in roots.get(t, ())]
 
     # -- findings readers (issue 5) ----------------------------------------------------

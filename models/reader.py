@@ -158,6 +158,9 @@ _KEPT_FROM = select(Cursor.position).where(Cursor.name == MINUTE_BOUNDARY_CURSOR
 TIERS_PER_STATEMENT = 8
 #: Evenly spaced stretches a sampled ``subject_spans`` read takes from its window.
 SUBJECT_CLUSTERS = 12
+#: Traces whose root spans one statement looks up (two bound values each: a statement's
+#: values stay well under SQLite's 32,766).
+ROOTS_PER_STATEMENT = 2_000
 
 
 @functools.cache
@@ -922,7 +925,8 @@ class StoreReader:
         window's newest minutes only, and a read bounded by ``limit`` rather than by the
         window (a day of one service's spans at ten million a day took 6-17 s to read).
         A service's spans are read through its span index (``ix_spans_duration_walk``),
-        whole traces through the traces table."""
+        whole traces (``root_only``: each trace's root span, the earliest where it has
+        several) through the traces table: at most ``limit`` traces."""
         parts = [(start_ns, end_ns)]
         per_part = limit
         if expected is not None and expected > limit and end_ns - start_ns > clusters:
@@ -944,44 +948,62 @@ class StoreReader:
             buckets = self._walk_bucket_list(conn, service, min_ns, None) if service else None
             if buckets is not None and not buckets:
                 return []
+            if root_only:  # every stretch's traces, then all their root spans in one statement
+                traces: list = []
+                for lo, hi in parts:
+                    wanted = min(per_part, limit - len(traces))
+                    if wanted <= 0:
+                        break
+                    traces.extend(self._slow_traces_in(conn, lo, hi, min_ns, input_type, wanted))
+                return self._root_spans(conn, traces, min_ns)[:limit]
             for lo, hi in parts:
                 wanted = min(per_part, limit - len(out))
                 if wanted <= 0:
                     break
-                if root_only:
-                    out.extend(self._root_spans(conn, lo, hi, min_ns, input_type, wanted))
-                    continue
                 span_range = (self._walk_conds(service, buckets, lo, hi, None, None) if service
                               else [Span.start_ns >= lo, Span.start_ns < hi])
                 out.extend(dict(r) for r in conn.execute(stmt.where(*span_range, *narrowing).limit(wanted)).mappings())
         return out[:limit]
 
     @staticmethod
-    def _root_spans(conn: Connection, lo: int, hi: int, min_ns: int | None, input_type: str | None,
-                    limit: int) -> list[dict]:
-        """``subject_spans`` rows of the root spans of the traces starting in [lo, hi) (at least
-        ``min_ns`` long), newest trace first: the traces from their table, then their root
-        spans by trace id. (As one join PostgreSQL's planner took a parallel scan of the whole
-        traces table for an hour's slow traces: 210 ms.) Settled traces only, as in the
-        rollups Compare's counts and threshold come from: a pending trace's row has no start
-        yet."""
+    def _slow_traces_in(conn: Connection, lo: int, hi: int, min_ns: int | None, input_type: str | None,
+                        limit: int) -> list:
+        """``(trace_id, input_type, start_ns)`` of the traces starting in [lo, hi) at least
+        ``min_ns`` long, newest first. Settled traces only, as in the rollups Compare's counts
+        and threshold come from: a pending trace's row has no start yet."""
         conds = [Trace.start_ns >= lo, Trace.start_ns < hi]
         if min_ns is not None:  # (a root span is at most as long as its trace)
             conds.append(Trace.duration_ns >= min_ns)
         if input_type:
             conds.append(Trace.input_type == input_type)
-        traces = conn.execute(select(Trace.trace_id, Trace.input_type).where(*conds)
-                              .order_by(Trace.start_ns.desc()).limit(limit)).all()
+        return conn.execute(select(Trace.trace_id, Trace.input_type, Trace.start_ns).where(*conds)
+                            .order_by(Trace.start_ns.desc()).limit(limit)).all()
+
+    @staticmethod
+    def _root_spans(conn: Connection, traces: list, min_ns: int | None) -> list[dict]:
+        """``subject_spans`` rows of the root spans of ``traces`` (``_slow_traces_in``'s rows),
+        in their order. (The traces first, then their roots: as one join PostgreSQL's planner
+        took a parallel scan of the whole traces table for an hour's slow traces: 210 ms.)"""
         if not traces:
             return []
-        span_conds = [Span.trace_id.in_([t for t, _ in traces]), Span.parent_span_id.is_(None)]
-        if min_ns is not None:
-            span_conds.append(Span.duration_ns >= min_ns)
+        # A settled trace starts where its root span does (the earliest root: the settler's
+        # ``find_root``), so its root is found through the start_ns index, a look-up a trace.
+        # By trace id every span of the trace was read to test its parent (~27 a trace at ten
+        # million spans: an hour's whole-trace Compare spent 125 of 300 ms there on SQLite).
+        # "|| ''" keeps the planner off the trace id index; the ids only confirm each match.
+        starts = {(t, s) for t, _, s in traces}
         roots: dict[str, list] = {}
-        for r in conn.execute(select(Span.trace_id, Span.start_ns, Span.duration_ns, Span.attributes, Span.resource,
-                                     Span.instance).where(*span_conds)).mappings():
-            roots.setdefault(r["trace_id"], []).append(r)
-        return [{**r, "input_type": it} for t, it in traces for r in roots.get(t, ())]
+        for i in range(0, len(traces), ROOTS_PER_STATEMENT):
+            chunk = traces[i : i + ROOTS_PER_STATEMENT]
+            span_conds = [Span.start_ns.in_(sorted({s for _, _, s in chunk})), Span.parent_span_id.is_(None),
+                          Span.trace_id.concat("").in_([t for t, _, _ in chunk])]
+            if min_ns is not None:
+                span_conds.append(Span.duration_ns >= min_ns)
+            for r in conn.execute(select(Span.trace_id, Span.start_ns, Span.duration_ns, Span.attributes,
+                                         Span.resource, Span.instance).where(*span_conds)).mappings():
+                if (r["trace_id"], r["start_ns"]) in starts:
+                    roots.setdefault(r["trace_id"], []).append(r)
+        return [{**r, "input_type": it} for t, it, _ in traces for r in roots.get(t, ())]
 
     # -- findings readers (issue 5) ----------------------------------------------------
     def rollup_rows(self, kind: str, start_ns: int, end_ns: int, dims: tuple[str, ...],

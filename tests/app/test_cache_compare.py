@@ -245,6 +245,43 @@ def test_subject_spans_sample_spreads_over_the_window_and_reads_only_long_enough
     assert 24 <= len(spread) <= 48 and max(r["start_ns"] for r in spread) - min(r["start_ns"] for r in spread) > 50 * MIN
 
 
+def test_whole_trace_subject_spans_are_each_traces_own_root(engine):
+    """Whole traces' spans are their root spans, found by the trace's start: a child starting
+    with its root is no root, a second root later in the trace is not the trace's, two traces
+    whose roots start in the same nanosecond each get their own, a trace without a root gives
+    none, and ``min_ns`` holds on the root's own duration."""
+    from modalscope.models.reader import StoreReader
+
+    base = (time.time_ns() // MIN - 30) * MIN
+    t = base + 5 * MIN
+    res = {"service.name": "gateway"}
+
+    def span(tid, sid, parent, start, ms, name="POST /chat"):
+        return SpanRecord(tid, sid, parent, "gateway", name, KIND_SERVER, start, start + ms * MS, 0,
+                          attributes={"which": f"{tid[:2]}-{sid[:2]}"}, resource=res)
+
+    a, b, c, d = (f"{n:02x}" * 16 for n in (0xa1, 0xb2, 0xc3, 0xd4))
+    spans = [
+        span(a, "a1" * 8, None, t, 900), span(a, "a2" * 8, "a1" * 8, t, 800, "child"),  # child at the root's start
+        span(a, "a3" * 8, None, t + 2 * MIN, 50, "late-root"),  # a second, later root
+        span(b, "b1" * 8, None, t, 100), span(b, "b2" * 8, "b1" * 8, t + MS, 90, "child"),  # same start as a's root
+        span(c, "c2" * 8, "c9" * 8, t + 3 * MIN, 700, "orphan"),  # its parent never arrives: no root
+        span(d, "d1" * 8, None, t + 4 * MIN, 300),
+    ]
+    rules().tag(spans)
+    write_spans(engine, spans)
+    settle(engine, force=True)
+    reader = StoreReader(engine)
+    rows = reader.subject_spans(base, base + 30 * MIN, root_only=True)
+    got = {(r["trace_id"][:2], r["attributes"]) for r in rows}
+    assert got == {("a1", '{"which":"a1-a1"}'), ("b2", '{"which":"b2-b1"}'), ("d4", '{"which":"d4-d1"}')}
+    order = [r["trace_id"][:2] for r in rows]
+    assert order[0] == "d4" and sorted(order[1:]) == ["a1", "b2"]  # newest trace first (a and b start together)
+    slow = reader.subject_spans(base, base + 30 * MIN, root_only=True, min_ns=250 * MS)
+    assert sorted(r["trace_id"][:2] for r in slow) == ["a1", "d4"]
+    assert {r["duration_ns"] for r in slow} == {900 * MS, 300 * MS}
+
+
 def test_compare_on_a_sample_still_names_the_injected_attribute_first(spike, monkeypatch):
     """With far fewer spans read than the windows hold, Compare ranks the same value first."""
     client, base = spike

@@ -245,6 +245,50 @@ def test_subject_spans_sample_spreads_over_the_window_and_reads_only_long_enough
     assert 24 <= len(spread) <= 48 and max(r["start_ns"] for r in spread) - min(r["start_ns"] for r in spread) > 50 * MIN
 
 
+def test_stage_subject_spans_walk_the_stages_services_and_match_a_plain_scan(spike, engine):
+    """A stage without a service: its spans read through the span index of each service that
+    has the stage (two here), the same rows a scan of the window filtered by stage gives:
+    all of them, only the long ones, and a sample spread over the window from both services."""
+    from sqlalchemy import select
+
+    from modalscope.models import Span
+    from modalscope.models.reader import StoreReader
+
+    _, base = spike
+    rng = random.Random(5)
+    audio = []
+    for i in range(360):  # an audio encoder beside the vision one, every 10 s
+        t = base + i * MIN // 6 + 3 * MS
+        tid = f"{rng.getrandbits(128):032x}"
+        audio.append(SpanRecord(tid, f"{rng.getrandbits(64) | 1:016x}", None, "audio-encoder", "AudioEncoder/Encode",
+                                KIND_SERVER, t, t + int(rng.uniform(20, 2000) * MS), 0,
+                                resource={"service.name": "audio-encoder"}))
+    rules().tag(audio)
+    assert {s.stage for s in audio} == {"encoder"}
+    write_spans(engine, audio)
+    settle(engine, force=True)
+    reader = StoreReader(engine)
+    end = base + 60 * MIN
+    with engine.connect() as conn:
+        scan = conn.execute(select(Span.trace_id, Span.service, Span.start_ns, Span.duration_ns).where(
+            Span.start_ns >= base, Span.start_ns < end, Span.stage == "encoder")).all()
+    assert {r.service for r in scan} == {"vision-encoder", "audio-encoder"}
+
+    every = reader.subject_spans(base, end, stage="encoder", limit=100_000)
+    assert sorted((r["trace_id"], r["start_ns"]) for r in every) == sorted((r.trace_id, r.start_ns) for r in scan)
+    assert [r["start_ns"] for r in every] == sorted((r["start_ns"] for r in every), reverse=True)
+    slow_ns = 500 * MS
+    long_ones = reader.subject_spans(base, end, stage="encoder", min_ns=slow_ns)
+    assert sorted((r["trace_id"], r["start_ns"]) for r in long_ones) == \
+        sorted((r.trace_id, r.start_ns) for r in scan if r.duration_ns >= slow_ns)
+    sample = reader.subject_spans(base, end, stage="encoder", limit=120, expected=len(scan))
+    assert 60 <= len(sample) <= 120
+    services = {r.trace_id: r.service for r in scan}
+    assert {services[r["trace_id"]] for r in sample} == {"vision-encoder", "audio-encoder"}
+    assert len({(r["start_ns"] - base) // (5 * MIN) for r in sample}) == 12  # every 5 minutes of the hour
+    assert reader.subject_spans(base, end, stage="fusion") == []  # no service has the stage
+
+
 def test_whole_trace_subject_spans_are_each_traces_own_root(engine):
     """Whole traces' spans are their root spans, found by the trace's start: a child starting
     with its root is no root, a second root later in the trace is not the trace's, two traces

@@ -158,6 +158,9 @@ _KEPT_FROM = select(Cursor.position).where(Cursor.name == MINUTE_BOUNDARY_CURSOR
 TIERS_PER_STATEMENT = 8
 #: Evenly spaced stretches a sampled ``subject_spans`` read takes from its window.
 SUBJECT_CLUSTERS = 12
+#: Services a stage's spans may come from for ``subject_spans`` to walk their span indexes
+#: (more: the window is scanned through start_ns).
+STAGE_WALK_SERVICES = 8
 #: Traces whose root spans one statement looks up (two bound values each: a statement's
 #: values stay well under SQLite's 32,766).
 ROOTS_PER_STATEMENT = 2_000
@@ -956,10 +959,12 @@ class StoreReader:
                 # A stage's spans come from a few services (the services of its ``op`` series,
                 # as the rollups Compare counts from know them): their span indexes, not every
                 # service's spans of the window through start_ns (an hour's inference Compare at
-                # ten million spans read ~10x the spans it kept).
-                walks = {name: self._walk_bucket_list(conn, name, min_ns, None)
-                         for name in conn.execute(select(Series.service).where(
-                             Series.kind == "op", Series.stage == stage).distinct()).scalars() if name}
+                # ten million spans read ~10x the spans it kept). Past a few services the walks'
+                # seeks (one a duration bucket a service) cost more than the scan they replace.
+                names = [n for n in conn.execute(select(Series.service).where(
+                    Series.kind == "op", Series.stage == stage).distinct()).scalars() if n]
+                walks = ({name: self._walk_bucket_list(conn, name, min_ns, None) for name in names}
+                         if len(names) <= STAGE_WALK_SERVICES else None)
             else:
                 walks = None
             if walks is not None:

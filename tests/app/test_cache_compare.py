@@ -245,14 +245,19 @@ def test_subject_spans_sample_spreads_over_the_window_and_reads_only_long_enough
     assert 24 <= len(spread) <= 48 and max(r["start_ns"] for r in spread) - min(r["start_ns"] for r in spread) > 50 * MIN
 
 
-def test_stage_subject_spans_walk_the_stages_services_and_match_a_plain_scan(spike, engine):
+@pytest.mark.parametrize("walk_services", [8, 1], ids=["walked", "scanned"])
+def test_stage_subject_spans_walk_the_stages_services_and_match_a_plain_scan(spike, engine, monkeypatch,
+                                                                              walk_services):
     """A stage without a service: its spans read through the span index of each service that
-    has the stage (two here), the same rows a scan of the window filtered by stage gives:
-    all of them, only the long ones, and a sample spread over the window from both services."""
+    has the stage (two here; with more than ``STAGE_WALK_SERVICES``, through start_ns), the
+    same rows a scan of the window filtered by stage gives: all of them, only the long ones,
+    and a sample spread over the window from both services."""
     from sqlalchemy import select
 
-    from modalscope.models import Span
+    from modalscope.models import Span, reader as reader_module
     from modalscope.models.reader import StoreReader
+
+    monkeypatch.setattr(reader_module, "STAGE_WALK_SERVICES", walk_services)
 
     _, base = spike
     rng = random.Random(5)

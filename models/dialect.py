@@ -6,7 +6,7 @@ the dialect's spelling of "insert, ignoring duplicates" and "upsert".
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, Table, and_, case, cast, func, literal, or_, select, text, tuple_
+from sqlalchemy import Connection, Table, and_, any_, bindparam, case, cast, func, literal, or_, select, text, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 
 
@@ -58,6 +58,15 @@ def plan_for_parameters(conn: Connection) -> None:
     slower (BENCHMARKS.md session 21)."""
     if conn.dialect.name == "postgresql":
         conn.execute(text("SET LOCAL plan_cache_mode = force_custom_plan"))
+
+
+def one_of(conn: Connection, column, values: list, item_type):
+    """``column`` equals one of ``values`` (of SQL type ``item_type``). On PostgreSQL ``=
+    ANY(array)``, the values bound as one array: an ``IN`` of 1,855 start times (a whole-trace
+    Compare's roots) took 29 ms to bind, plan and run there, the array 11 ms. Elsewhere ``IN``."""
+    if conn.dialect.name == "postgresql":
+        return column == any_(bindparam(None, list(values), type_=postgresql.ARRAY(item_type)))
+    return column.in_(values)
 
 
 def supports_skip_locked(conn: Connection) -> bool:

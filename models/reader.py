@@ -17,14 +17,14 @@ import time
 
 import numpy as np
 
-from sqlalchemy import Connection, Engine, and_, bindparam, func, literal, null, or_, select, union_all
+from sqlalchemy import BigInteger, Connection, Engine, String, and_, bindparam, func, literal, null, or_, select, union_all
 from sqlalchemy.orm import aliased
 
 from . import (MINUTE_BOUNDARY_CURSOR, PAIR_CALLS_CURSOR, Cursor, HourlyRollup, PairCall, QuarterRollup, Rollup,
                Series, Span, Trace)
 from . import packs
 from .buckets import MAX_BUCKET, duration_bucket
-from .dialect import contains_text_in, index_by_bitmap, plan_for_parameters
+from .dialect import contains_text_in, index_by_bitmap, one_of, plan_for_parameters
 from .engine import BINARY_RESULTS
 from .sketch import Histogram, merge_blobs
 
@@ -1024,8 +1024,9 @@ class StoreReader:
         roots: dict[str, list] = {}
         for i in range(0, len(traces), ROOTS_PER_STATEMENT):
             chunk = traces[i : i + ROOTS_PER_STATEMENT]
-            span_conds = [Span.start_ns.in_(sorted({s for _, _, s in chunk})), Span.parent_span_id.is_(None),
-                          Span.trace_id.concat("").in_([t for t, _, _ in chunk])]
+            span_conds = [one_of(conn, Span.start_ns, sorted({s for _, _, s in chunk}), BigInteger),
+                          Span.parent_span_id.is_(None),
+                          one_of(conn, Span.trace_id.concat(""), [t for t, _, _ in chunk], String)]
             if min_ns is not None:
                 span_conds.append(Span.duration_ns >= min_ns)
             for r in conn.execute(select(Span.trace_id, Span.start_ns, Span.duration_ns, Span.attributes,

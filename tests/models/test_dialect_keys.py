@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import random
 
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import BigInteger, String, delete, func, insert, select
 
 from modalscope.models import Rollup, Series
-from modalscope.models.dialect import keys_clause, rows_with_keys
+from modalscope.models.dialect import keys_clause, one_of, rows_with_keys
 
 
 def _fill(engine, minutes: int, series: int) -> None:
@@ -68,3 +68,18 @@ def test_on_sqlite_the_lookups_search_the_primary_key(tmp_path):
             assert "INDEX sqlite_autoindex_rollups_1 (minute=? AND series_id=?)" in plan, plan
             assert "SCAN rollups" not in plan and "SCAN r " not in plan + " ", plan
     engine.dispose()
+
+
+def test_one_of_matches_exactly_the_listed_values_of_either_type(engine):
+    """``one_of`` (PostgreSQL: ``= ANY(array)``, SQLite: ``IN``) keeps exactly the rows whose
+    value is listed: integers, strings (also through an expression), none."""
+    _fill(engine, 30, 4)
+    minutes = [29_000_000 + m for m in (0, 7, 29, 45)]  # 45: no such minute
+    with engine.connect() as conn:
+        rows = conn.execute(select(Rollup.minute, Rollup.series_id).where(
+            one_of(conn, Rollup.minute, minutes, BigInteger), Rollup.series_id >= 900_000)).all()
+        assert sorted(rows) == [(m, 900_000 + s) for m in minutes[:3] for s in range(4)]
+        callees = conn.execute(select(Series.callee).where(
+            one_of(conn, Series.callee.concat(""), ["b1", "b3", "nobody"], String))).scalars().all()
+        assert sorted(callees) == ["b1", "b3"]
+        assert conn.execute(select(Rollup.minute).where(one_of(conn, Rollup.minute, [], BigInteger))).all() == []

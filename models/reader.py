@@ -590,10 +590,14 @@ class StoreReader:
     def services_of(self, kind: str, filters: Filters) -> list[str]:
         """Services that have ``kind`` series matching ``filters`` (for a pair: the callers):
         the candidates an exemplar search walks when no service is named."""
+        with self._reads.connect() as conn:
+            return self._services_in(conn, kind, filters)
+
+    def _services_in(self, conn: Connection, kind: str, filters: Filters) -> list[str]:
+        """``services_of`` over a connection the caller already holds."""
         col = Series.caller if kind == "pair" else Series.service
         stmt = select(col).where(self._series_filter(kind, filters)).distinct()
-        with self._reads.connect() as conn:
-            return sorted(v for v in conn.execute(stmt).scalars() if v)
+        return sorted(v for v in conn.execute(stmt).scalars() if v)
 
     def callee_children(self, parents: Iterable[tuple[str, str]]) -> list[dict]:
         """SERVER/CONSUMER children of the given (trace_id, span_id) spans (found through the
@@ -961,8 +965,7 @@ class StoreReader:
                 # service's spans of the window through start_ns (an hour's inference Compare at
                 # ten million spans read ~10x the spans it kept). Past a few services the walks'
                 # seeks (one a duration bucket a service) cost more than the scan they replace.
-                names = [n for n in conn.execute(select(Series.service).where(
-                    Series.kind == "op", Series.stage == stage).distinct()).scalars() if n]
+                names = self._services_in(conn, "op", Filters(stage=stage))
                 walks = ({name: self._walk_bucket_list(conn, name, min_ns, None) for name in names}
                          if len(names) <= STAGE_WALK_SERVICES else None)
             else:

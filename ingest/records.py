@@ -41,7 +41,7 @@ STATUS_NAMES = {STATUS_UNSET: "UNSET", STATUS_OK: "OK", STATUS_ERROR: "ERROR"}
 SOURCES = ("otlp", "cloud-trace", "import")
 
 STAGES = ("preprocessing", "encoder", "fusion", "inference", "network", "other")
-INPUT_TYPES = ("text", "image", "multi_image", "audio", "unknown")
+INPUT_TYPES = ("text", "image", "multi_image", "audio", "video", "unknown")
 
 
 @dataclass(slots=True)
@@ -51,7 +51,7 @@ class SpanRecord:
     Ids are lowercase hex (32 digits a trace, 16 a span); times are unix nanoseconds.
     ``attributes`` holds the span's own attributes, ``resource`` the resource's
     (``service.name``, ``service.instance.id``, ...), values as sent: str, int, float,
-    bool, list or dict. ``stage`` is filled by the tagger, not by decoders.
+    bool, list or dict. ``stage`` and ``signals`` are filled by the tagger, not by decoders.
     """
 
     trace_id: str
@@ -70,6 +70,11 @@ class SpanRecord:
     source: str = "otlp"
     scope: str = ""
     stage: str | None = None
+    # [{"trace_id", "span_id", "attributes"}]: OTLP span links (ids lowercase hex)
+    links: list[dict[str, Any]] = field(default_factory=list)
+    # What the span says about its trace, read from the full attribute values before any
+    # cap cuts them (ingest/signals.py): media counts, model call, tokens. None: nothing.
+    signals: dict[str, Any] | None = None
 
     @property
     def duration_ns(self) -> int:

@@ -26,6 +26,7 @@ from importlib import resources
 from typing import Any, Iterable
 
 from .records import KIND_CLIENT, KIND_PRODUCER, STAGES, SpanRecord
+from .signals import span_signals
 
 __all__ = [
     "DEFAULT_RULES_FILE",
@@ -310,10 +311,11 @@ class StageRules:
         )
 
     def tag(self, spans: Iterable[SpanRecord]) -> None:
-        """Set ``.stage`` on every span."""
+        """Set ``.stage`` and ``.signals`` (ingest/signals.py) on every span."""
         stage_of = self.stage_of
         for span in spans:
             span.stage = stage_of(span)
+            span.signals = span_signals(span)
 
     def clear_cache(self) -> None:
         self._name_cache.clear()

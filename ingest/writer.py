@@ -134,7 +134,7 @@ def _json(value) -> str:
 
 SPAN_COLUMNS = ("trace_id", "span_id", "parent_span_id", "service", "name", "kind", "stage", "start_ns",
                 "duration_ns", "duration_bucket", "status", "status_message", "source", "instance", "scope",
-                "attributes", "resource", "events")
+                "attributes", "resource", "events", "links", "signals")
 _TRACE_ID, _START = SPAN_COLUMNS.index("trace_id"), SPAN_COLUMNS.index("start_ns")
 
 
@@ -159,6 +159,8 @@ def span_rows(records: Sequence[SpanRecord]) -> list[tuple]:
             _clean(_json(r.attributes)) if r.attributes else "{}",
             res[0],
             _clean(_json(r.events)) if r.events else None,
+            _clean(_json(r.links)) if r.links else None,
+            _json(r.signals) if r.signals else None,
         ))
     return rows
 

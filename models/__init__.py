@@ -79,6 +79,10 @@ class Span(Base):
     attributes: Mapped[str] = mapped_column(Text)  # JSON object
     resource: Mapped[str] = mapped_column(Text)  # JSON object
     events: Mapped[str | None] = mapped_column(Text)  # JSON list or NULL
+    links: Mapped[str | None] = mapped_column(Text)  # JSON list of {trace_id, span_id, attributes} or NULL
+    # What the span says about its trace (ingest/signals.py), JSON or NULL: read at ingest
+    # from the whole attribute values, so settling never parses large message contents.
+    signals: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         UniqueConstraint("trace_id", "span_id"),

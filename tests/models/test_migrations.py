@@ -121,7 +121,7 @@ def _write_pre_0007(engine, records) -> None:
     """Spans as the writer stored them before 0007 (no duration_bucket column), traces pending."""
     from modalscope.ingest.writer import SPAN_COLUMNS, span_rows
 
-    keep = [i for i, c in enumerate(SPAN_COLUMNS) if c != "duration_bucket"]
+    keep = [i for i, c in enumerate(SPAN_COLUMNS) if c not in ("duration_bucket", "links", "signals")]
     cols = ", ".join(SPAN_COLUMNS[i] for i in keep)
     marks = ", ".join(["?" if engine.dialect.name == "sqlite" else "%s"] * len(keep))
     rows = [tuple(r[i] for i in keep) for r in span_rows(records)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from itertools import groupby
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -45,6 +46,9 @@ def request_json(spans) -> dict:
             }
             if s.parent_span_id:
                 span["parentSpanId"] = s.parent_span_id
+            if s.links:
+                span["links"] = [{"traceId": ln["trace_id"], "spanId": ln["span_id"],
+                                  "attributes": _attrs_json(ln["attributes"])} for ln in s.links]
             out.append(span)
         resource = {"service.name": service}
         resource_spans.append({"resource": {"attributes": _attrs_json(resource)},
@@ -83,8 +87,43 @@ def request_protobuf(spans) -> bytes:
             p.status.code = s.status
             for k, v in s.attributes.items():
                 p.attributes.append(KeyValue(key=k, value=anyv(v)))
+            for ln in s.links:
+                link = p.links.add(trace_id=bytes.fromhex(ln["trace_id"]), span_id=bytes.fromhex(ln["span_id"]))
+                for k, v in ln["attributes"].items():
+                    link.attributes.append(KeyValue(key=k, value=anyv(v)))
     return req.SerializeToString()
 
 
 def json_line(spans) -> str:
     return json.dumps(request_json(spans))
+
+
+_CAMEL_WORD = re.compile(r"(?<=[a-z])([A-Z])")
+
+
+def snake_case(obj):
+    """An OTLP/JSON request with protobuf's field names (``resource_spans``, ``trace_id``,
+    ``string_value``), as some proto-JSON converters write it. Keys inside attributes are
+    values of ``key`` and stay as they are."""
+    if isinstance(obj, dict):
+        return {_CAMEL_WORD.sub(lambda m: "_" + m.group(1).lower(), k): snake_case(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [snake_case(v) for v in obj]
+    return obj
+
+
+def logs_request_json(n: int = 2, service: str = "gateway") -> dict:
+    """An OTLP/JSON logs request, as a Collector file exporter with a logs pipeline writes it."""
+    records = [{"timeUnixNano": str(1_700_000_000_000_000_000 + i), "severityNumber": 9, "severityText": "INFO",
+                "body": {"stringValue": f"request {i} done"},
+                "attributes": [{"key": "http.route", "value": {"stringValue": "/v1/chat"}}]} for i in range(n)]
+    return {"resourceLogs": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": service}}]},
+                              "scopeLogs": [{"scope": {"name": "app"}, "logRecords": records}]}]}
+
+
+def metrics_request_json(start_ns: int = 1_000_000_000, service: str = "gateway") -> dict:
+    """An OTLP/JSON metrics request (a cumulative sum: its points have start times, too)."""
+    point = {"startTimeUnixNano": str(start_ns), "timeUnixNano": str(start_ns + 60_000_000_000), "asInt": "42"}
+    metric = {"name": "requests", "sum": {"dataPoints": [point], "aggregationTemporality": 2, "isMonotonic": True}}
+    return {"resourceMetrics": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": service}}]},
+                                 "scopeMetrics": [{"scope": {"name": "app"}, "metrics": [metric]}]}]}

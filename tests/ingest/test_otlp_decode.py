@@ -11,6 +11,7 @@ import json
 import math
 import os
 import random
+import re
 
 import pytest
 from google.protobuf import json_format
@@ -32,6 +33,7 @@ from modalscope.ingest import otlp
 from modalscope.ingest.otlp import (
     DecodeError,
     DecodeResult,
+    NotTracesError,
     decode_json,
     decode_protobuf,
     decode_request_message,
@@ -48,6 +50,8 @@ from modalscope.ingest.records import (
     STATUS_UNSET,
     SpanRecord,
 )
+
+from tests.otlp_payloads import logs_request_json, metrics_request_json, snake_case
 
 PB = "application/x-protobuf"
 JS = "application/json"
@@ -159,7 +163,11 @@ def _to_otlp_json(req: ExportTraceServiceRequest) -> dict:
                     "flags": sp.flags,
                     "droppedAttributesCount": 0,
                     "traceState": "",
-                    "links": [],
+                    "links": [
+                        {"traceId": ln.trace_id.hex().upper(), "spanId": ln.span_id.hex(),
+                         "attributes": _kvs_to_json(ln.attributes), "traceState": ln.trace_state}
+                        for ln in sp.links
+                    ],
                     "status": {"code": sp.status.code, "message": sp.status.message},
                 }
                 if sp.parent_span_id:
@@ -810,3 +818,221 @@ def test_response_media_type():
 
 def test_decode_error_is_one_line():
     assert str(DecodeError("a\nb\r\n  c")) == "a b c"
+
+
+
+# ----------------------------------------------------------------------------- span links
+
+
+def _linked_sdk_spans():
+    """A queue hand-off recorded by the real SDK: a producer's trace, and a consumer's own
+    trace linked to it with ``start_as_current_span(..., links=[Link(ctx)])``; plus a link
+    to an invalid context that carries attributes (the SDK keeps it, with zero ids)."""
+    from opentelemetry.trace import INVALID_SPAN_CONTEXT, Link
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "ingest-queue"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("mm.queue")
+    with tracer.start_as_current_span("publish image batch", kind=SpanKind.PRODUCER) as producer:
+        produced = producer.get_span_context()
+    with tracer.start_as_current_span("enqueue audio", kind=SpanKind.PRODUCER) as other:
+        produced_2 = other.get_span_context()
+    from opentelemetry import context as otel_context
+
+    token = otel_context.attach(otel_context.Context())  # the consumer starts a trace of its own
+    try:
+        with tracer.start_as_current_span(
+            "process batch",
+            kind=SpanKind.CONSUMER,
+            links=[
+                Link(produced, {"messaging.operation": "receive", "batch.index": 0}),
+                Link(produced_2),
+                Link(INVALID_SPAN_CONTEXT, {"reason": "dropped by the broker"}),
+            ],
+        ):
+            pass
+    finally:
+        otel_context.detach(token)
+    spans = exporter.get_finished_spans()
+    provider.shutdown()
+    return {s.name: s for s in spans}
+
+
+def _expected_links(consumer, producers) -> list[dict]:
+    return [
+        {"trace_id": format(p.context.trace_id, "032x"), "span_id": format(p.context.span_id, "016x"),
+         "attributes": dict(attrs)}
+        for p, attrs in producers
+    ] + [{"trace_id": "0" * 32, "span_id": "0" * 16, "attributes": {"reason": "dropped by the broker"}}]
+
+
+def test_links_from_the_sdk_decode_on_every_path():
+    spans = _linked_sdk_spans()
+    req = encode_spans(list(spans.values()))
+    consumer = spans["process batch"]
+    assert len(consumer.links) == 3  # the SDK kept the invalid-context link: it has attributes
+    expected = _expected_links(consumer, [(spans["publish image batch"],
+                                           {"messaging.operation": "receive", "batch.index": 0}),
+                                          (spans["enqueue audio"], {})])
+    assert format(consumer.context.trace_id, "032x") != expected[0]["trace_id"]
+    data = req.SerializeToString()
+    as_json = _to_otlp_json(req)  # link trace ids upper case, as some writers send them
+    for result in (decode_protobuf(data), decode_request_message(req), decode_json(json.dumps(as_json)),
+                   decode_json(json.dumps(snake_case(as_json)))):
+        by_name = _by_name(result)
+        assert result.rejected == 0
+        assert by_name["process batch"].links == expected
+        assert by_name["publish image batch"].links == []
+        for ln in by_name["process batch"].links:
+            assert re.fullmatch(r"[0-9a-f]{32}", ln["trace_id"]) and re.fullmatch(r"[0-9a-f]{16}", ln["span_id"])
+    # Records never share a link list (the writer and the tagger may hold them at once).
+    a, b = decode_protobuf(data), decode_protobuf(data)
+    assert _by_name(a)["process batch"].links is not _by_name(b)["process batch"].links
+
+
+def _link(trace_id: bytes, span_id: bytes, **attrs):
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
+
+    link = PbSpan.Link(trace_id=trace_id, span_id=span_id)
+    for k, v in attrs.items():
+        link.attributes.add(key=k).value.string_value = v
+    return link
+
+
+def test_protobuf_bad_link_ids_reject_their_span_only():
+    req = _request(
+        _span(name="ok", links=[_link(TID, SID, kind="follows")]),
+        _span(name="short link trace", links=[_link(TID, SID), _link(TID[:15], SID)]),
+        _span(name="long link span", links=[_link(TID, SID + b"\x01")]),
+        _span(name="empty link ids kept", links=[_link(b"", b"", note="no context")]),
+    )
+    for result in (decode_protobuf(req.SerializeToString()), decode_request_message(req)):
+        assert [r.name for r in result.spans] == ["ok", "empty link ids kept"]
+        assert result.spans[0].links == [{"trace_id": TID.hex(), "span_id": SID.hex(), "attributes": {"kind": "follows"}}]
+        assert result.spans[1].links == [{"trace_id": "0" * 32, "span_id": "0" * 16,
+                                          "attributes": {"note": "no context"}}]
+        assert result.rejected == 2
+        assert sorted(result.errors) == [otlp._ERR_LINK_SPAN_ID, otlp._ERR_LINK_TRACE_ID]
+        assert "link trace id" in otlp._ERR_LINK_TRACE_ID and "link span id" in otlp._ERR_LINK_SPAN_ID
+
+
+def test_json_bad_link_ids_reject_their_span_only():
+    b64_trace = base64.b64encode(bytes.fromhex(JTID)).decode()
+    b64_span = base64.b64encode(bytes.fromhex(JROOT)).decode()
+    good = {"traceId": JTID, "spanId": JROOT, "name": "good",
+            "links": [{"traceId": JTID, "spanId": JCHILD, "attributes": [{"key": "k", "value": {"stringValue": "v"}}]},
+                      {"attributes": [{"key": "why", "value": {"stringValue": "no context"}}]}]}
+    body = _json_request(
+        good,
+        {"traceId": JTID, "spanId": JCHILD, "name": "not hex", "links": [{"traceId": "zz" * 16, "spanId": JROOT}]},
+        {"traceId": JTID, "spanId": JCHILD, "name": "short", "links": [{"traceId": JTID, "spanId": JROOT[:15]}]},
+        {"traceId": JTID, "spanId": JCHILD, "name": "b64 trace", "links": [{"traceId": b64_trace, "spanId": JROOT}]},
+        {"traceId": JTID, "spanId": JCHILD, "name": "b64 span", "links": [{"traceId": JTID, "spanId": b64_span}]},
+        {"traceId": JTID, "spanId": JCHILD, "name": "number", "links": [{"traceId": 7, "spanId": JROOT}]},
+        {"traceId": JTID, "spanId": JCHILD, "name": "not a list", "links": {"traceId": JTID}},
+        {"traceId": JTID, "spanId": JCHILD, "name": "not objects", "links": ["x"]},
+    )
+    result = decode_json(json.dumps(body))
+    assert [r.name for r in result.spans] == ["good"]
+    assert result.spans[0].links == [
+        {"trace_id": JTID.lower(), "span_id": JCHILD, "attributes": {"k": "v"}},
+        {"trace_id": "0" * 32, "span_id": "0" * 16, "attributes": {"why": "no context"}},
+    ]
+    assert result.rejected == 7
+    hinted = [e for e in result.errors if "looks like base64; OTLP/JSON wants hex" in e]
+    assert len(hinted) == 2 and any("link trace id" in e for e in hinted) and any("link span id" in e for e in hinted)
+    assert otlp._ERR_LINK_TRACE_ID in result.errors and otlp._ERR_LINK_SPAN_ID in result.errors
+    assert otlp._ERR_LINKS in result.errors
+
+
+def test_base64_ids_get_a_hint_and_other_bad_ids_do_not():
+    """protobuf's json_format writes ids as base64: the error says so, once per kind of id."""
+    sdk_json = json_format.MessageToDict(encode_spans(list(_sdk_spans().values())))
+    result = decode_json(json.dumps(sdk_json))
+    assert result.spans == [] and result.rejected == 3
+    assert result.errors == [otlp._ERR_TRACE_ID + "; it looks like base64; OTLP/JSON wants hex"]
+
+    tid_b64 = base64.urlsafe_b64encode(b"\xfb" * 16).decode()  # URL-safe alphabet too
+    body = _json_request(
+        {"traceId": JTID, "spanId": base64.b64encode(b"\x01" * 8).decode(), "name": "b64 span"},
+        {"traceId": JTID, "spanId": JCHILD, "parentSpanId": base64.b64encode(b"\x02" * 8).decode(), "name": "b64 parent"},
+        {"traceId": tid_b64, "spanId": JCHILD, "name": "urlsafe b64 trace"},
+        {"traceId": "A" * 24, "spanId": JCHILD, "name": "24 chars, 18 bytes"},
+        {"traceId": JTID[:31], "spanId": JCHILD, "name": "short hex"},
+    )
+    result = decode_json(json.dumps(body))
+    assert result.rejected == 5
+    hint = "; it looks like base64; OTLP/JSON wants hex"
+    assert sorted(result.errors) == sorted([otlp._ERR_SPAN_ID + hint, otlp._ERR_PARENT_ID + hint,
+                                            otlp._ERR_TRACE_ID + hint, otlp._ERR_TRACE_ID])
+
+
+def test_snake_case_json_decodes_as_camel_case(sdk_request):
+    camel = _to_otlp_json(sdk_request)
+    snake = snake_case(camel)
+    text = json.dumps(snake)
+    for word in ("resource_spans", "scope_spans", "trace_id", "span_id", "parent_span_id", "start_time_unix_nano",
+                 "string_value", "int_value", "array_value", "kvlist_value", "bytes_value", "time_unix_nano"):
+        assert f'"{word}"' in text, word
+    assert "traceId" not in text and "stringValue" not in text
+    assert decode_json(text) == decode_json(json.dumps(camel)) == decode_request_message(sdk_request)
+    # Attribute keys are values, never renamed: a key spelled like a field name stays.
+    body = snake_case(_json_request({"traceId": JTID, "spanId": JROOT,
+                                     "attributes": [{"key": "startTimeUnixNano", "value": {"intValue": "3"}}]}))
+    assert decode_json(body).spans[0].attributes == {"startTimeUnixNano": 3}
+
+
+def test_keyvalue_without_key_is_kept_with_an_empty_key():
+    """proto3 JSON leaves an empty string out, so the Collector writes an empty key as no key."""
+    body = _json_request(
+        {"traceId": JTID, "spanId": JROOT,
+         "attributes": [{"value": {"stringValue": "no key"}}, {"key": "k", "value": {"intValue": "1"}},
+                        {"key": "m", "value": {"kvlistValue": {"values": [{"value": {"boolValue": True}}]}}}],
+         "links": [{"traceId": JTID, "spanId": JCHILD, "attributes": [{"value": {"doubleValue": 0.5}}]}],
+         "events": [{"name": "e", "attributes": [{"value": {"stringValue": "ev"}}]}]},
+        resource_attrs=[{"key": "service.name", "value": {"stringValue": "svc"}}, {"value": {"stringValue": "r"}}],
+    )
+    (rec,) = decode_json(json.dumps(body)).spans
+    assert rec.attributes == {"": "no key", "k": 1, "m": {"": True}}
+    assert rec.links[0]["attributes"] == {"": 0.5}
+    assert rec.events[0]["attributes"] == {"": "ev"}
+    assert rec.resource == {"service.name": "svc", "": "r"}
+    # The same request in protobuf: an empty key is not on the wire at all.
+    req = _request(_span(name="pb"))
+    req.resource_spans[0].scope_spans[0].spans[0].attributes.add().value.string_value = "no key"
+    assert decode_protobuf(req.SerializeToString()).spans[0].attributes == {"": "no key"}
+    # A key that is there but not a string is still an error.
+    bad = _json_request({"traceId": JTID, "spanId": JROOT, "attributes": [{"key": 5, "value": {"stringValue": "x"}}]})
+    assert decode_json(bad).rejected == 1
+
+
+@pytest.mark.parametrize("body, signal", [
+    (logs_request_json(), "logs"),
+    (metrics_request_json(), "metrics"),
+    (snake_case(logs_request_json()), "logs"),
+    (snake_case(metrics_request_json()), "metrics"),
+])
+def test_logs_and_metrics_requests_are_not_traces(body, signal):
+    with pytest.raises(NotTracesError, match=f"OTLP {signal}, not traces") as err:
+        decode_json(json.dumps(body))
+    assert isinstance(err.value, DecodeError) and "\n" not in str(err.value)
+    # An empty request is still an empty traces request, not an error.
+    assert decode_json(b"{}") == DecodeResult([], 0, [])
+
+
+def test_oldest_start_ns_reads_only_start_times(sdk_request):
+    data = sdk_request.SerializeToString()
+    starts = [s.start_time_unix_nano for rs in sdk_request.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    assert otlp.oldest_start_ns(data) == min(starts)
+    assert otlp.oldest_start_ns(b"") is None
+    # Spans under the removed instrumentation_library_spans (field 1000) count too.
+    scope = ScopeSpans()
+    scope.spans.add(trace_id=TID, span_id=SID, start_time_unix_nano=12345)
+    body = scope.SerializeToString()
+    rs = b"\xc2\x3e" + _varint(len(body)) + body
+    legacy = b"\x0a" + _varint(len(rs)) + rs
+    assert decode_protobuf(legacy).spans[0].start_ns == 12345
+    assert otlp.oldest_start_ns(legacy) == 12345
+    with pytest.raises(DecodeError):
+        otlp.oldest_start_ns(b"\xff\xff\xff\xff not protobuf")

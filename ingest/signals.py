@@ -23,12 +23,14 @@ A signals object has any of these keys (absent: the span said nothing of it):
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from typing import Any, Iterable
 
 from .records import INPUT_TYPES, SpanRecord
 
-__all__ = ["MEDIA", "span_signals", "trace_input_type"]
+__all__ = ["MEDIA", "scan_parts", "span_signals", "trace_input_type"]
 
 MEDIA = ("image", "audio", "video")
 _INPUT_TYPE_SET = frozenset(INPUT_TYPES)
@@ -51,11 +53,107 @@ def _count(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def _int(value: Any) -> int | None:
+    """A token count as a non-negative int, or None."""
+    n = _count(value)
+    if n is None or n < 0:
+        return None
+    return int(n)
+
+
+# Keys whose presence sends a span down the slow path. Everything else (most spans: HTTP,
+# RPC, DB) leaves after one ``isdisjoint`` over its keys.
+_TRIGGERS = frozenset((
+    "mm.input_type", "mm.image_count", "mm.audio_count", "mm.video_count", "mm.prompt_chars",
+    "gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.system", "gen_ai.request.model",
+    "gen_ai.input.messages", "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens",
+    "openinference.span.kind", "llm.request.type",
+))
+
+# gen_ai.operation.name values that are not a call to a model.
+_NOT_MODEL_OPS = frozenset((
+    "execute_tool", "invoke_agent", "create_agent", "invoke_workflow", "retrieval",
+))
+_OI_MODEL_KINDS = frozenset(("LLM", "EMBEDDING", "RERANKER"))
+# OpenLLMetry (Traceloop) model spans carry llm.request.type and gen_ai.system but no
+# gen_ai.operation.name.
+_LLM_REQUEST_TYPES = frozenset(("completion", "chat", "embedding", "rerank"))
+
+# A media part in serialised input messages, found without parsing, so a value cut short
+# by an attribute length limit still counts the parts before the cut. Matches the OTel GenAI
+# parts ({"mime_type":"image/png","modality":"image",...}), Google's inline_data/file_data
+# ("mime_type"/"mimeType"), and typed parts of other SDKs ("type":"image_url",
+# "input_audio", ...). Quoted text inside a part is escaped (\"type\"), so it never matches.
+_PART_RE = re.compile(
+    r'"(modality|mime_?type|mimeType|type)"\s*:\s*"'
+    r"(image|audio|video|input_image|input_audio|input_video|image_url|video_url)\b",
+    re.IGNORECASE,
+)
+_MEDIA_OF = {
+    "image": "image", "input_image": "image", "image_url": "image",
+    "audio": "audio", "input_audio": "audio",
+    "video": "video", "input_video": "video", "video_url": "video",
+}
+_OI_INPUT_PREFIX = "llm.input_messages."
+_OI_TYPE_SUFFIX = ".message_content.type"
+_TL_PROMPT_PREFIX = "gen_ai.prompt."
+
+
+def scan_parts(text: str) -> dict[str, int]:
+    """Media parts per medium in serialised messages (whole or truncated JSON).
+
+    Each part says its medium under one or more keys (``modality``, ``mime_type``,
+    ``type``); per medium the count is the largest over those keys, so a part that names
+    it twice counts once.
+    """
+    by_key: dict[tuple[str, str], int] = {}
+    for match in _PART_RE.finditer(text):
+        key = match.group(1).lower()
+        if key == "mimetype":
+            key = "mime_type"
+        value = match.group(2).lower()
+        if key == "mime_type":
+            # a MIME type names its medium before the slash ("image/png")
+            end = match.end(2)
+            if text[end : end + 1] != "/":
+                continue
+        media = _MEDIA_OF[value]
+        by_key[(key, media)] = by_key.get((key, media), 0) + 1
+    counts: dict[str, int] = {}
+    for (_, media), n in by_key.items():
+        if n > counts.get(media, 0):
+            counts[media] = n
+    return counts
+
+
+def _as_text(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, dict, tuple)):
+        try:
+            return json.dumps(value, default=str)
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def _merge_max(into: dict[str, int], counts: dict[str, int]) -> None:
+    for media, n in counts.items():
+        if n > into.get(media, 0):
+            into[media] = n
+
+
 def span_signals(span: SpanRecord) -> dict[str, Any] | None:
     """The span's signals (see the module docstring), or None when it says nothing."""
     attributes = span.attributes
-    if not attributes:
+    events = span.events
+    if attributes:
+        if _TRIGGERS.isdisjoint(attributes) and not events:
+            return None
+    elif not events:
         return None
+    else:
+        attributes = {}
     out: dict[str, Any] = {}
     explicit = attributes.get("mm.input_type")
     if isinstance(explicit, str):
@@ -71,7 +169,120 @@ def span_signals(span: SpanRecord) -> dict[str, Any] | None:
         out["mm"] = counts
     if "mm.prompt_chars" in attributes:
         out["text"] = 1
+    _model_call(attributes, out)
+    parts = _request_parts(attributes, events, "call" in out)
+    if parts:
+        out["parts"] = parts
     return out or None
+
+
+def _model_call(attributes: dict[str, Any], out: dict[str, Any]) -> None:
+    """Fill ``call``, ``provider``, ``model``, ``usage`` and ``tok`` of a model call."""
+    get = attributes.get
+    operation = get("gen_ai.operation.name")
+    oi_kind = get("openinference.span.kind")
+    call = False
+    if isinstance(operation, str) and operation:
+        call = operation.strip().lower() not in _NOT_MODEL_OPS
+    elif isinstance(oi_kind, str) and oi_kind:
+        call = oi_kind.strip().upper() in _OI_MODEL_KINDS
+    else:
+        request_type = get("llm.request.type")
+        call = (
+            isinstance(request_type, str)
+            and request_type.strip().lower() in _LLM_REQUEST_TYPES
+            and ("gen_ai.system" in attributes or "gen_ai.provider.name" in attributes)
+        )
+    if not call:
+        return
+    out["call"] = 1
+    out["text"] = 1
+    for key in ("gen_ai.provider.name", "gen_ai.system", "llm.provider", "llm.system"):
+        value = get(key)
+        if isinstance(value, str) and value.strip():
+            out["provider"] = value.strip().lower()
+            break
+    for key in ("gen_ai.request.model", "llm.model_name", "embedding.model_name",
+                "reranker.model_name", "gen_ai.response.model"):
+        value = get(key)
+        if isinstance(value, str) and value.strip():
+            out["model"] = value.strip()
+            break
+
+    tok_in: dict[str, int] = {}
+    total = _int(get("gen_ai.usage.input_tokens"))
+    if total is None:
+        total = _int(get("gen_ai.usage.prompt_tokens"))  # before semconv 1.27
+    if total is None:
+        total = _int(get("llm.token_count.prompt"))
+    for modality in ("text",) + MEDIA:
+        n = _int(get(f"gen_ai.usage.{modality}.input_tokens"))
+        if n is None:
+            n = _int(get(f"llm.token_count.prompt_details.{modality}"))
+        if n is not None:
+            tok_in[modality] = n
+    if total is not None:
+        tok_in["total"] = total
+    tok_out = _int(get("gen_ai.usage.output_tokens"))
+    if tok_out is None:
+        tok_out = _int(get("gen_ai.usage.completion_tokens"))
+    if tok_out is None:
+        tok_out = _int(get("llm.token_count.completion"))
+    tok: dict[str, Any] = {}
+    if tok_in:
+        tok["in"] = tok_in
+    if tok_out is not None:
+        tok["out"] = tok_out
+    if tok:
+        out["tok"] = tok
+    usage = [m for m in MEDIA if tok_in.get(m, 0) > 0]
+    if usage:
+        out["usage"] = usage
+
+
+def _request_parts(
+    attributes: dict[str, Any], events: list[dict[str, Any]], call: bool
+) -> dict[str, int] | None:
+    """Media parts of the request's input messages, the largest count per medium over the
+    places that describe it (attribute, events, OpenInference keys, ``input.value``)."""
+    parts: dict[str, int] = {}
+    text = _as_text(attributes.get("gen_ai.input.messages"))
+    if text:
+        _merge_max(parts, scan_parts(text))
+    for event in events:
+        name = event.get("name")
+        ev_attrs = event.get("attributes")
+        if not ev_attrs or not isinstance(name, str) or not name.startswith("gen_ai."):
+            continue
+        # gen_ai.client.inference.operation.details (messages), gen_ai.content.prompt
+        # (gen_ai.prompt), gen_ai.user.message (content): one request, one event each.
+        for key in ("gen_ai.input.messages", "gen_ai.prompt", "content"):
+            text = _as_text(ev_attrs.get(key))
+            if text:
+                _merge_max(parts, scan_parts(text))
+    if call and "openinference.span.kind" in attributes:
+        oi: dict[str, int] = {}
+        for key, value in attributes.items():
+            if (
+                key.startswith(_OI_INPUT_PREFIX)
+                and key.endswith(_OI_TYPE_SUFFIX)
+                and isinstance(value, str)
+            ):
+                media = _MEDIA_OF.get(value.strip().lower())
+                if media is not None:
+                    oi[media] = oi.get(media, 0) + 1
+        _merge_max(parts, oi)
+        # Google GenAI audio and video parts reach OpenInference only in input.value.
+        text = _as_text(attributes.get("input.value"))
+        if text:
+            _merge_max(parts, scan_parts(text))
+    elif call and "llm.request.type" in attributes:
+        for key, value in attributes.items():
+            if key.startswith(_TL_PROMPT_PREFIX) and key.endswith(".content"):
+                text = _as_text(value)
+                if text:
+                    _merge_max(parts, scan_parts(text))
+    return parts or None
 
 
 def _classify(counts: dict[str, float]) -> str:

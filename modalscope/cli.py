@@ -101,10 +101,16 @@ def cmd_db_upgrade(args) -> int:
 
 
 def cmd_import(args) -> int:
-    from .ingest.importer import import_files
+    from .ingest.importer import ImportRefused, check_retention, import_files
 
     settings = _settings()
     rules = _rules(settings)  # a bad rules file stops us before anything is written
+    try:
+        # Spans past the retention would be pruned minutes later: refused before the store
+        # is even opened (created), so a refused import leaves no trace.
+        check_retention(args.files, settings.retention_days)
+    except ImportRefused as exc:
+        raise CommandError(str(exc)) from None
     engine = _open_store(settings)
     total = sum(os.path.getsize(p) for p in args.files if os.path.isfile(p))
     bar = _progress(total, "importing", unit="B", unit_scale=True)
@@ -113,10 +119,10 @@ def cmd_import(args) -> int:
     finally:
         bar.close()
         engine.dispose()
-    for line in report.skipped:
+    for line in report.skipped + report.no_spans + report.notes:
         print(line, file=sys.stderr)
     print(report.summary())
-    return 1 if report.skipped else 0
+    return 1 if report.failed else 0
 
 
 def cmd_retag(args) -> int:

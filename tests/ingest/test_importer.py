@@ -3,7 +3,9 @@ the bytes read, and .gz and plain files give the same store."""
 
 from __future__ import annotations
 
+import base64
 import gzip
+import json
 import random
 import time
 
@@ -14,7 +16,14 @@ from modalscope.ingest.importer import import_files, iter_requests
 from modalscope.ingest.otlp import decode_json
 from modalscope.models import Span
 from tests.factories import multimodal_trace, rules
-from tests.otlp_payloads import json_line, request_protobuf
+from tests.otlp_payloads import (
+    json_line,
+    logs_request_json,
+    metrics_request_json,
+    request_json,
+    request_protobuf,
+    snake_case,
+)
 
 MIN = 60_000_000_000
 
@@ -189,3 +198,170 @@ def test_tune_gc_raises_the_young_threshold_and_never_lowers_it():
         assert gc.get_threshold()[0] == 0
     finally:
         gc.set_threshold(*saved)
+
+
+# --------------------------------------------------------------------------- files as producers write them
+
+
+def _write_lines(path, objs) -> None:
+    path.write_text("".join((o if isinstance(o, str) else json.dumps(o)) + "\n" for o in objs))
+
+
+def _stored(engine) -> dict[str, tuple]:
+    with engine.connect() as conn:
+        return {r.span_id: r for r in conn.execute(select(Span.span_id, Span.links, Span.attributes, Span.source))}
+
+
+def test_snake_case_lines_with_keyless_attributes_and_links_are_imported(engine, tmp_path):
+    rng = random.Random(21)
+    base = (time.time_ns() // MIN - 30) * MIN
+    producer, consumer = multimodal_trace(rng, base), multimodal_trace(rng, base + 2_000_000_000)
+    consumer[0].links = [{"trace_id": producer[1].trace_id, "span_id": producer[1].span_id,
+                          "attributes": {"messaging.operation": "receive"}}]
+    camel = request_json(consumer)
+    camel["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"].append({"value": {"stringValue": "anon"}})
+    f = tmp_path / "collector.jsonl"
+    _write_lines(f, [snake_case(request_json(producer)), snake_case(camel)])
+    assert '"resource_spans"' in f.read_text() and '"trace_id"' in f.read_text()
+
+    report = import_files(engine, [str(f)], rules())
+    assert not report.failed and not report.notes, (report.skipped, report.no_spans)
+    assert report.spans == len(producer) + len(consumer)
+    rows = _stored(engine)
+    root = rows[consumer[0].span_id]
+    assert json.loads(root.links) == consumer[0].links
+    assert json.loads(root.attributes)[""] == "anon"
+    assert all(rows[s.span_id].links is None for s in producer + consumer[1:])
+
+
+def test_logs_and_metrics_lines_are_counted_once_a_file(engine, tmp_path):
+    spans = multimodal_trace(random.Random(4), (time.time_ns() // MIN - 30) * MIN)
+    mixed = tmp_path / "otel.jsonl"
+    _write_lines(mixed, [logs_request_json(), json_line(spans), metrics_request_json(), snake_case(logs_request_json())])
+    only_logs = tmp_path / "logs.jsonl"
+    _write_lines(only_logs, [logs_request_json(), metrics_request_json()])
+
+    report = import_files(engine, [str(mixed), str(only_logs)], rules())
+    assert report.spans == len(spans) and report.requests == 1 and not report.skipped
+    assert report.notes == [f"{mixed}: 3 lines are OTLP logs/metrics, not traces"]
+    assert report.no_spans == [f"{only_logs}: no spans: 2 lines are OTLP logs/metrics, not traces"]
+    assert report.failed  # a file without spans fails the import
+    assert "1 files without spans" in report.summary()
+
+
+def test_a_file_without_spans_says_why(engine, tmp_path):
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    blank = tmp_path / "blank.pb"
+    blank.write_bytes(b"\n\n")
+    hollow = tmp_path / "hollow.jsonl"
+    _write_lines(hollow, [{"resourceSpans": []}, {}])
+    bad = tmp_path / "bad.jsonl"
+    _write_lines(bad, [{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "x"}]}]}]}, '{"resourceSpans": ['])
+
+    report = import_files(engine, [str(p) for p in (empty, blank, hollow, bad)], rules())
+    assert report.spans == 0 and report.failed
+    assert report.no_spans == [
+        f"{empty}: no spans: the file is empty",
+        f"{blank}: no spans: the file is empty",
+        f"{hollow}: no spans: 2 requests without spans (no resourceSpans in it)",
+        f"{bad}: no spans: 2 requests skipped (above), none imported",
+    ]
+    assert [line.split(": ")[0] for line in report.skipped] == [f"{bad}:1", f"{bad}:2"]
+
+
+def test_base64_ids_are_skipped_with_a_hint(engine, tmp_path):
+    spans = multimodal_trace(random.Random(6), (time.time_ns() // MIN - 30) * MIN)
+    body = request_json(spans)
+    for sp in body["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+        sp["traceId"] = base64.b64encode(bytes.fromhex(sp["traceId"])).decode()
+        sp["spanId"] = base64.b64encode(bytes.fromhex(sp["spanId"])).decode()
+        sp.pop("parentSpanId", None)
+    f = tmp_path / "converted.json"
+    f.write_text(json.dumps(body, indent=1))
+    report = import_files(engine, [str(f)], rules())
+    (line,) = report.skipped
+    assert line.startswith(f"{f}:1: ") and "looks like base64; OTLP/JSON wants hex" in line
+    assert report.spans == 0 and report.failed
+
+
+# --------------------------------------------------------------------------- retention
+
+
+def _old_and_new_files(tmp_path, days_old: float) -> tuple[list[str], int]:
+    rng = random.Random(8)
+    now = time.time_ns()
+    fresh = multimodal_trace(rng, now - 3_600_000_000_000)
+    old = multimodal_trace(rng, now - int(days_old * 86_400_000_000_000))
+    new_file = tmp_path / "new.jsonl"
+    _write_lines(new_file, [json_line(fresh), metrics_request_json(start_ns=1)])  # ancient metrics do not count
+    old_file = tmp_path / "old.pb.gz"
+    old_file.write_bytes(gzip.compress(request_protobuf(old)))
+    return [str(new_file), str(old_file)], len(fresh) + len(old)
+
+
+def test_spans_past_the_retention_are_refused_before_anything_is_written(engine, tmp_path):
+    from modalscope.ingest.importer import ImportRefused, check_retention
+
+    paths, total = _old_and_new_files(tmp_path, days_old=10.2)
+    with pytest.raises(ImportRefused) as err:
+        import_files(engine, paths, rules(), retention_days=7)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{paths[1]}:1: ")
+    assert "10.2 days ago" in msg and "MODALSCOPE_RETENTION_DAYS=12 or more" in msg and "Nothing was imported" in msg
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(Span)).scalar_one() == 0
+
+    check_retention(paths, 12)  # long enough: no refusal
+    check_retention(paths, 0)  # 0 keeps spans forever
+    report = import_files(engine, paths, rules(), retention_days=12)
+    assert report.spans == total and not report.failed
+
+    # JSON is checked as well as protobuf, snake_case included.
+    old_json = tmp_path / "old.jsonl"
+    old = multimodal_trace(random.Random(9), time.time_ns() - 9 * 86_400_000_000_000)
+    _write_lines(old_json, [snake_case(request_json(old))])
+    with pytest.raises(ImportRefused, match=r"old\.jsonl:1: .*9\.0 days ago"):
+        check_retention([str(old_json)], 7)
+
+
+def _cli(args, env_extra):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODALSCOPE_")}
+    env.update(env_extra)
+    return subprocess.run([sys.executable, "-m", "modalscope", "import", *args], capture_output=True, text=True,
+                          env=env, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def test_cli_refuses_old_spans_in_one_line_and_creates_nothing(tmp_path):
+    paths, total = _old_and_new_files(tmp_path, days_old=29.5)
+    db = tmp_path / "store.db"
+    r = _cli(paths, {"MODALSCOPE_DATABASE_URL": f"sqlite:///{db}"})  # the default retention: 7 days
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("modalscope: error: "), r.stderr
+    assert "MODALSCOPE_RETENTION_DAYS=31 or more" in r.stderr and "Traceback" not in r.stderr
+    assert not db.exists()  # refused before the store was opened
+
+    r = _cli(paths, {"MODALSCOPE_DATABASE_URL": f"sqlite:///{db}", "MODALSCOPE_RETENTION_DAYS": "31"})
+    assert r.returncode == 0, r.stderr
+    assert f"imported {total} spans ({total} new)" in r.stdout
+
+
+def test_cli_reports_files_that_are_not_traces(tmp_path):
+    spans = multimodal_trace(random.Random(12), (time.time_ns() // MIN - 30) * MIN)
+    mixed = tmp_path / "mixed.jsonl"
+    _write_lines(mixed, [json_line(spans), logs_request_json()])
+    env = {"MODALSCOPE_DATABASE_URL": f"sqlite:///{tmp_path / 'store.db'}"}
+    r = _cli([str(mixed)], env)
+    assert r.returncode == 0, r.stderr
+    assert f"{mixed}: 1 line is OTLP logs/metrics, not traces" in r.stderr
+
+    logs = tmp_path / "logs.jsonl"
+    _write_lines(logs, [logs_request_json()] * 12)
+    r = _cli([str(logs)], env)
+    assert r.returncode == 1
+    assert f"{logs}: no spans: 12 lines are OTLP logs/metrics, not traces" in r.stderr.splitlines()
+    assert "imported 0 spans" in r.stdout and "Traceback" not in r.stderr

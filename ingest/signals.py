@@ -1,9 +1,12 @@
 """What one span says about its trace: media in the request, model calls, tokens.
 
-Read at ingest, when the tagger sees the span with its attribute values whole (captured
-message contents with inline images run far past any attribute length cap), and stored as a
-small JSON object in ``spans.signals``. Settling combines the signals of a trace's spans
-(:func:`trace_input_type`) without parsing attributes again.
+Read at ingest by the tagger and stored as a small JSON object in ``spans.signals``.
+Settling combines the signals of a trace's spans (:func:`trace_input_type`) without parsing
+attributes again. Captured message contents with inline images are as large as the images
+and may arrive cut (the SDK's attribute length limit, the receiver's string cap), so media
+parts are counted by a scan that works on truncated JSON (:func:`scan_parts`): a part is
+counted when its ``modality`` / ``mime_type`` / ``type`` key survived the cut. Which library
+writes which attribute: docs/instrumentation-notes.md.
 
 A signals object has any of these keys (absent: the span said nothing of it):
 
@@ -11,14 +14,20 @@ A signals object has any of these keys (absent: the span said nothing of it):
 * ``mm``     ``{"image": n, "audio": n, "video": n}`` from ``mm.image_count`` /
   ``mm.audio_count`` / ``mm.video_count`` (only the counts the span carries);
 * ``parts``  media parts counted in one model request's input messages (OTel GenAI
-  ``gen_ai.input.messages`` parts with a ``modality``, as attribute or event; OpenInference
-  ``llm.input_messages.*.message.contents.*``): ``{"image": n, "audio": n, "video": n}``;
-* ``usage``  modalities with input tokens in the GenAI usage (``gen_ai.usage.image.input_tokens``
-  and the like): media present, count unknown;
+  ``gen_ai.input.messages`` parts with a ``modality``, as attribute or ``gen_ai.*`` span
+  event; OpenInference ``llm.input_messages.*.message.contents.*.message_content.type`` and
+  ``input.value``; OpenLLMetry ``gen_ai.prompt.*.content``): ``{"image": n, ...}``, only the
+  media found, the largest count per medium over those places;
+* ``usage``  media with input tokens in the usage (``gen_ai.usage.image.input_tokens``,
+  ``llm.token_count.prompt_details.audio`` and the like), a sorted list: media present,
+  count unknown;
 * ``text``   1: a model call or ``mm.prompt_chars``, so the request had text at least;
-* ``call``   1: the span is a model call (GenAI operation or OpenInference LLM/EMBEDDING/...);
-* ``provider``, ``model``: the model call's provider and requested model;
-* ``tok``    ``{"in": {modality or "total": n}, "out": n}``: the call's token usage.
+* ``call``   1: the span is a model call (a GenAI operation other than a tool or agent one,
+  OpenInference LLM/EMBEDDING/RERANKER, OpenLLMetry ``llm.request.type``);
+* ``provider`` (lower-cased), ``model``: the model call's provider and requested model
+  (OpenInference: its ``llm.model_name``, which ends as the response's model version);
+* ``tok``    ``{"in": {"text"|"image"|"audio"|"video"|"total": n}, "out": n}``: the call's
+  token usage, only the counts the span carries.
 """
 
 from __future__ import annotations

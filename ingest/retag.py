@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from typing import Callable
+from typing import Any, Callable
 
+import orjson
 from sqlalchemy import Engine, bindparam, delete, func, select, update
 
 from ..models import changes
@@ -14,6 +15,32 @@ from .settle import settle
 from .stages import StageRules
 
 CHUNK = 5000
+# Signals that depend on the rules, not on the attributes alone: always recomputed.
+_RULE_SIGNALS = ("call", "inh")
+
+
+def _loads(text: str | None) -> Any:
+    if not text:
+        return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:  # written by json.dumps' fallback (e.g. NaN): still JSON to it
+        return json.loads(text)
+
+
+def _signals_text(new: dict[str, Any] | None, old_text: str | None) -> str | None:
+    """The signals to store. Attribute-derived signals read at ingest saw the values whole;
+    the stored attributes may be shorter, so such a signal the recomputation lacks is kept."""
+    old = _loads(old_text)
+    if isinstance(old, dict):
+        kept = {k: v for k, v in old.items() if k not in _RULE_SIGNALS and (new is None or k not in new)}
+        if kept:
+            new = {**(new or {}), **kept}
+    if not new:
+        return None
+    text = orjson.dumps(new).decode()
+    # Same content, other key order: leave the stored text alone (no needless write).
+    return old_text if old_text is not None and old == new else text
 
 
 def retag(engine: Engine, rules: StageRules, progress: Callable[[int], None] | None = None,
@@ -32,22 +59,34 @@ def retag(engine: Engine, rules: StageRules, progress: Callable[[int], None] | N
     while True:
         with engine.begin() as conn:
             rows = conn.execute(
-                select(t.c.id, t.c.service, t.c.name, t.c.kind, t.c.stage, t.c.attributes)
+                select(t.c.id, t.c.trace_id, t.c.span_id, t.c.parent_span_id, t.c.service, t.c.name, t.c.kind,
+                       t.c.stage, t.c.attributes, t.c.signals)
                 .where(t.c.id > last_id).order_by(t.c.id).limit(CHUNK)
             ).all()
             if not rows:
                 break
+            records = [
+                SpanRecord(trace_id=trace_id, span_id=span_id, parent_span_id=parent, service=service, name=name,
+                           kind=kind, start_ns=0, end_ns=0, attributes=_loads(attrs) or {})
+                for _, trace_id, span_id, parent, service, name, kind, _, attrs, _ in rows
+            ]
+            # The tag path: stages, the model-call and transport markers in signals, and
+            # parents found in this chunk; the re-settle below completes the rest per trace.
+            rules.tag(records)
             updates = []
-            for sid, service, name, kind, old_stage, attrs in rows:
-                rec = SpanRecord(trace_id="", span_id="", parent_span_id=None, service=service, name=name,
-                                 kind=kind, start_ns=0, end_ns=0,
-                                 attributes=json.loads(attrs) if attrs else {})
-                new_stage = rules.stage_of(rec)
-                if new_stage != old_stage:
-                    updates.append({"b_id": sid, "stage": new_stage})
+            for row, rec in zip(rows, records):
+                old_stage, old_signals = row[7], row[9]
+                signals_text = _signals_text(rec.signals, old_signals)
+                if rec.stage != old_stage or signals_text != old_signals:
+                    updates.append({"b_id": row[0], "stage": rec.stage, "signals": signals_text})
+                    if rec.stage != old_stage:
+                        changed += 1
             if updates:
-                conn.execute(t.update().where(t.c.id == bindparam("b_id")).values(stage=bindparam("stage")), updates)
-            changed += len(updates)
+                conn.execute(
+                    t.update().where(t.c.id == bindparam("b_id"))
+                    .values(stage=bindparam("stage"), signals=bindparam("signals")),
+                    updates,
+                )
             last_id = rows[-1][0]
         if progress is not None:
             progress(len(rows))

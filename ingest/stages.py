@@ -1,19 +1,24 @@
 """Stage tagging: which pipeline stage a span belongs to.
 
 Rules live in a TOML file (``default_rules.toml`` next to this module is the built-in set;
-``MODALSCOPE_RULES`` names a replacement). The file documents the format; in short, the
-first match wins, in this order:
+``MODALSCOPE_RULES`` names a replacement). The file documents the format: an ordered list
+of ``[[rule]]`` tables, the first that matches a span decides its stage. Every built-in
+behaviour (explicit ``mm.stage``, model-call conventions, name/attribute/service patterns,
+transport spans under a model call, CLIENT/PRODUCER -> network, the ``other`` fallback) is
+an ordinary entry of that file. Files in the older layout (``[[name]]``, ``[[attribute]]``,
+``[[service]]`` sections) still load: see :func:`parse_rules`.
 
-1. an explicit ``mm.stage`` attribute that names one of :data:`STAGES`;
-2. CLIENT and PRODUCER spans -> ``network``;
-3. ``[[name]]`` rules: whole-token patterns on the span name, longest pattern first;
-4. ``[[attribute]]`` rules: attribute keys (optionally values), in file order;
-5. ``[[service]]`` rules: whole-token patterns on the service name, longest first;
-6. ``other``.
+Public entry points:
 
-Tagging is on the ingest hot path, so :class:`StageRules` caches the outcome of steps 3-5
-per span name, attribute signature and service name in bounded dicts: a span whose name
-was seen before costs a couple of dict lookups.
+* :func:`load_rules` / :func:`default_rules` / :func:`parse_rules` build a :class:`StageRules`;
+* :meth:`StageRules.tag` sets ``stage`` and ``signals`` on a batch of spans (the ingest path);
+* :meth:`StageRules.stage_of` gives one span's stage as the rules decide it alone;
+* :func:`apply_parent_stages` gives transport spans under a model call their parent's stage,
+  from the ``"call"`` and ``"inh"`` markers in ``signals`` (the settler reuses it per trace).
+
+Tagging is on the ingest hot path: :class:`StageRules` compiles, per (span name, service,
+kind), the short list of attribute checks that can still decide the span, in bounded dicts,
+so a span like one seen before costs a dict lookup and a few ``key in attributes`` tests.
 """
 
 from __future__ import annotations
@@ -21,17 +26,30 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Iterable
+from typing import Any, Iterable, Protocol, Sequence
 
-from .records import KIND_CLIENT, KIND_PRODUCER, STAGES, SpanRecord
+from .records import (
+    KIND_CLIENT,
+    KIND_CONSUMER,
+    KIND_INTERNAL,
+    KIND_PRODUCER,
+    KIND_SERVER,
+    KIND_UNSPECIFIED,
+    STAGES,
+    SpanRecord,
+)
 from .signals import span_signals
 
 __all__ = [
+    "CALL",
     "DEFAULT_RULES_FILE",
+    "INHERIT",
+    "Rule",
     "RulesError",
     "StageRules",
+    "apply_parent_stages",
     "default_rules",
     "load_rules",
     "parse_rules",
@@ -41,9 +59,21 @@ __all__ = [
 DEFAULT_RULES_FILE = "default_rules.toml"
 """Name of the built-in rules file, shipped as package data of ``modalscope.ingest``."""
 
+CALL = 1
+"""Decision flag: the deciding rule has ``model_call = true`` (signals get ``"call": 1``)."""
+INHERIT = 2
+"""Decision flag: a ``stage_from = "parent_call"`` rule matched (signals get ``"inh"``)."""
+
 _STAGE_SET = frozenset(STAGES)
-_NETWORK_KINDS = frozenset((KIND_CLIENT, KIND_PRODUCER))
 _CACHE_LIMIT = 100_000  # entries per cache; a full cache is cleared, not evicted piecemeal
+_KINDS_BY_NAME = {
+    "INTERNAL": (KIND_UNSPECIFIED, KIND_INTERNAL),  # OTel treats unspecified as internal
+    "SERVER": (KIND_SERVER,),
+    "CLIENT": (KIND_CLIENT,),
+    "PRODUCER": (KIND_PRODUCER,),
+    "CONSUMER": (KIND_CONSUMER,),
+}
+_CALLEE_KINDS = frozenset((KIND_SERVER, KIND_CONSUMER))
 
 # --------------------------------------------------------------------------------------
 # Tokens
@@ -125,63 +155,97 @@ def _toml_error(path: str, text: str, exc: tomllib.TOMLDecodeError) -> RulesErro
 # Rules
 # --------------------------------------------------------------------------------------
 
-
-@dataclass(frozen=True, slots=True)
-class PatternRule:
-    """A ``[[name]]`` or ``[[service]]`` rule."""
-
-    stage: str
-    patterns: tuple[str, ...]
+STAGE_FROM_VALUE = "value"
+STAGE_FROM_PARENT = "parent_call"
 
 
 @dataclass(frozen=True, slots=True)
-class AttributeRule:
-    """An ``[[attribute]]`` rule: any of ``keys`` present (and, with ``values``, equal)."""
+class Rule:
+    """One ``[[rule]]`` table. Its matchers are ANDed; a rule without any matches every span.
 
-    stage: str
-    keys: tuple[str, ...]
-    values: tuple[str, ...] | None = None  # normalised with _value_text
+    ``stage`` is the stage it gives, or None with ``stage_from``: ``"value"`` (the value of
+    the first of ``keys`` present that names a stage; no such value: no match) or
+    ``"parent_call"`` (the stage the rules after this one give, marked so that the span
+    takes its parent model call's stage once the parent is known: :func:`apply_parent_stages`).
+    """
 
-    def matches(self, attributes: dict[str, Any]) -> bool:
+    stage: str | None
+    stage_from: str | None = None
+    names: tuple[str, ...] = ()
+    services: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ()
+    values: frozenset[str] | None = None  # normalised with _value_text
+    kinds: frozenset[int] | None = None
+    model_call: bool = False
+    line: int | None = field(default=None, compare=False)  # where it was written, for messages
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether matching needs the span's attributes (not just name, service, kind)."""
+        return bool(self.keys)
+
+    def attributes_match(self, attributes: dict[str, Any]) -> str | bool:
+        """The attribute part of the rule: False, True, or (``stage_from = "value"``) the stage."""
+        if self.stage_from == STAGE_FROM_VALUE:
+            for key in self.keys:
+                stage = _stage_value(attributes.get(key))
+                if stage is not None:
+                    return stage
+            return False
+        values = self.values
         for key in self.keys:
             if key.endswith("*"):
                 prefix = key[:-1]
-                hits = [k for k in attributes if k.startswith(prefix)]
+                hits: Iterable[str] = [k for k in attributes if k.startswith(prefix)]
+            elif key in attributes:
+                hits = (key,)
             else:
-                hits = [key] if key in attributes else []
+                continue
             for k in hits:
-                if self.values is None or _value_text(attributes[k]) in self.values:
+                if values is None or _value_text(attributes[k]) in values:
                     return True
         return False
 
 
 def _value_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value.strip().lower()
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value).strip().lower()
 
 
+def _stage_value(value: Any) -> str | None:
+    if isinstance(value, str):
+        if value in _STAGE_SET:
+            return value
+        value = value.strip().lower()
+        if value in _STAGE_SET:
+            return value
+    return None
+
+
 class _TokenMatcher:
-    """Whole-token patterns of one section, longest first across all its rules."""
+    """Whole-token patterns of a run of rules, longest first; matches give a payload."""
 
     __slots__ = ("_by_first",)
 
-    def __init__(self, rules: Iterable[PatternRule]) -> None:
-        entries: list[tuple[tuple[int, int, int], tuple[str, ...], str]] = []
+    def __init__(self, entries: Iterable[tuple[Sequence[str], Any]]) -> None:
+        ranked: list[tuple[tuple[int, int, int], tuple[str, ...], Any]] = []
         order = 0
-        for rule in rules:
-            for pattern in rule.patterns:
+        for patterns, payload in entries:
+            for pattern in patterns:
                 toks = tokens(pattern)
                 # priority: more tokens, then more characters, then file order
-                entries.append(((-len(toks), -sum(map(len, toks)), order), toks, rule.stage))
+                ranked.append(((-len(toks), -sum(map(len, toks)), order), toks, payload))
                 order += 1
-        entries.sort(key=lambda e: e[0])
-        by_first: dict[str, list[tuple[tuple[int, int, int], tuple[str, ...], str]]] = {}
-        for entry in entries:
+        ranked.sort(key=lambda e: e[0])
+        by_first: dict[str, list[tuple[tuple[int, int, int], tuple[str, ...], Any]]] = {}
+        for entry in ranked:
             by_first.setdefault(entry[1][0], []).append(entry)
         self._by_first = by_first
 
-    def match(self, toks: tuple[str, ...]) -> str | None:
+    def match(self, toks: tuple[str, ...]) -> Any:
         best = None
         by_first = self._by_first
         n = len(toks)
@@ -199,140 +263,588 @@ class _TokenMatcher:
         return None if best is None else best[2]
 
 
-class StageRules:
-    """Compiled stage rules. Use :func:`load_rules` to build one from a file."""
+# Compiled steps: (code, keys, values, outcome). An outcome is (stage, flags), or None for
+# the marker of a stage_from = "parent_call" rule.
+_CONST = 0  # matches whatever the attributes
+_HAS = 1  # any of the exact keys present
+_EQ = 2  # any of the exact keys present with one of the values
+_VALUE = 3  # stage from the first key whose value names a stage; outcome: {stage: outcome}
+_GENERIC = 4  # anything else (prefix keys): values holds the Rule
 
-    def __init__(
-        self,
-        name_rules: Iterable[PatternRule] = (),
-        attribute_rules: Iterable[AttributeRule] = (),
-        service_rules: Iterable[PatternRule] = (),
-        source: str = "<rules>",
-    ) -> None:
-        self.name_rules = tuple(name_rules)
-        self.attribute_rules = tuple(attribute_rules)
-        self.service_rules = tuple(service_rules)
+_OTHER = ("other", 0)
+
+
+class _Run:
+    """Consecutive rules that match only on the name (or only on the service): the longest
+    pattern across them wins, whatever their order."""
+
+    __slots__ = ("field", "rules", "_matcher", "_cache")
+
+    def __init__(self, field_: str, rules: list[Rule], outcomes: list[tuple[str, int]]) -> None:
+        self.field = field_
+        self.rules = tuple(rules)
+        self._matcher = _TokenMatcher(
+            (r.names if field_ == "name" else r.services, o) for r, o in zip(rules, outcomes)
+        )
+        self._cache: dict[str, Any] = {}
+
+    def lookup(self, text: str) -> tuple[str, int] | None:
+        hit = self._cache.get(text)
+        if hit is None:
+            hit = self._matcher.match(tokens(text)) or False
+            if len(self._cache) >= _CACHE_LIMIT:
+                self._cache.clear()
+            self._cache[text] = hit
+        return hit or None
+
+
+class _Single:
+    """One rule on its own: its name/service/kind part is decided once per program."""
+
+    __slots__ = ("rule", "step", "_names", "_services")
+
+    def __init__(self, rule: Rule, outcome: tuple[str, int] | None, value_outcomes: dict[str, tuple[str, int]]) -> None:
+        self.rule = rule
+        self._names = _TokenMatcher([(rule.names, True)]) if rule.names else None
+        self._services = _TokenMatcher([(rule.services, True)]) if rule.services else None
+        keys = rule.keys
+        if not keys:
+            self.step = (_CONST, (), None, outcome)
+        elif rule.stage_from == STAGE_FROM_VALUE:
+            self.step = (_VALUE, keys, None, value_outcomes)
+        elif any(k.endswith("*") for k in keys):
+            self.step = (_GENERIC, keys, rule, outcome)
+        elif rule.values is None:
+            self.step = (_HAS, keys, None, outcome)
+        else:
+            self.step = (_EQ, keys, rule.values, outcome)
+
+    def static_match(self, name_tokens: tuple[str, ...], service_tokens: tuple[str, ...], kind: int) -> bool:
+        rule = self.rule
+        if rule.kinds is not None and kind not in rule.kinds:
+            return False
+        if self._names is not None and self._names.match(name_tokens) is None:
+            return False
+        if self._services is not None and self._services.match(service_tokens) is None:
+            return False
+        return True
+
+
+def _run_steps(steps: tuple, attributes: dict[str, Any]) -> tuple[str, int]:
+    """The outcome of a compiled program for these attributes (the last step always fits)."""
+    inherit = False
+    for code, keys, values, outcome in steps:
+        if code == _HAS:
+            for key in keys:
+                if key in attributes:
+                    break
+            else:
+                continue
+        elif code == _EQ:
+            for key in keys:
+                value = attributes.get(key)
+                if value is None:
+                    continue
+                if (value.strip().lower() if value.__class__ is str else _value_text(value)) in values:
+                    break
+            else:
+                continue
+        elif code == _VALUE:
+            for key in keys:
+                value = attributes.get(key)
+                if value is not None:
+                    stage = _stage_value(value)
+                    if stage is not None:
+                        outcome = outcome[stage]
+                        break
+            else:
+                continue
+        elif code == _GENERIC:
+            if not values.attributes_match(attributes):
+                continue
+        if outcome is None:  # a stage_from = "parent_call" rule: its fallback comes next
+            inherit = True
+            continue
+        if inherit:
+            return (outcome[0], outcome[1] | INHERIT)
+        return outcome
+    return (_OTHER[0], INHERIT) if inherit else _OTHER
+
+
+class _Program:
+    """The compiled steps for spans of one (name, service, kind)."""
+
+    __slots__ = ("steps", "empty", "keys", "value_keys", "by_present")
+
+    def __init__(self, steps: tuple) -> None:
+        self.steps = steps
+        self.empty = _run_steps(steps, {})  # the outcome for a span with none of the keys
+        # The keys any step reads (None: a prefix key, no cheap test), and those whose value
+        # matters; with none of the latter present, outcomes are cached by the keys present.
+        self.keys: frozenset[str] | None = frozenset(k for step in steps for k in step[1])
+        if any(step[0] == _GENERIC for step in steps):
+            self.keys = None
+        self.value_keys = frozenset(k for step in steps if step[0] in (_EQ, _VALUE) for k in step[1])
+        self.by_present: dict[frozenset[str], tuple[str, int]] = {}
+
+
+class StageRules:
+    """Compiled stage rules, in order. Use :func:`load_rules` to build one from a file."""
+
+    def __init__(self, rules: Iterable[Rule] = (), source: str = "<rules>") -> None:
+        self.rules: tuple[Rule, ...] = tuple(rules)
         self.source = source
-        self._names = _TokenMatcher(self.name_rules)
-        self._services = _TokenMatcher(self.service_rules)
-        # Keys whose *value* matters to some rule go into the attribute cache key.
-        value_keys: list[str] = []
-        self._value_prefixes = False
-        for rule in self.attribute_rules:
-            if rule.values is not None:
-                for key in rule.keys:
-                    if key.endswith("*"):
-                        self._value_prefixes = True
-                    elif key not in value_keys:
-                        value_keys.append(key)
-        self._value_keys = tuple(value_keys)
-        # Caches: "" means "no rule of this section matched".
-        self._name_cache: dict[str, str] = {}
-        self._attr_cache: dict[Any, str] = {}
-        self._service_cache: dict[str, str] = {}
+        units: list[_Run | _Single] = []
+        pending: list[Rule] = []
+        pending_field = ""
+
+        def flush() -> None:
+            if pending:
+                units.append(_Run(pending_field, list(pending), [_outcome(r) for r in pending]))
+                pending.clear()
+
+        for rule in self.rules:
+            run_field = _run_field(rule)
+            if run_field is None or run_field != pending_field:
+                flush()
+            if run_field is not None:
+                pending_field = run_field
+                pending.append(rule)
+                continue
+            pending_field = ""
+            units.append(_Single(rule, _outcome(rule), _value_outcomes(rule)))
+        flush()
+        self._units = tuple(units)
+        self._programs: dict[tuple[str, str, int], _Program] = {}
+        self._tokens: dict[str, tuple[str, ...]] = {}
 
     def __repr__(self) -> str:
-        return (
-            f"StageRules(source={self.source!r}, name_rules={len(self.name_rules)}, "
-            f"attribute_rules={len(self.attribute_rules)}, service_rules={len(self.service_rules)})"
-        )
+        return f"StageRules(source={self.source!r}, rules={len(self.rules)})"
 
-    # -- the per-section lookups (cached) ----------------------------------------------
+    # -- compiling -----------------------------------------------------------------------
 
-    def name_stage(self, name: str) -> str | None:
-        """The stage the ``[[name]]`` rules give ``name``, or None."""
-        stage = self._name_cache.get(name)
-        if stage is None:
-            stage = self._names.match(tokens(name)) or ""
-            if len(self._name_cache) >= _CACHE_LIMIT:
-                self._name_cache.clear()
-            self._name_cache[name] = stage
-        return stage or None
+    def _tokens_of(self, text: str) -> tuple[str, ...]:
+        toks = self._tokens.get(text)
+        if toks is None:
+            toks = tokens(text)
+            if len(self._tokens) >= _CACHE_LIMIT:
+                self._tokens.clear()
+            self._tokens[text] = toks
+        return toks
 
-    def service_stage(self, service: str) -> str | None:
-        """The stage the ``[[service]]`` rules give ``service``, or None."""
-        stage = self._service_cache.get(service)
-        if stage is None:
-            stage = self._services.match(tokens(service)) or ""
-            if len(self._service_cache) >= _CACHE_LIMIT:
-                self._service_cache.clear()
-            self._service_cache[service] = stage
-        return stage or None
+    def _compile(self, key: tuple[str, str, int]) -> _Program:
+        """The steps left for spans of this (name, service, kind): the attribute checks of
+        the rules whose other matchers pass, up to the first rule that needs no attribute."""
+        name, service, kind = key
+        name_toks = service_toks = None
+        steps: list[tuple] = []
+        for unit in self._units:
+            if isinstance(unit, _Run):
+                outcome = unit.lookup(name if unit.field == "name" else service)
+                if outcome is not None:
+                    steps.append((_CONST, (), None, outcome))
+                    break
+                continue
+            rule = unit.rule
+            if rule.names and name_toks is None:
+                name_toks = self._tokens_of(name)
+            if rule.services and service_toks is None:
+                service_toks = self._tokens_of(service)
+            if not unit.static_match(name_toks or (), service_toks or (), kind):
+                continue
+            steps.append(unit.step)
+            if unit.step[0] == _CONST and unit.step[3] is not None:
+                break
+        else:
+            steps.append((_CONST, (), None, _OTHER))
+        program = _Program(tuple(steps))
+        if len(self._programs) >= _CACHE_LIMIT:
+            self._programs.clear()
+        self._programs[key] = program
+        return program
 
-    def attribute_stage(self, attributes: dict[str, Any]) -> str | None:
-        """The stage the ``[[attribute]]`` rules give these attributes, or None."""
-        if not attributes or not self.attribute_rules:
-            return None
-        if self._value_prefixes:  # a value rule on a key prefix: no cheap signature
-            return self._attribute_stage_uncached(attributes)
-        # The outcome depends only on which keys are present plus the values of the keys
-        # some rule compares; that is the cache key.
-        signature: Any = tuple(attributes)
-        for key in self._value_keys:
-            if key in attributes:
-                signature = (signature, key, _value_text(attributes[key]))
-        stage = self._attr_cache.get(signature)
-        if stage is None:
-            stage = self._attribute_stage_uncached(attributes) or ""
-            if len(self._attr_cache) >= _CACHE_LIMIT:
-                self._attr_cache.clear()
-            self._attr_cache[signature] = stage
-        return stage or None
+    # -- the decision --------------------------------------------------------------------
 
-    def _attribute_stage_uncached(self, attributes: dict[str, Any]) -> str | None:
-        for rule in self.attribute_rules:
-            if rule.matches(attributes):
-                return rule.stage
-        return None
-
-    # -- the whole decision ------------------------------------------------------------
+    def decide(self, span: SpanRecord) -> tuple[str, int]:
+        """``(stage, flags)`` for one span on its own: flags has :data:`CALL` when the
+        deciding rule marks a model call and :data:`INHERIT` when a ``parent_call`` rule
+        matched (then ``stage`` is its fallback, what the rules after it give)."""
+        key = (span.name, span.service, span.kind)
+        program = self._programs.get(key)
+        if program is None:
+            program = self._compile(key)
+        attributes = span.attributes
+        if not attributes:
+            return program.empty
+        keys = program.keys
+        if keys is None:
+            return _run_steps(program.steps, attributes)
+        present = keys.intersection(attributes)
+        if not present:
+            return program.empty
+        if program.value_keys.isdisjoint(present):
+            # Only presence matters here: the outcome is a function of which keys are present.
+            outcome = program.by_present.get(present)
+            if outcome is None:
+                outcome = _run_steps(program.steps, attributes)
+                if len(program.by_present) >= 64:
+                    program.by_present.clear()
+                program.by_present[present] = outcome
+            return outcome
+        return _run_steps(program.steps, attributes)
 
     def stage_of(self, span: SpanRecord) -> str:
-        """The stage of one span (see the module docstring for the order)."""
-        attributes = span.attributes
-        explicit = attributes.get("mm.stage") if attributes else None
-        if explicit is not None and isinstance(explicit, str):
-            if explicit in _STAGE_SET:
-                return explicit
-            explicit = explicit.strip().lower()
-            if explicit in _STAGE_SET:
-                return explicit
-        if span.kind in _NETWORK_KINDS:
-            return "network"
-        stage = self._name_cache.get(span.name)  # inline fast path of name_stage()
-        if stage is None:
-            stage = self.name_stage(span.name) or ""
-        if stage:
-            return stage
-        return (
-            self.attribute_stage(attributes)
-            or self.service_stage(span.service)
-            or "other"
-        )
+        """The stage the rules give one span, before any parent is considered."""
+        return self.decide(span)[0]
 
     def tag(self, spans: Iterable[SpanRecord]) -> None:
-        """Set ``.stage`` and ``.signals`` (ingest/signals.py) on every span."""
-        stage_of = self.stage_of
+        """Set ``.stage`` and ``.signals`` (ingest/signals.py) on every span.
+
+        A span decided by a ``model_call`` rule gets ``"call": 1`` in its signals; one that
+        matched a ``parent_call`` rule gets ``"inh": <its own stage>``, and takes its parent's
+        stage here when the parent is in the same batch (:func:`apply_parent_stages`).
+        """
+        if not isinstance(spans, list):
+            spans = list(spans)
+        decide = self.decide
+        calls: dict[tuple[str, str], SpanRecord] = {}
+        heirs: list[SpanRecord] = []
         for span in spans:
-            span.stage = stage_of(span)
-            span.signals = span_signals(span)
+            stage, flags = decide(span)
+            span.stage = stage
+            signals = span_signals(span)
+            if flags:
+                if signals is None:
+                    signals = {}
+                if flags & CALL:
+                    signals["call"] = 1
+                if flags & INHERIT:
+                    signals["inh"] = stage
+                    heirs.append(span)
+            if signals is not None and signals.get("call"):
+                calls[(span.trace_id, span.span_id)] = span
+            span.signals = signals
+        if heirs and calls:
+            _inherit(spans, calls, heirs)
 
     def clear_cache(self) -> None:
-        self._name_cache.clear()
-        self._attr_cache.clear()
-        self._service_cache.clear()
+        self._programs.clear()
+        self._tokens.clear()
+        for unit in self._units:
+            if isinstance(unit, _Run):
+                unit._cache.clear()
+
+
+def _outcome(rule: Rule) -> tuple[str, int] | None:
+    if rule.stage_from == STAGE_FROM_PARENT:
+        return None
+    if rule.stage is None:  # stage_from = "value": per stage, see _value_outcomes
+        return None
+    return (rule.stage, CALL if rule.model_call else 0)
+
+
+def _value_outcomes(rule: Rule) -> dict[str, tuple[str, int]]:
+    flags = CALL if rule.model_call else 0
+    return {stage: (stage, flags) for stage in STAGES}
+
+
+def _run_field(rule: Rule) -> str | None:
+    """"name" or "service" when the rule can join a longest-pattern run."""
+    if rule.stage is None or rule.keys or rule.kinds is not None:
+        return None
+    if rule.names and not rule.services:
+        return "name"
+    if rule.services and not rule.names:
+        return "service"
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# Transport spans under a model call
+# --------------------------------------------------------------------------------------
+
+
+class _SpanLike(Protocol):
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    service: str
+    kind: int
+    stage: str | None
+    signals: dict[str, Any] | None
+
+
+def apply_parent_stages(spans: Iterable[_SpanLike]) -> int:
+    """Give each span marked ``"inh"`` in its signals the stage it should have within ``spans``.
+
+    Such a span (a transport CLIENT span matched by a ``stage_from = "parent_call"`` rule)
+    takes its parent's stage when the parent is among ``spans``, in the same service, is a
+    model call (``"call"`` in its signals), and no SERVER or CONSUMER span among ``spans``
+    is its child (an instrumented callee: its own stages tell the story). Otherwise it gets
+    back the stage the rules gave it alone (the ``"inh"`` value), so calling this again on a
+    grown set (a settling trace) is always right. Pure but for setting ``.stage``; returns
+    how many stages changed.
+    """
+    spans = spans if isinstance(spans, (list, tuple)) else list(spans)
+    calls: dict[tuple[str, str], _SpanLike] = {}
+    heirs: list[_SpanLike] = []
+    for span in spans:
+        signals = span.signals
+        if signals:
+            if signals.get("call"):
+                calls[(span.trace_id, span.span_id)] = span
+            if signals.get("inh"):
+                heirs.append(span)
+    return _inherit(spans, calls, heirs)
+
+
+def _inherit(spans: Sequence[_SpanLike], calls: dict[tuple[str, str], Any], heirs: list[Any]) -> int:
+    called = {(s.trace_id, s.parent_span_id) for s in spans if s.kind in _CALLEE_KINDS and s.parent_span_id}
+    changed = 0
+    for span in heirs:
+        stage = span.signals["inh"]  # type: ignore[index]
+        pid = span.parent_span_id
+        parent = calls.get((span.trace_id, pid)) if pid and pid != span.span_id else None
+        if (
+            parent is not None
+            and parent.service == span.service
+            and (span.trace_id, span.span_id) not in called
+        ):
+            # One level only: a parent that is itself marked counts with its own fallback,
+            # so the answer does not depend on the order spans are visited in.
+            stage = parent.signals.get("inh") or parent.stage or stage
+        if span.stage != stage:
+            span.stage = stage
+            changed += 1
+    return changed
 
 
 # --------------------------------------------------------------------------------------
 # Loading
 # --------------------------------------------------------------------------------------
 
-_SECTIONS = ("name", "attribute", "service")
+_LEGACY_SECTIONS = ("name", "attribute", "service")
+_SECTIONS = ("rule",) + _LEGACY_SECTIONS
 _SECTION_KEYS = {
-    "name": {"stage", "patterns"},
-    "service": {"stage", "patterns"},
-    "attribute": {"stage", "keys", "values"},
+    "rule": ("stage", "stage_from", "names", "services", "keys", "values", "kinds", "model_call"),
+    "name": ("stage", "patterns"),
+    "service": ("stage", "patterns"),
+    "attribute": ("stage", "keys", "values"),
 }
+
+# A file in the older layout keeps its [[name]], [[attribute]] and [[service]] rules, in
+# that order, between these built-in entries (the same as in default_rules.toml), so a
+# GenAI CLIENT span is a model call there too.
+_LEGACY_HEAD = """
+[[rule]]
+stage_from = "value"
+keys = ["mm.stage"]
+
+[[rule]]
+stage = "encoder"
+keys = ["gen_ai.operation.name"]
+values = ["embeddings"]
+model_call = true
+
+[[rule]]
+stage = "inference"
+keys = ["gen_ai.operation.name"]
+model_call = true
+
+[[rule]]
+stage = "inference"
+keys = ["openinference.span.kind"]
+values = ["llm", "reranker"]
+model_call = true
+
+[[rule]]
+stage = "encoder"
+keys = ["openinference.span.kind"]
+values = ["embedding"]
+model_call = true
+"""
+_LEGACY_TAIL = """
+[[rule]]
+stage_from = "parent_call"
+kinds = ["CLIENT"]
+keys = ["http.request.method", "http.method", "url.full", "http.url", "rpc.system", "rpc.service"]
+
+[[rule]]
+stage = "network"
+kinds = ["CLIENT", "PRODUCER"]
+
+[[rule]]
+stage = "other"
+"""
+
+
+def parse_rules(text: str, path: str = "<rules>") -> StageRules:
+    """Build :class:`StageRules` from TOML text; errors name ``path`` and a line.
+
+    A file with ``[[rule]]`` tables is the whole, ordered list. A file without any (the
+    older layout, or an empty file) gets the built-in entries around its sections: explicit
+    ``mm.stage``, the model-call conventions, then its ``[[name]]`` rules (one longest-pattern
+    run), ``[[attribute]]`` rules in order, ``[[service]]`` rules (one run), then transport
+    spans under a model call, CLIENT/PRODUCER -> network and ``other``.
+    """
+    return StageRules(_parse(text, path), source=path)
+
+
+def _parse(text: str, path: str) -> list[Rule]:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise _toml_error(path, text, exc) from None
+    where = _Locator(text)
+
+    for top, value in data.items():
+        if top not in _SECTIONS:
+            raise RulesError(
+                path,
+                where.table(top) or where.key("", 0, top),
+                f"unknown section {top!r} (expected [[rule]]; or, in the older layout, "
+                "[[name]], [[attribute]] or [[service]])",
+            )
+        if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+            raise RulesError(
+                path, where.table(top) or where.key("", 0, top),
+                f"{top!r} must be an array of tables: write [[{top}]]",
+            )
+    legacy = [s for s in _LEGACY_SECTIONS if s in data]
+    if "rule" in data and legacy:
+        raise RulesError(
+            path, where.table(legacy[0]),
+            f"[[{legacy[0]}]] cannot be mixed with [[rule]]: write it as a [[rule]] "
+            "(patterns -> names/services) where it belongs in the order",
+        )
+
+    def fail(section: str, index: int, key: str | None, reason: str, needle: str | None = None):
+        line = where.key(section, index, key, needle) if key else where.table(section, index)
+        return RulesError(path, line, f"[[{section}]] #{index + 1}: {reason}")
+
+    def check_keys(section: str, index: int, table: dict[str, Any]) -> None:
+        for key in table:
+            if key not in _SECTION_KEYS[section]:
+                allowed = ", ".join(_SECTION_KEYS[section])
+                raise fail(section, index, key, f"unknown key {key!r} (expected {allowed})")
+
+    def stage_of_table(section: str, index: int, table: dict[str, Any]) -> str:
+        stage = table["stage"]
+        if not isinstance(stage, str) or stage not in _STAGE_SET:
+            raise fail(
+                section, index, "stage",
+                f"unknown stage {stage!r} (expected one of {', '.join(STAGES)})",
+            )
+        return stage
+
+    def strings(section: str, index: int, table: dict[str, Any], key: str, what: str) -> tuple[str, ...]:
+        value = table[key]
+        if not isinstance(value, list):
+            raise fail(section, index, key, f"'{key}' must be a list of strings")
+        out = []
+        for item in value:
+            if not isinstance(item, str):
+                raise fail(section, index, key, f"{what} {item!r} is not a string", repr(item))
+            if what == "pattern" and not tokens(item):
+                raise fail(section, index, key, f"pattern {item!r} has no letters or digits", repr(item)[1:-1])
+            if what == "key" and (not item or "*" in item[:-1] or item == "*"):
+                raise fail(
+                    section, index, key,
+                    f"key {item!r}: use an exact key or a prefix ending in '*' (e.g. 'gen_ai.*')",
+                    repr(item)[1:-1],
+                )
+            if what == "kind" and item.upper() not in _KINDS_BY_NAME:
+                raise fail(
+                    section, index, key,
+                    f"unknown span kind {item!r} (expected {', '.join(_KINDS_BY_NAME)})", repr(item)[1:-1],
+                )
+            out.append(item)
+        if not out:
+            raise fail(section, index, key, f"'{key}' is empty")
+        return tuple(out)
+
+    def values_of(section: str, index: int, table: dict[str, Any]) -> frozenset[str]:
+        raw = table["values"]
+        if not isinstance(raw, list) or not raw or not all(isinstance(v, (str, int, float, bool)) for v in raw):
+            raise fail(section, index, "values", "'values' must be a non-empty list of strings, numbers or booleans")
+        return frozenset(_value_text(v) for v in raw)
+
+    def new_rule(index: int, table: dict[str, Any]) -> Rule:
+        s = "rule"
+        check_keys(s, index, table)
+        line = where.table(s, index)
+        stage = stage_from = None
+        if "stage" in table and "stage_from" in table:
+            raise fail(s, index, "stage_from", "give either 'stage' or 'stage_from', not both")
+        if "stage" in table:
+            stage = stage_of_table(s, index, table)
+        elif "stage_from" in table:
+            stage_from = table["stage_from"]
+            if stage_from not in (STAGE_FROM_VALUE, STAGE_FROM_PARENT):
+                raise fail(
+                    s, index, "stage_from",
+                    f"unknown stage_from {stage_from!r} (expected 'value' or 'parent_call')",
+                )
+        else:
+            raise fail(s, index, None, "missing 'stage' (or 'stage_from')")
+        names = strings(s, index, table, "names", "pattern") if "names" in table else ()
+        services = strings(s, index, table, "services", "pattern") if "services" in table else ()
+        keys = strings(s, index, table, "keys", "key") if "keys" in table else ()
+        values = values_of(s, index, table) if "values" in table else None
+        kinds = None
+        if "kinds" in table:
+            kinds = frozenset(k for name in strings(s, index, table, "kinds", "kind") for k in _KINDS_BY_NAME[name.upper()])
+        model_call = table.get("model_call", False)
+        if not isinstance(model_call, bool):
+            raise fail(s, index, "model_call", "'model_call' must be true or false")
+        if values is not None and not keys:
+            raise fail(s, index, "values", "'values' needs 'keys'")
+        if stage_from == STAGE_FROM_VALUE:
+            if not keys or any(k.endswith("*") for k in keys):
+                raise fail(s, index, "stage_from", "stage_from = 'value' needs exact 'keys' to read the stage from")
+            if values is not None:
+                raise fail(s, index, "values", "'values' cannot be used with stage_from = 'value'")
+        if stage_from == STAGE_FROM_PARENT and model_call:
+            raise fail(s, index, "model_call", "a stage_from = 'parent_call' rule cannot be a model call")
+        return Rule(stage, stage_from, names, services, keys, values, kinds, model_call, line)
+
+    if "rule" in data:
+        return [new_rule(i, t) for i, t in enumerate(data["rule"])]
+
+    middle: list[Rule] = []
+    for section in _LEGACY_SECTIONS:
+        for index, table in enumerate(data.get(section, [])):
+            check_keys(section, index, table)
+            if "stage" not in table:
+                raise fail(section, index, None, "missing 'stage'")
+            stage = stage_of_table(section, index, table)
+            line = where.table(section, index)
+            if section == "attribute":
+                if "keys" not in table:
+                    raise fail(section, index, None, "missing 'keys'")
+                keys = strings(section, index, table, "keys", "key")
+                values = values_of(section, index, table) if "values" in table else None
+                middle.append(Rule(stage, keys=keys, values=values, line=line))
+                continue
+            if "patterns" not in table:
+                raise fail(section, index, None, "missing 'patterns'")
+            patterns = strings(section, index, table, "patterns", "pattern")
+            if section == "name":
+                middle.append(Rule(stage, names=patterns, line=line))
+            else:
+                middle.append(Rule(stage, services=patterns, line=line))
+    head, tail = _legacy_frame()
+    return [*head, *middle, *tail]
+
+
+_FRAME: tuple[list[Rule], list[Rule]] | None = None
+
+
+def _legacy_frame() -> tuple[list[Rule], list[Rule]]:
+    global _FRAME
+    if _FRAME is None:
+        _FRAME = (_parse(_LEGACY_HEAD, "<built-in>"), _parse(_LEGACY_TAIL, "<built-in>"))
+    return _FRAME
 
 
 class _Locator:
@@ -380,98 +892,6 @@ class _Locator:
             if key_line is not None and needle is not None and needle in line:
                 return number
         return key_line
-
-
-def parse_rules(text: str, path: str = "<rules>") -> StageRules:
-    """Build :class:`StageRules` from TOML text; errors name ``path`` and a line."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise _toml_error(path, text, exc) from None
-    where = _Locator(text)
-
-    for top, value in data.items():
-        if top not in _SECTIONS:
-            raise RulesError(
-                path,
-                where.table(top) or where.key("", 0, top),
-                f"unknown section {top!r} (expected [[name]], [[attribute]] or [[service]])",
-            )
-        if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
-            raise RulesError(
-                path, where.table(top) or where.key("", 0, top),
-                f"{top!r} must be an array of tables: write [[{top}]]",
-            )
-
-    def fail(section: str, index: int, key: str | None, reason: str, needle: str | None = None):
-        line = where.key(section, index, key, needle) if key else where.table(section, index)
-        return RulesError(path, line, f"[[{section}]] #{index + 1}: {reason}")
-
-    def stage_of_table(section: str, index: int, table: dict[str, Any]) -> str:
-        if "stage" not in table:
-            raise fail(section, index, None, "missing 'stage'")
-        stage = table["stage"]
-        if not isinstance(stage, str) or stage not in _STAGE_SET:
-            raise fail(
-                section, index, "stage",
-                f"unknown stage {stage!r} (expected one of {', '.join(STAGES)})",
-            )
-        return stage
-
-    def strings(section: str, index: int, table: dict[str, Any], key: str, what: str) -> tuple[str, ...]:
-        value = table[key]
-        if not isinstance(value, list):
-            raise fail(section, index, key, f"'{key}' must be a list of strings")
-        out = []
-        for item in value:
-            if not isinstance(item, str):
-                raise fail(section, index, key, f"{what} {item!r} is not a string", repr(item))
-            if what == "pattern" and not tokens(item):
-                raise fail(section, index, key, f"pattern {item!r} has no letters or digits", repr(item)[1:-1])
-            out.append(item)
-        return tuple(out)
-
-    def check_keys(section: str, index: int, table: dict[str, Any]) -> None:
-        for key in table:
-            if key not in _SECTION_KEYS[section]:
-                allowed = ", ".join(sorted(_SECTION_KEYS[section]))
-                raise fail(section, index, key, f"unknown key {key!r} (expected {allowed})")
-
-    pattern_rules: dict[str, list[PatternRule]] = {"name": [], "service": []}
-    for section in ("name", "service"):
-        for index, table in enumerate(data.get(section, [])):
-            check_keys(section, index, table)
-            stage = stage_of_table(section, index, table)
-            if "patterns" not in table:
-                raise fail(section, index, None, "missing 'patterns'")
-            patterns = strings(section, index, table, "patterns", "pattern")
-            pattern_rules[section].append(PatternRule(stage, patterns))
-
-    attribute_rules: list[AttributeRule] = []
-    for index, table in enumerate(data.get("attribute", [])):
-        check_keys("attribute", index, table)
-        stage = stage_of_table("attribute", index, table)
-        if "keys" not in table:
-            raise fail("attribute", index, None, "missing 'keys'")
-        keys = strings("attribute", index, table, "keys", "key")
-        for key in keys:
-            if not key or "*" in key[:-1] or key == "*":
-                raise fail(
-                    "attribute", index, "keys",
-                    f"key {key!r}: use an exact key or a prefix ending in '*' (e.g. 'gen_ai.*')",
-                    repr(key)[1:-1],
-                )
-        values = None
-        if "values" in table:
-            raw = table["values"]
-            if not isinstance(raw, list) or not all(
-                isinstance(v, (str, int, float, bool)) for v in raw
-            ):
-                raise fail("attribute", index, "values", "'values' must be a list of strings, numbers or booleans")
-            values = tuple(_value_text(v) for v in raw)
-        attribute_rules.append(AttributeRule(stage, keys, values))
-
-    return StageRules(pattern_rules["name"], attribute_rules, pattern_rules["service"], source=path)
 
 
 def load_rules(path: str | os.PathLike[str] | None = None) -> StageRules:

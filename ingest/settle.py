@@ -32,19 +32,21 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
-from sqlalchemy import Connection, Engine, bindparam, case, delete, literal, or_, select
+import orjson
+from sqlalchemy import Connection, Engine, and_, bindparam, case, delete, literal, or_, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from ..models import HourlyRollup, PairCall, QuarterRollup, Rollup, Series, Span, Trace
 from ..models import changes, sketch
 from ..models.dialect import (contains_text, insert_ignore, json_member, keys_clause, rows_with_keys,
                               supports_skip_locked, upsert)
-from .records import KIND_CLIENT, KIND_CONSUMER, KIND_SERVER, STATUS_ERROR, SpanRecord
-from .settle_fast import LAYER_KEY, convention_contributions, summarize_rows
-from .traces import find_root, input_type_of, self_times, service_pairs, trace_duration_ns, trace_error
+from .records import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, STATUS_ERROR, SpanRecord
+from .settle_fast import LAYER_KEY, LINKS, convention_contributions, summarize_rows
+from .traces import (LEGACY_SIGNAL_NEEDLES, effective_stages, find_root, input_type_of, link_targets, self_times,
+                     trace_calls, trace_duration_ns, trace_error)
 
 log = logging.getLogger(__name__)
 
@@ -136,32 +138,37 @@ class SettledTrace:
     contributions: list[tuple[tuple[str, ...], int, int, int]]  # (series key, minute, value_ns, err)
 
 
-def summarize_trace(trace_id: str, spans: list[SpanRecord]) -> SettledTrace:
-    """Pure: everything a settled trace stores, from its spans."""
+def summarize_trace(trace_id: str, spans: list[SpanRecord],
+                    linked: Mapping[tuple[str, str], SpanRecord] | None = None) -> SettledTrace:
+    """Pure: everything a settled trace stores, from its spans (``linked``: spans of other
+    traces that CONSUMER spans' links point at, keyed (trace_id, span_id)).
+
+    Stages are the spans' tagged ones corrected by ``traces.resolve_stages`` (a transport
+    span under a model call counts in the model call's stage)."""
     # Duplicate span ids cannot be stored, but be safe for callers passing raw input.
     root = find_root(spans)
     input_type = input_type_of(spans)
+    stage_of = effective_stages(spans)
     start_ns = min(s.start_ns for s in spans)
     duration = trace_duration_ns(spans)
     error = trace_error(spans)
     contribs: list[tuple[tuple[str, ...], int, int, int]] = []
     for s in spans:
+        stage = stage_of.get(s.span_id, s.stage) or "other"
         contribs.append((
-            series_key("op", s.service, s.name, s.stage or "other", input_type),
+            series_key("op", s.service, s.name, stage, input_type),
             s.start_ns // NS_PER_MINUTE, s.end_ns - s.start_ns, int(s.status == STATUS_ERROR),
         ))
         layer = s.attributes.get(LAYER_KEY) if s.attributes else None
         if isinstance(layer, str):
             contribs.append((
-                series_key("layer", s.service, s.name, s.stage or "other", input_type, callee=layer),
+                series_key("layer", s.service, s.name, stage, input_type, callee=layer),
                 s.start_ns // NS_PER_MINUTE, s.end_ns - s.start_ns, int(s.status == STATUS_ERROR),
             ))
-    by_id = {s.span_id: s for s in spans}
-    for span_id, (caller, callee) in service_pairs(spans).items():
-        s = by_id[span_id]
+    for call in trace_calls(spans, linked).values():
         contribs.append((
-            series_key("pair", input_type=input_type, caller=caller, callee=callee),
-            s.start_ns // NS_PER_MINUTE, s.end_ns - s.start_ns, int(s.status == STATUS_ERROR),
+            series_key("pair", name=call.model, input_type=input_type, caller=call.caller, callee=call.callee),
+            call.start_ns // NS_PER_MINUTE, call.duration_ns, int(call.error),
         ))
     trace_minute = (root.start_ns if root is not None else start_ns) // NS_PER_MINUTE
     root_service = root.service if root is not None else None
@@ -170,12 +177,12 @@ def summarize_trace(trace_id: str, spans: list[SpanRecord]) -> SettledTrace:
     stage_time: dict[str, int] = {}
     selfs = self_times(spans)
     for s in spans:
-        st = s.stage or "other"
+        st = stage_of.get(s.span_id, s.stage) or "other"
         stage_time[st] = stage_time.get(st, 0) + selfs.get(s.span_id, 0)
     for st, total in sorted(stage_time.items()):
         contribs.append((series_key("tstage", service=root_service or "", stage=st, input_type=input_type),
                          trace_minute, total, 0))
-    contribs.extend(_convention_contributions(spans))
+    contribs.extend(_convention_contributions(spans, stage_of))
     return SettledTrace(
         trace_id=trace_id,
         root_service=root_service,
@@ -189,10 +196,11 @@ def summarize_trace(trace_id: str, spans: list[SpanRecord]) -> SettledTrace:
     )
 
 
-def _convention_contributions(spans: list[SpanRecord]) -> list[tuple[tuple[str, ...], int, int, int]]:
+def _convention_contributions(spans: list[SpanRecord], stage_of: Mapping[str, str | None]
+                              ) -> list[tuple[tuple[str, ...], int, int, int]]:
     """The trace's ``cache``/``batch``/``cuda``/``sync``/``inst`` contributions (the series
     kinds are described in ``settle_fast``), span by span: the reference the batch path is
-    tested against."""
+    tested against. ``stage_of``: span_id -> the stage settling counts."""
     out = []
     for s in spans:
         if s.attributes:
@@ -200,11 +208,11 @@ def _convention_contributions(spans: list[SpanRecord]) -> list[tuple[tuple[str, 
                                                 s.attributes, s.resource))
     ordered = sorted(spans, key=lambda s: (s.start_ns, s.span_id))
     servers = [s for s in ordered if s.kind in (KIND_SERVER, KIND_CONSUMER)]
-    fusion = [s for s in servers if s.stage == "fusion"]
+    fusion = [s for s in servers if stage_of.get(s.span_id, s.stage) == "fusion"]
     encoder_end: dict[str, int] = {}
     encoder_start: int | None = None
     for s in servers:
-        if s.stage == "encoder":
+        if stage_of.get(s.span_id, s.stage) == "encoder":
             end = s.start_ns + max(s.end_ns - s.start_ns, 0)
             encoder_end[s.service] = max(encoder_end.get(s.service, end), end)
             encoder_start = s.start_ns if encoder_start is None else min(encoder_start, s.start_ns)
@@ -323,12 +331,14 @@ def _apply_tier(conn: Connection, model, time_col: str, series: np.ndarray, minu
 
 def load_trace_rows(conn: Connection, trace_ids: Sequence[str]) -> list[tuple]:
     """Span rows of these traces in ``settle_fast`` layout, ordered (trace, start, span id)."""
-    # Attributes matter only on roots, CLIENT spans, spans naming an input type and cache
-    # lookups; the database filters them so most rows never build a Python string for them,
-    # and extracts batch.size and gpu.cuda_graph itself (no JSON parsing in Python).
+    # Attributes matter only on CLIENT spans and model calls (callee addresses), cache lookups
+    # and spans without stored signals whose attributes may give some (stored before the
+    # column existed); the database filters them so most rows never build a Python string
+    # for them, and extracts batch.size and gpu.cuda_graph itself (no JSON parsing in Python).
     is_cache = contains_text(conn, Span.attributes, '"cache.name"')
-    wanted = or_(Span.parent_span_id.is_(None), Span.parent_span_id == "", Span.kind == KIND_CLIENT,
-                 contains_text(conn, Span.attributes, "mm.input_type"), is_cache)
+    legacy = and_(Span.signals.is_(None),
+                  or_(*[contains_text(conn, Span.attributes, needle) for needle in LEGACY_SIGNAL_NEEDLES]))
+    wanted = or_(Span.kind == KIND_CLIENT, is_cache, contains_text(conn, Span.signals, '"call"'), legacy)
     attrs = case((wanted, Span.attributes), else_=literal(""))
     cols = (Span.trace_id, Span.span_id, Span.parent_span_id, Span.service, Span.name, Span.kind,
             Span.stage, Span.start_ns, Span.duration_ns, Span.status, attrs, Span.instance,
@@ -336,7 +346,9 @@ def load_trace_rows(conn: Connection, trace_ids: Sequence[str]) -> list[tuple]:
             json_member(conn, Span.attributes, "gpu.cuda_graph"),
             case((is_cache, Span.resource), else_=literal("")),  # cache lookups' groups (cache_untagged)
             Span.id,  # pair_calls rows
-            json_member(conn, Span.attributes, LAYER_KEY, strings_only=True))  # layer series
+            json_member(conn, Span.attributes, LAYER_KEY, strings_only=True),  # layer series
+            Span.signals,
+            case((Span.kind == KIND_CONSUMER, Span.links), else_=literal(None)))  # hand-offs
     rows: list[tuple] = []
     for i in range(0, len(trace_ids), 500):
         chunk = trace_ids[i : i + 500]
@@ -344,6 +356,36 @@ def load_trace_rows(conn: Connection, trace_ids: Sequence[str]) -> list[tuple]:
             select(*cols).where(Span.trace_id.in_(chunk)).order_by(Span.trace_id, Span.start_ns, Span.span_id)
         ).fetchall())
     return rows
+
+
+def load_link_targets(conn: Connection, rows: Sequence[tuple]) -> dict[tuple[str, str], SpanRecord]:
+    """The PRODUCER spans outside ``rows`` that their CONSUMER spans' links point at (a
+    message produced by another trace, settled or not), keyed (trace_id, span_id): one
+    look-up of the (trace_id, span_id) index a target, a few hundred a statement."""
+    targets: set[tuple[str, str]] = set()
+    for r in rows:
+        raw = r[LINKS] if len(r) > LINKS else None
+        if raw:
+            targets.update(link_targets(orjson.loads(raw)))
+    if not targets:
+        return {}
+    targets.difference_update((r[0], r[1]) for r in rows)
+    out: dict[tuple[str, str], SpanRecord] = {}
+    keys = sorted(targets)
+    for i in range(0, len(keys), 200):
+        chunk = keys[i : i + 200]
+        stmt = select(Span.trace_id, Span.span_id, Span.parent_span_id, Span.service, Span.name, Span.kind,
+                      Span.start_ns, Span.duration_ns, Span.status).where(
+            Span.kind == KIND_PRODUCER,
+            or_(*[and_(Span.trace_id == t, Span.span_id == sp) for t, sp in chunk]))
+        for tid, sid, parent, service, name, kind, start, dur, status in conn.execute(stmt):
+            out[(tid, sid)] = SpanRecord(tid, sid, parent, service, name, kind, start, start + max(dur, 0), status)
+    return out
+
+
+def _summarize(rows: list[tuple], linked: dict[tuple[str, str], SpanRecord]):
+    # The one-argument call when no link leaves the batch (the common case).
+    return summarize_rows(rows, linked) if linked else summarize_rows(rows)
 
 
 def _claim_query(trace_ids: Sequence[str] | None, due_before_ns: int | None, limit: int, lock: bool):
@@ -451,6 +493,9 @@ def _apply_summary(conn: Connection, summary, claimed: dict[str, bytes | None], 
              for i in keep_idx.tolist()],
         )
         _write_calls(conn, summary, keep_idx, series_of_key)
+        _write_stages(conn, summary, keep_idx)
+        resettled = np.array(sorted(index[t] for t, blob in claimed.items() if blob and t in index), dtype=np.int64)
+        _drop_stale_calls(conn, summary, resettled)
     empty = sorted(t for t in claimed if t not in index)
     if empty:  # a trace row whose spans were all deleted by retention
         conn.execute(delete(Trace).where(Trace.trace_id.in_(empty)))
@@ -469,6 +514,29 @@ def _write_calls(conn: Connection, summary, keep_idx: np.ndarray, series_of_key:
     conn.execute(upsert(conn, PairCall.__table__, ["span_row"], ["series_id", "start_ns", "duration_ns"]), rows)
 
 
+def _write_stages(conn: Connection, summary, keep_idx: np.ndarray) -> None:
+    """Store the stages settling corrected (``traces.resolve_stages``) on their span rows,
+    so the trace page shows what the rollups count: only rows whose stored stage differs,
+    a few a trace with model calls."""
+    mask = np.isin(summary.restage_trace, keep_idx)
+    if not mask.any():
+        return
+    t = Span.__table__
+    conn.execute(t.update().where(t.c.id == bindparam("b_id")).values(stage=bindparam("b_stage")),
+                 [{"b_id": r, "b_stage": st} for r, st, keep in
+                  zip(summary.restage_row.tolist(), summary.restage_stage, mask.tolist()) if keep])
+
+
+def _drop_stale_calls(conn: Connection, summary, resettled: np.ndarray) -> None:
+    """A re-settled trace's CLIENT spans that now make no call (their stage is a model call's
+    since the parent arrived) lose the ``pair_calls`` row an earlier settle wrote."""
+    if not len(resettled) or not len(summary.uncalled_row):
+        return
+    rows = summary.uncalled_row[np.isin(summary.uncalled_trace, resettled)].tolist()
+    for i in range(0, len(rows), 500):
+        conn.execute(delete(PairCall).where(PairCall.span_row.in_(rows[i : i + 500])))
+
+
 def settle_batch(conn: Connection, trace_ids: Sequence[str] | None, *, due_before_ns: int | None,
                  limit: int, now_ns: int, registry: SeriesRegistry) -> tuple[int, dict]:
     """Settle up to ``limit`` pending traces inside the caller's transaction.
@@ -480,7 +548,8 @@ def settle_batch(conn: Connection, trace_ids: Sequence[str] | None, *, due_befor
     if not rows:
         return 0, {}
     claimed = {r[0]: r[2] for r in rows}
-    summary = summarize_rows(load_trace_rows(conn, list(claimed)))
+    data = load_trace_rows(conn, list(claimed))
+    summary = _summarize(data, load_link_targets(conn, data))
     return len(claimed), _apply_summary(conn, summary, claimed, now_ns, registry)
 
 
@@ -500,7 +569,8 @@ def settle_batch_optimistic(engine: Engine, trace_ids: Sequence[str] | None, *, 
                 return 0, {}
             seen = {r[0]: r[1] for r in rows}
             data = load_trace_rows(conn, list(seen))
-    summary = summarize_rows(data)
+            linked = load_link_targets(conn, data)
+    summary = _summarize(data, linked)
     with engine.begin() as conn:
         current = conn.execute(
             select(Trace.trace_id, Trace.version, Trace.pending, Trace.contributions)

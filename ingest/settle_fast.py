@@ -12,14 +12,15 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import orjson
 import pandas as pd
 
-from .records import KIND_CLIENT, KIND_CONSUMER, KIND_SERVER, STATUS_ERROR, SpanRecord
-from .traces import _PEER_KEYS, _attr_text, input_type_of
+from .records import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, STATUS_ERROR, SpanRecord
+from .signals import span_signals, trace_input_type
+from .traces import LEGACY_SIGNAL_KEYS, LEGACY_SIGNAL_NEEDLES, _text_value, address_callee, link_targets
 
 NS_PER_MINUTE = 60_000_000_000
 
@@ -29,8 +30,10 @@ NS_PER_MINUTE = 60_000_000_000
 # RESOURCE is the resource JSON of cache lookups (spans mentioning ``"cache.name"``), ''
 # for the others. ROW (optional) is the span's ``spans.id``, for the ``pair_calls`` rows;
 # LAYER (optional) its ``mm.layer`` when that is a string (the ``layer`` series).
+# SIGNALS (optional) is ``spans.signals`` (JSON text or None), LINKS (optional) the links
+# JSON of CONSUMER spans (None for the others: only hand-offs read them).
 TID, SID, PARENT, SERVICE, NAME, KIND, STAGE, START, DUR, STATUS, ATTRS, INSTANCE, BATCH, GRAPH, RESOURCE, ROW, \
-    LAYER = range(17)
+    LAYER, SIGNALS, LINKS = range(19)
 
 # Convention rollups (DESIGN.md "Span conventions"), what the attribute-based detectors read:
 #
@@ -194,6 +197,16 @@ class BatchSummary:
     call_row: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     call_start: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     call_dur: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # Spans whose stage settling corrected (a transport span under a model call, see
+    # ``traces.resolve_stages``): trace index, row id, the stage counted. Only rows with an
+    # id whose loaded stage differs.
+    restage_trace: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    restage_row: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    restage_stage: list = field(default_factory=list)
+    # Row ids of CLIENT spans that make no call because their stage was inherited (their
+    # ``pair_calls`` row, if an earlier settle wrote one, is stale): trace index, row id.
+    uncalled_trace: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    uncalled_row: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 def _union_lengths(group: np.ndarray, s: np.ndarray, e: np.ndarray, n_groups: int) -> np.ndarray:
@@ -217,10 +230,13 @@ def _union_lengths(group: np.ndarray, s: np.ndarray, e: np.ndarray, n_groups: in
     return out
 
 
-def summarize_rows(rows: Sequence[tuple]) -> BatchSummary:
-    """Summaries of every trace in ``rows`` (spans of whole traces, unique span ids)."""
+def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanRecord] | None = None) -> BatchSummary:
+    """Summaries of every trace in ``rows`` (spans of whole traces, unique span ids).
+
+    ``linked``: spans outside the batch that CONSUMER spans' links point at, keyed
+    (trace_id, span_id) (``settle.load_link_targets``); a link into the batch is resolved in it."""
     n = len(rows)
-    cols = list(zip(*rows)) if n else [()] * 15
+    cols = list(zip(*rows)) if n else [()] * 19
     t_codes, t_uniques = pd.factorize(pd.Series(cols[TID], dtype=object), sort=False)
     n_tr = len(t_uniques)
     t_codes = t_codes.astype(np.int64)
@@ -273,7 +289,6 @@ def summarize_rows(rows: Sequence[tuple]) -> BatchSummary:
     span_count = np.bincount(t_codes, minlength=n_tr)
     error = np.bincount(t_codes, weights=(status == STATUS_ERROR), minlength=n_tr) > 0
 
-    # Input type: only roots and spans naming mm.input_type matter (see input_type_of).
     attrs_cache: dict[int, dict] = {}
 
     def attrs(i: int) -> dict:
@@ -283,42 +298,149 @@ def summarize_rows(rows: Sequence[tuple]) -> BatchSummary:
             a = attrs_cache[i] = orjson.loads(raw) if raw and raw != "{}" else {}
         return a
 
-    subset: dict[int, list[SpanRecord]] = {}
-    candidates = np.flatnonzero(is_root | np.fromiter((bool(a) for a in cols[ATTRS]), dtype=bool, count=n))
-    for i in candidates.tolist():
-        raw = rows[i][ATTRS]
-        if is_root[i] or (raw and "mm.input_type" in raw):
-            r = rows[i]
-            subset.setdefault(int(t_codes[i]), []).append(SpanRecord(
-                r[TID], r[SID], r[PARENT], r[SERVICE], r[NAME], r[KIND], r[START], r[START] + max(r[DUR], 0),
-                r[STATUS], "", attrs(i), {}, [], "", "", r[STAGE]))
-    input_type = [input_type_of(subset.get(t, [])) for t in range(n_tr)]
-
-    # Service pairs: CLIENT spans; callee from a child SERVER/CONSUMER span in another
-    # service (earliest start), else peer.service / server.address / net.peer.name, else a
-    # child server span in the same service.
+    # Signals: the stored ones parsed (a few spans a trace); a span with none whose
+    # attributes carry a key span_signals reads (stored before the column existed) has
+    # them read now, as ``traces.signals_of`` does.
     services = cols[SERVICE]
-    callee_of: dict[int, str] = {}
+    stages_in = cols[STAGE]
+    sig_of: dict[int, dict] = {}
+    sig_raw = cols[SIGNALS] if len(cols) > SIGNALS else None
+    if sig_raw is not None:
+        for i in [i for i, raw in enumerate(sig_raw) if raw]:
+            sig = orjson.loads(sig_raw[i])
+            if sig and isinstance(sig, dict):
+                sig_of[i] = sig
+    for i in [i for i, raw in enumerate(cols[ATTRS])
+              if raw and (sig_raw is None or not sig_raw[i]) and any(nd in raw for nd in LEGACY_SIGNAL_NEEDLES)]:
+        if any(k.startswith(LEGACY_SIGNAL_KEYS) for k in attrs(i)):
+            r = rows[i]
+            sig = span_signals(SpanRecord(r[TID], r[SID], r[PARENT], r[SERVICE], r[NAME], r[KIND], r[START],
+                                          r[START] + max(r[DUR], 0), r[STATUS], "", attrs(i), {}, [], "", "",
+                                          r[STAGE]))
+            if sig:
+                sig_of[i] = sig
+
+    # Input type: the root's signals first, then the trace's others in row (start) order.
+    root_rows = set(root_of[root_of >= 0].tolist())
+    per_trace: dict[int, list[dict]] = {}
+    for i in sorted(sig_of):
+        if i not in root_rows:
+            per_trace.setdefault(int(t_codes[i]), []).append(sig_of[i])
+    input_type = []
+    for t, r in enumerate(root_of.tolist()):
+        sigs = per_trace.get(t, [])
+        if r >= 0 and r in sig_of:
+            sigs = [sig_of[r]] + sigs
+        input_type.append(trace_input_type(sigs) if sigs else "unknown")
+
     child_servers: dict[int, list[int]] = {}
     for i in np.flatnonzero(((kind == KIND_SERVER) | (kind == KIND_CONSUMER)) & has_parent).tolist():
         child_servers.setdefault(int(parent_idx[i]), []).append(i)
-    for i in np.flatnonzero(kind == KIND_CLIENT).tolist():
-        caller = services[i]
+
+    # Stages (traces.resolve_stages): a span whose signals carry ``inh`` takes its parent's
+    # stage under a model call of its own service, with no callee span below it.
+    inherited: set[int] = set()
+    restage: list[tuple[int, str | None]] = []
+    stage_eff = None
+    for i, sig in sig_of.items():
+        fallback = sig.get("inh")
+        if not fallback:
+            continue
+        p = int(parent_idx[i])
+        new = fallback
+        if p >= 0 and services[p] == services[i] and i not in child_servers:
+            psig = sig_of.get(p)
+            if psig and psig.get("call"):  # as stages.apply_parent_stages: one level
+                new = psig.get("inh") or stages_in[p] or fallback
+                inherited.add(i)
+        if new != stages_in[i]:
+            if stage_eff is None:
+                stage_eff = list(stages_in)
+            stage_eff[i] = new
+            restage.append((i, new))
+    if stage_eff is not None:
+        cols[STAGE] = stage_eff
+
+    # Calls (traces.trace_calls): model calls (any kind), CLIENT spans, CONSUMER hand-offs.
+    call_i: list[int] = []
+    call_pair: list[tuple[str, str, str]] = []  # (caller, callee, model)
+    call_st: list[int] = []
+    call_du: list[int] = []
+    call_er: list[int] = []
+
+    def callee_ladder(i: int, provider: str) -> str | None:
         kids = child_servers.get(i, ())
-        other = [k for k in kids if services[k] != caller]
-        callee = None
+        other = [k for k in kids if services[k] != services[i]]
         if other:
-            callee = services[min(other, key=lambda k: (start[k], k))]
-        else:
-            a = attrs(i)
-            for key in _PEER_KEYS:
-                callee = _attr_text(a, key)
-                if callee:
-                    break
-            if not callee and kids:
-                callee = caller
+            return services[min(other, key=lambda k: (start[k], k))]
+        callee = provider or address_callee(attrs(i))
+        if not callee and kids:
+            callee = services[i]
+        return callee
+
+    model_rows = sorted(i for i, sig in sig_of.items()
+                        if sig.get("call") and kind[i] != KIND_SERVER and kind[i] != KIND_CONSUMER)
+    for i in model_rows:
+        sig = sig_of[i]
+        callee = callee_ladder(i, _text_value(sig, "provider"))
         if callee:
-            callee_of[i] = callee
+            call_i.append(i)
+            call_pair.append((services[i], callee, _text_value(sig, "model")))
+            call_st.append(int(start[i]))
+            call_du.append(int(dur[i]))
+            call_er.append(int(status[i] == STATUS_ERROR))
+    model_set = set(model_rows)
+    uncalled: list[int] = []
+    for i in np.flatnonzero(kind == KIND_CLIENT).tolist():
+        if i in model_set:
+            continue
+        if i in inherited:
+            uncalled.append(i)
+            continue
+        callee = callee_ladder(i, "")
+        if callee:
+            call_i.append(i)
+            call_pair.append((services[i], callee, ""))
+            call_st.append(int(start[i]))
+            call_du.append(int(dur[i]))
+            call_er.append(int(status[i] == STATUS_ERROR))
+    consumers = np.flatnonzero(kind == KIND_CONSUMER)
+    if len(consumers):
+        links_raw = cols[LINKS] if len(cols) > LINKS else None
+        code_of: dict[str, int] | None = None
+        for i in consumers.tolist():
+            if i in model_set:
+                continue
+            p = int(parent_idx[i])
+            prod: tuple | None = None  # (service, start, status)
+            if p >= 0 and kind[p] == KIND_PRODUCER:
+                prod = (services[p], int(start[p]), int(status[p]))
+            elif links_raw is not None and links_raw[i]:
+                if code_of is None:
+                    code_of = {tid: c for c, tid in enumerate(t_uniques)}
+                best = None
+                my_tid = cols[TID][i]
+                for tid, sid in link_targets(orjson.loads(links_raw[i])):
+                    if tid == my_tid and sid == sids[i]:
+                        continue
+                    code = code_of.get(tid)
+                    j = index.get((code, sid)) if code is not None else None
+                    if j is not None:
+                        cand = (services[j], int(start[j]), int(status[j])) if kind[j] == KIND_PRODUCER else None
+                    else:
+                        rec = linked.get((tid, sid)) if linked else None
+                        cand = (rec.service, rec.start_ns, rec.status) \
+                            if rec is not None and rec.kind == KIND_PRODUCER else None
+                    if cand is not None and (best is None or (cand[1], tid, sid) < best[0]):
+                        best = ((cand[1], tid, sid), cand)
+                if best is not None:
+                    prod = best[1]
+            if prod is not None:
+                call_i.append(i)
+                call_pair.append((prod[0], services[i], ""))
+                call_st.append(prod[1])
+                call_du.append(max(0, int(end[i]) - prod[1]))
+                call_er.append(int(prod[2] == STATUS_ERROR or status[i] == STATUS_ERROR))
 
     # Contributions.
     it_codes = np.array([_IT_INDEX.setdefault(t, len(_IT_INDEX)) for t in input_type], dtype=np.int64) \
@@ -375,20 +497,32 @@ def summarize_rows(rows: Sequence[tuple]) -> BatchSummary:
                 parts_m.append(start[idx] // NS_PER_MINUTE)
                 parts_v.append(dur[idx])
                 parts_e.append((status[idx] == STATUS_ERROR).astype(np.int64))
-    # pair: (input type, caller, callee) per client span with a callee
+    # pair: (model, input type, caller, callee) per call; a call's row is its span's (a
+    # hand-off's: the consumer's)
     calls = {}
-    if callee_of:
-        idx = np.fromiter(callee_of.keys(), dtype=np.int64, count=len(callee_of))
-        pair_keys = np.array([key_id(("pair", "", "", "", input_type[t_codes[i]], services[i], callee_of[i]))
-                              for i in idx.tolist()], dtype=np.int64)
+    if call_i:
+        idx = np.array(call_i, dtype=np.int64)
+        pair_keys = np.array([key_id(("pair", "", model, "", input_type[t_codes[i]], caller, callee))
+                              for i, (caller, callee, model) in zip(call_i, call_pair)], dtype=np.int64)
+        c_start = np.array(call_st, dtype=np.int64)
+        c_dur = np.array(call_du, dtype=np.int64)
         parts_t.append(t_codes[idx])
         parts_k.append(pair_keys)
-        parts_m.append(start[idx] // NS_PER_MINUTE)
-        parts_v.append(dur[idx])
-        parts_e.append((status[idx] == STATUS_ERROR).astype(np.int64))
+        parts_m.append(c_start // NS_PER_MINUTE)
+        parts_v.append(c_dur)
+        parts_e.append(np.array(call_er, dtype=np.int64))
         row_ids = np.asarray(cols[ROW], dtype=np.int64)[idx] if len(cols) > ROW else np.full(len(idx), -1)
-        calls = dict(call_trace=t_codes[idx], call_key=pair_keys, call_start=start[idx], call_dur=dur[idx],
+        calls = dict(call_trace=t_codes[idx], call_key=pair_keys, call_start=c_start, call_dur=c_dur,
                      call_row=row_ids)
+    if len(cols) > ROW:
+        row_col = cols[ROW]
+        if restage:
+            calls.update(restage_trace=np.array([t_codes[i] for i, _ in restage], dtype=np.int64),
+                         restage_row=np.array([row_col[i] for i, _ in restage], dtype=np.int64),
+                         restage_stage=[st for _, st in restage])
+        if uncalled:
+            calls.update(uncalled_trace=t_codes[np.array(uncalled, dtype=np.int64)],
+                         uncalled_row=np.array([row_col[i] for i in uncalled], dtype=np.int64))
     # trace: (root service, input type) per trace
     if n_tr:
         parts_t.append(np.arange(n_tr, dtype=np.int64))

@@ -16,34 +16,42 @@ starts first (then the first in the list).
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+from urllib.parse import urlsplit
 
 from .records import (
-    INPUT_TYPES,
     KIND_CLIENT,
     KIND_CONSUMER,
+    KIND_PRODUCER,
     KIND_SERVER,
     STATUS_ERROR,
     SpanRecord,
 )
+from .signals import span_signals, trace_input_type
+from .stages import apply_parent_stages
 
 __all__ = [
+    "Call",
+    "address_callee",
     "critical_path",
     "critical_path_segments",
     "find_root",
+    "effective_stages",
     "input_type_of",
+    "link_targets",
+    "resolve_stages",
     "self_times",
     "service_pairs",
+    "signals_of",
     "trace_duration_ns",
+    "trace_calls",
     "trace_error",
     "unique_spans",
 ]
 
-_INPUT_TYPE_SET = frozenset(INPUT_TYPES)
 _CALLEE_KINDS = frozenset((KIND_SERVER, KIND_CONSUMER))
-# Attributes that name an uninstrumented callee, best first (net.peer.name is the
-# pre-1.21 semantic-conventions name of server.address).
-_PEER_KEYS = ("peer.service", "server.address", "net.peer.name")
+_URL_KEYS = ("url.full", "http.url")  # http.url: the pre-1.21 name
 
 
 def unique_spans(spans: Iterable[SpanRecord]) -> list[SpanRecord]:
@@ -99,78 +107,103 @@ def trace_error(spans: Iterable[SpanRecord]) -> bool:
 
 
 # --------------------------------------------------------------------------------------
-# Input type
+# Signals, input type, inherited stages
 # --------------------------------------------------------------------------------------
 
-
-def _count(value: Any) -> float | None:
-    """A count attribute as a number; strings such as "2" are coerced, junk is None."""
-    if value is None or isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        number = float(value)
-    elif isinstance(value, str):
-        try:
-            number = float(value.strip())
-        except ValueError:
-            return None
-    else:
-        return None
-    return number if math.isfinite(number) else None
+# Spans stored before ``spans.signals`` existed (and spans that said nothing) have none: their
+# signals are read again from the attributes when one of them starts with these (the keys
+# ``span_signals`` reads). The batch path uses them as substring needles on the JSON text.
+LEGACY_SIGNAL_KEYS = ("mm.input_type", "mm.image_count", "mm.audio_count", "mm.video_count",
+                      "mm.prompt_chars", "gen_ai.", "openinference.", "llm.")
+LEGACY_SIGNAL_NEEDLES = tuple('"' + k for k in LEGACY_SIGNAL_KEYS)
 
 
-def _explicit_input_type(span: SpanRecord) -> str | None:
-    value = span.attributes.get("mm.input_type")
-    if isinstance(value, str):
-        value = value.strip().lower()
-        if value in _INPUT_TYPE_SET:
-            return value
+def legacy_signals(span: SpanRecord) -> dict[str, Any] | None:
+    """Signals read from a span's attributes when none were stored (see LEGACY_SIGNAL_KEYS)."""
+    if any(k.startswith(LEGACY_SIGNAL_KEYS) for k in span.attributes):
+        return span_signals(span)
     return None
 
 
-def input_type_of(spans: Iterable[SpanRecord]) -> str:
-    """The trace's input type (DESIGN.md "Input types").
+def signals_of(span: SpanRecord) -> dict[str, Any] | None:
+    """The span's stored signals, else those its attributes give (``legacy_signals``)."""
+    sig = span.signals
+    if not sig:
+        return legacy_signals(span) if span.attributes else None
+    return sig if isinstance(sig, dict) else None
 
-    1. An explicit ``mm.input_type`` naming one of :data:`INPUT_TYPES`, on any span (the
-       root's first, then the earliest-starting span carrying one) wins.
-    2. Otherwise the root decides: ``mm.audio_count`` > 0 -> ``audio``;
-       ``mm.image_count`` 1 -> ``image``, >= 2 -> ``multi_image``, 0 -> ``text``;
-       ``mm.audio_count`` 0 with no image count -> ``text``; ``mm.prompt_chars`` or any
-       ``gen_ai.*`` attribute -> ``text``; none of them -> ``unknown``.
-    3. No root -> ``unknown``.
-    Counts may arrive as strings ("2"); values that are not numbers count as absent.
+
+def input_type_of(spans: Iterable[SpanRecord]) -> str:
+    """The trace's input type (DESIGN.md "Input types"), from every span's signals.
+
+    ``signals.trace_input_type`` over the spans' signals (``signals_of``), the root's first,
+    then by start time (list order breaks ties): an explicit ``mm.input_type`` first, then
+    ``mm.*`` counts, media parts of model requests, media in the token usage, a model call
+    or a prompt (``text``); ``unknown`` when nothing says.
     """
     spans = unique_spans(spans)
-    root = find_root(spans)
-    if root is not None:
-        explicit = _explicit_input_type(root)
-        if explicit:
-            return explicit
-    explicit_spans = [s for s in spans if "mm.input_type" in s.attributes]
-    explicit_spans.sort(key=lambda s: s.start_ns)  # stable: list order breaks ties
-    for span in explicit_spans:
-        explicit = _explicit_input_type(span)
-        if explicit:
-            return explicit
-    if root is None:
+    if not spans:
         return "unknown"
+    root = find_root(spans)
+    ordered = sorted(spans, key=lambda s: s.start_ns)  # stable: list order breaks ties
+    sigs = [signals_of(root)] if root is not None else []
+    sigs.extend(signals_of(s) for s in ordered if s is not root)
+    return trace_input_type(sigs)
 
-    attributes = root.attributes
-    audio = _count(attributes.get("mm.audio_count"))
-    images = _count(attributes.get("mm.image_count"))
-    if audio is not None and audio > 0:
-        return "audio"
-    if images is not None:
-        if images >= 2:
-            return "multi_image"
-        if images >= 1:
-            return "image"
-        return "text"
-    if audio is not None:  # audio_count 0 and no image count: no image, no audio
-        return "text"
-    if "mm.prompt_chars" in attributes or any(k.startswith("gen_ai.") for k in attributes):
-        return "text"
-    return "unknown"
+
+@dataclass(slots=True)
+class _StageView:
+    """What ``stages.apply_parent_stages`` reads and sets, so the caller's spans stay as
+    they are."""
+
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    service: str
+    kind: int
+    stage: str | None
+    signals: dict[str, Any] | None
+
+
+def resolve_stages(spans: Iterable[SpanRecord]) -> dict[str, tuple[str | None, bool]]:
+    """span_id -> (stage, inherited) for the spans whose signals carry ``inh`` (a transport
+    span that may sit under a model call; DESIGN.md "Stages").
+
+    The rule is ``stages.apply_parent_stages`` over the whole trace: such a span takes its
+    parent's stage when the parent is in the same service, is a model call (its signals
+    have ``call``) and the span has no SERVER/CONSUMER child (no instrumented callee);
+    otherwise it keeps the fallback stage ``inh`` names. ``inherited`` says the first case
+    held. Other spans keep their tagged stage and are not in the result.
+    """
+    spans = unique_spans(spans)
+    views = [_StageView(s.trace_id, s.span_id, s.parent_span_id, s.service, s.kind, s.stage, signals_of(s))
+             for s in spans]
+    heirs = [v for v in views if v.signals and v.signals.get("inh")]
+    if not heirs:
+        return {}
+    apply_parent_stages(views)
+    by_id: dict[str, _StageView] = {}
+    for v in views:
+        by_id.setdefault(v.span_id, v)
+    with_callee = {v.parent_span_id for v in views if v.kind in _CALLEE_KINDS and v.parent_span_id}
+    out: dict[str, tuple[str | None, bool]] = {}
+    for v in heirs:
+        pid = v.parent_span_id
+        parent = by_id.get(pid) if pid and pid != v.span_id else None
+        inherited = (parent is not None and parent.service == v.service and v.span_id not in with_callee
+                     and bool(parent.signals and parent.signals.get("call")))
+        out[v.span_id] = (v.stage, inherited)
+    return out
+
+
+def effective_stages(spans: Iterable[SpanRecord]) -> dict[str, str | None]:
+    """span_id -> the stage settling counts the span in: its tagged stage, corrected by
+    ``resolve_stages`` for transport spans under a model call."""
+    spans = unique_spans(spans)
+    out = {s.span_id: s.stage for s in spans}
+    for span_id, (stage, _) in resolve_stages(spans).items():
+        out[span_id] = stage
+    return out
 
 
 # --------------------------------------------------------------------------------------
@@ -238,46 +271,192 @@ def _attr_text(attributes: dict[str, Any], key: str) -> str | None:
     return text or None
 
 
-def service_pairs(spans: Iterable[SpanRecord]) -> dict[str, tuple[str, str]]:
-    """CLIENT span id -> (caller, callee), per DESIGN.md "Service pairs".
+def _port(value: Any) -> int | None:
+    """A port attribute as a number (ints, integral floats, digit strings), else None."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            return None
+        value = int(value)
+    elif isinstance(value, str):
+        value = value.strip()
+        if not value.isdigit():
+            return None
+        value = int(value)
+    elif not isinstance(value, int):
+        return None
+    return value if 0 < value < 65536 else None
 
-    The caller is the CLIENT span's service. The callee is, first match wins:
 
-    1. the service of a child SERVER or CONSUMER span in *another* service (the earliest
-       starting one, if several);
-    2. the client span's ``peer.service`` attribute (it wins over ``server.address``);
-    3. ``server.address``, then the older ``net.peer.name``;
-    4. the service of a child SERVER/CONSUMER span in the *same* service;
-    5. otherwise the span makes no pair and is left out.
+def _host_port(host: str, port: int | None) -> str:
+    if port is None:
+        return host
+    if ":" in host and not host.startswith("["):  # IPv6 literal
+        host = f"[{host}]"
+    return f"{host}:{port}"
 
+
+def _url_host_port(url: str) -> str | None:
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        if not host:
+            return None
+        try:
+            port = parts.port
+        except ValueError:  # a port that is no number: the host alone
+            port = None
+    except ValueError:
+        return None
+    return _host_port(host, _port(port))
+
+
+def address_callee(attributes: dict[str, Any]) -> str | None:
+    """The callee an uninstrumented call's attributes name (DESIGN.md "Service pairs"), best
+    first: ``peer.service``; ``server.address`` with ``:server.port`` when present; host and
+    port of ``url.full``, then of ``http.url``; ``net.peer.name`` with ``:net.peer.port``.
+    Two APIs on one host with different ports are two callees. None when nothing names it."""
+    if not attributes:
+        return None
+    callee = _attr_text(attributes, "peer.service")
+    if callee:
+        return callee
+    host = _attr_text(attributes, "server.address")
+    if host:
+        return _host_port(host, _port(attributes.get("server.port")))
+    for key in _URL_KEYS:
+        url = _attr_text(attributes, key)
+        if url:
+            callee = _url_host_port(url)
+            if callee:
+                return callee
+    host = _attr_text(attributes, "net.peer.name")
+    if host:
+        return _host_port(host, _port(attributes.get("net.peer.port")))
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One call of a service pair. ``model``: a model call's requested model ('' otherwise),
+    the pair's facet. A hand-off starts at the producer's start and lasts until the consumer
+    ends (queue time included); it is keyed by the consumer span."""
+
+    caller: str
+    callee: str
+    model: str
+    start_ns: int
+    duration_ns: int
+    error: bool
+
+
+def _text_value(sig: dict[str, Any], key: str) -> str:
+    value = sig.get(key)
+    if value is None or isinstance(value, (dict, list, bool)):
+        return ""
+    return str(value).strip()
+
+
+def trace_calls(spans: Iterable[SpanRecord],
+                linked: Mapping[tuple[str, str], SpanRecord] | None = None) -> dict[str, Call]:
+    """span_id -> the :class:`Call` the span makes, per DESIGN.md "Service pairs"; a span
+    makes at most one, first match wins:
+
+    1. A model call (signals ``call``) of any kind but SERVER/CONSUMER (the serving side is
+       the callee): a child SERVER/CONSUMER span in another service (the earliest starting:
+       an instrumented model server), else its ``provider``, else ``address_callee``, else
+       a child SERVER/CONSUMER span in the same service. The model is the pair's facet.
+    2. A CLIENT span: the same without the provider. A transport span whose stage it took
+       from a model-call parent (``resolve_stages``) makes none: its time is the model call's.
+    3. A CONSUMER span: a hand-off from its PRODUCER parent, else from the PRODUCER span
+       its links point at (in this trace, else in ``linked``, keyed (trace_id, span_id);
+       with several, the earliest start, then the smallest ids). Caller is the producer's
+       service, callee the consumer's; the call runs from the producer's start to the
+       consumer's end; it fails when either span does.
+
+    Calls other than hand-offs take the span's own start, duration and status.
     Cloud Trace RPC_CLIENT / RPC_SERVER spans arrive as CLIENT / SERVER and pair the same way.
-    Only CLIENT spans make pairs (PRODUCER spans do not).
     """
     spans = unique_spans(spans)
+    by_id: dict[str, SpanRecord] = {s.span_id: s for s in spans}
     servers: dict[str, list[SpanRecord]] = {}
     for span in spans:
-        if span.kind in _CALLEE_KINDS and span.parent_span_id:
+        if span.kind in _CALLEE_KINDS and span.parent_span_id and span.parent_span_id != span.span_id:
             servers.setdefault(span.parent_span_id, []).append(span)
-    pairs: dict[str, tuple[str, str]] = {}
+    inherited = {k for k, (_, inh) in resolve_stages(spans).items() if inh}
+    calls: dict[str, Call] = {}
     for span in spans:
-        if span.kind != KIND_CLIENT:
+        kind = span.kind
+        sig = signals_of(span)
+        # The serving side of a model call (a SERVER span with GenAI attributes) is the
+        # callee, not a caller: its client's span makes the pair.
+        model_call = bool(sig and sig.get("call")) and kind not in _CALLEE_KINDS
+        if not model_call and kind != KIND_CLIENT and kind != KIND_CONSUMER:
             continue
-        caller = span.service
-        kids = [k for k in servers.get(span.span_id, ()) if k.span_id != span.span_id]
-        other = [k for k in kids if k.service != caller]
-        callee: str | None = None
-        if other:
-            callee = min(other, key=lambda k: k.start_ns).service
-        else:
-            for key in _PEER_KEYS:
-                callee = _attr_text(span.attributes, key)
-                if callee:
-                    break
-            if not callee and kids:
-                callee = caller
+        if kind == KIND_CONSUMER and not model_call:
+            producer = _producer_of(span, by_id, linked)
+            if producer is not None:
+                calls[span.span_id] = Call(producer.service, span.service, "", producer.start_ns,
+                                           max(0, _end(span) - producer.start_ns),
+                                           producer.status == STATUS_ERROR or span.status == STATUS_ERROR)
+            continue
+        if kind == KIND_CLIENT and not model_call and span.span_id in inherited:
+            continue
+        callee = _callee_of(span, servers.get(span.span_id, ()), _text_value(sig, "provider") if model_call else "")
         if callee:
-            pairs[span.span_id] = (caller, callee)
-    return pairs
+            calls[span.span_id] = Call(span.service, callee, _text_value(sig, "model") if model_call else "",
+                                       span.start_ns, span.duration_ns, span.status == STATUS_ERROR)
+    return calls
+
+
+def _callee_of(span: SpanRecord, kids: Iterable[SpanRecord], provider: str) -> str | None:
+    kids = [k for k in kids if k.span_id != span.span_id]
+    other = [k for k in kids if k.service != span.service]
+    if other:
+        return min(other, key=lambda k: k.start_ns).service
+    callee = provider or address_callee(span.attributes)
+    if not callee and kids:
+        callee = span.service
+    return callee
+
+
+def link_targets(links: Any) -> list[tuple[str, str]]:
+    """(trace_id, span_id) of each well-formed entry of a span's links."""
+    out: list[tuple[str, str]] = []
+    if not isinstance(links, list):
+        return out
+    for link in links:
+        if isinstance(link, dict):
+            tid, sid = link.get("trace_id"), link.get("span_id")
+            if isinstance(tid, str) and isinstance(sid, str) and tid and sid:
+                out.append((tid, sid))
+    return out
+
+
+def _producer_of(span: SpanRecord, by_id: Mapping[str, SpanRecord],
+                 linked: Mapping[tuple[str, str], SpanRecord] | None) -> SpanRecord | None:
+    parent = by_id.get(span.parent_span_id) if span.parent_span_id and span.parent_span_id != span.span_id else None
+    if parent is not None and parent.kind == KIND_PRODUCER:
+        return parent
+    best = None
+    for tid, sid in link_targets(span.links):
+        if tid == span.trace_id and sid == span.span_id:
+            continue
+        target = by_id.get(sid) if tid == span.trace_id else None
+        if target is None and linked is not None:
+            target = linked.get((tid, sid))
+        if target is not None and target.kind == KIND_PRODUCER:
+            key = (target.start_ns, tid, sid)
+            if best is None or key < best[0]:
+                best = (key, target)
+    return best[1] if best is not None else None
+
+
+def service_pairs(spans: Iterable[SpanRecord],
+                  linked: Mapping[tuple[str, str], SpanRecord] | None = None) -> dict[str, tuple[str, str]]:
+    """span_id -> (caller, callee) of every call the trace makes (``trace_calls``)."""
+    return {span_id: (c.caller, c.callee) for span_id, c in trace_calls(spans, linked).items()}
 
 
 # --------------------------------------------------------------------------------------

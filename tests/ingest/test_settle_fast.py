@@ -13,12 +13,32 @@ from hypothesis import strategies as st
 
 from modalscope.ingest.records import SpanRecord
 from modalscope.ingest.settle import summarize_trace
-from modalscope.ingest.settle_fast import _batch_sizes, convention_columns, summarize_rows
+from modalscope.ingest.settle_fast import ROW, _batch_sizes, convention_columns, summarize_rows
+from modalscope.ingest.traces import effective_stages
 
 SERVICES = ["gateway", "vision-encoder", "llm", "userdb"]
 NAMES = ["POST /chat", "image.decode", "vit.forward", "fusion.align", "llm.generate", "db.query"]
 STAGES = ["preprocessing", "encoder", "encoder", "fusion", "inference", "network", "other"]
 INSTANCES = ["pod-1", "pod-2", ""]
+ADDRESSES = {
+    "server.address": ["api.example.com", "10.0.0.7", "::1", ""],
+    "server.port": [443, "8443", 8080.0, "x", True, 0, 70000],
+    "url.full": ["https://api.example.com/v1/chat", "http://api.example.com:8080/x?q=1", "https://[::1]:9/x",
+                 "not a url", "http://h:bad/", "https://user:pw@Upper.Example.com:444/p"],
+    "http.url": ["http://legacy.example.com:81/a", "http://legacy.example.com/a"],
+    "net.peer.name": ["old-db", ""],
+    "net.peer.port": [5432, "5433", None],
+}
+# What spans say about their trace (ingest/signals.py): explicit types, counts, model calls
+# with providers and models, transport spans that may inherit a model call's stage.
+SIGNALS = [
+    {"it": "video"}, {"it": "image"}, {"mm": {"image": 2.0}}, {"mm": {"image": 1.0, "audio": 0.0}},
+    {"parts": {"image": 1, "video": 0}}, {"parts": {"audio": 2}}, {"usage": ["image"]}, {"text": 1},
+    {"call": 1, "text": 1, "provider": "gemini", "model": "gemini-2.5-flash"},
+    {"call": 1, "provider": "vertex_ai", "model": "gemini-2.5-pro"}, {"call": 1, "model": "m"}, {"call": 1},
+    {"call": 1, "provider": "", "model": ["odd"]}, {"inh": "network"}, {"inh": "network"}, {"inh": "other"},
+    {"call": 1, "inh": "network", "provider": "openai"},
+]
 
 
 def random_trace(rng: random.Random, tid: str) -> list[SpanRecord]:
@@ -66,16 +86,46 @@ def random_trace(rng: random.Random, tid: str) -> list[SpanRecord]:
         kind = rng.choice([1, 2, 3, 3, 4, 5])
         if kind == 3 and rng.random() < 0.5:
             attrs[rng.choice(["peer.service", "server.address", "net.peer.name"])] = rng.choice(SERVICES + [""])
+        if rng.random() < 0.3:  # addresses of uninstrumented callees, in odd shapes too
+            for key in rng.sample(list(ADDRESSES), rng.randint(1, 3)):
+                attrs[key] = rng.choice(ADDRESSES[key])
+        if rng.random() < 0.1:  # spans stored before signals existed: read from these
+            attrs[rng.choice(["mm.video_count", "mm.prompt_chars", "gen_ai.operation.name"])] = rng.choice([1, 0, "2"])
+        service = rng.choice(SERVICES)
+        signals = rng.choice(SIGNALS) if rng.random() < 0.5 else None
+        if signals and "inh" in signals and parent in ids[:i] and rng.random() < 0.7:
+            service = next(s.service for s in spans if s.span_id == parent)  # under its parent, often a model call
         resource = {"service.instance.id": rng.choice(INSTANCES)} if rng.random() < 0.8 else {}
         if rng.random() < 0.3:  # resource attributes a cache breakdown could group by, in odd shapes
             for key in rng.sample(["user_tier", "region", "host.name", "cache.zone", "bad key"], rng.randint(1, 3)):
                 resource[key] = rng.choice(["r", "", 5, None, [1]])
-        spans.append(SpanRecord(tid, sid, parent, rng.choice(SERVICES), rng.choice(NAMES), kind, start,
+        spans.append(SpanRecord(tid, sid, parent, service, rng.choice(NAMES), kind, start,
                                 start + dur, rng.choice([0, 0, 1, 2]), attributes=attrs, resource=resource,
-                                stage=rng.choice(STAGES)))
+                                stage=rng.choice(STAGES), signals=signals))
     # Stored spans are unique per (trace, span) and loaded ordered by (start, span id).
     uniq = {s.span_id: s for s in reversed(spans)}
     return sorted(uniq.values(), key=lambda s: (s.start_ns, s.span_id))
+
+
+def add_links(rng: random.Random, traces: list[list[SpanRecord]], outside: list[SpanRecord]) -> None:
+    """Links from CONSUMER spans to spans of any trace, of none, or outside the batch."""
+    pool = [s for t in traces for s in t] + outside
+    for t in traces:
+        for s in t:
+            if s.kind == 5 and rng.random() < 0.6:
+                picks = rng.sample(pool, min(len(pool), rng.randint(1, 3)))
+                s.links = [{"trace_id": p.trace_id, "span_id": p.span_id, "attributes": {}} for p in picks]
+                if rng.random() < 0.2:
+                    s.links.append({"trace_id": "ee" * 16, "span_id": "ff" * 8, "attributes": {}})  # never stored
+                if rng.random() < 0.1:
+                    s.links.append({"trace_id": 5, "span_id": None})  # malformed: ignored
+
+
+def outside_producers(rng: random.Random) -> list[SpanRecord]:
+    base = 1_700_000_000_000_000_000
+    return [SpanRecord(f"{rng.getrandbits(128) | 1:032x}", f"{rng.getrandbits(64) | 1:016x}", None,
+                       rng.choice(SERVICES), "publish", rng.choice([4, 4, 1]), base + rng.randrange(10**12),
+                       base + 10**12 + 5, rng.choice([0, 2])) for _ in range(3)]
 
 
 def as_rows(spans, first_row: int = 1):
@@ -88,7 +138,9 @@ def as_rows(spans, first_row: int = 1):
                     s.end_ns - s.start_ns, s.status, attrs, s.resource.get("service.instance.id"),
                     *convention_columns(s.attributes),
                     orjson.dumps(s.resource).decode() if '"cache.name"' in attrs else "", row_id,
-                    s.attributes.get("mm.layer") if isinstance(s.attributes.get("mm.layer"), str) else None))
+                    s.attributes.get("mm.layer") if isinstance(s.attributes.get("mm.layer"), str) else None,
+                    orjson.dumps(s.signals).decode() if s.signals else None,
+                    orjson.dumps(s.links).decode() if s.links and s.kind == 5 else None))
     return out
 
 
@@ -97,20 +149,39 @@ def as_rows(spans, first_row: int = 1):
 def test_batch_equals_reference(seed, n_traces):
     rng = random.Random(seed)
     traces = [random_trace(rng, f"{rng.getrandbits(128) | 1:032x}") for _ in range(n_traces)]
+    outside = outside_producers(rng)
+    add_links(rng, traces, outside)
     rows = []
     for t in sorted(traces, key=lambda t: t[0].trace_id):
         rows += as_rows(t, len(rows) + 1)
-    batch = summarize_rows(rows)
-    # Calls: exactly the pair contributions, each with its span's row id.
+    batch = summarize_rows(rows, {(s.trace_id, s.span_id): s for s in outside})
+    # Calls: exactly the pair contributions, each with its span's row id (a hand-off's: the
+    # consumer's, lasting from the producer's start to the consumer's end).
     pair_rows = Counter((batch.keys[k], int(v)) for k, v in zip(batch.c_key, batch.c_value)
                         if batch.keys[k][0] == "pair")
     call_rows = Counter((batch.keys[k], int(d)) for k, d in zip(batch.call_key, batch.call_dur))
     assert call_rows == pair_rows
+    assert len(set(batch.call_row.tolist())) == len(batch.call_row)  # a span makes one call at most
     for r, d, st in zip(batch.call_row.tolist(), batch.call_dur.tolist(), batch.call_start.tolist()):
-        assert rows[r - 1][8] == d and rows[r - 1][7] == st
+        if rows[r - 1][5] == 5:
+            assert d == max(0, rows[r - 1][7] + max(rows[r - 1][8], 0) - st)
+        else:
+            assert rows[r - 1][8] == d and rows[r - 1][7] == st
     assert sorted(batch.trace_ids) == sorted(t[0].trace_id for t in traces)
+    everywhere = {(s.trace_id, s.span_id): s for t in traces for s in t}
+    for s in outside:
+        everywhere[(s.trace_id, s.span_id)] = s
+    # Corrected stages: exactly the rows whose counted stage differs from the stored one.
+    row_of = {(r[0], r[1]): r[ROW] for r in rows}
+    want = {}
     for t in traces:
-        ref = summarize_trace(t[0].trace_id, t)
+        for sid, stage in effective_stages(t).items():
+            span = next(s for s in t if s.span_id == sid)
+            if stage != span.stage:
+                want[row_of[(span.trace_id, sid)]] = stage
+    assert dict(zip(batch.restage_row.tolist(), batch.restage_stage)) == want
+    for t in traces:
+        ref = summarize_trace(t[0].trace_id, t, everywhere)
         i = batch.trace_ids.index(t[0].trace_id)
         got = (batch.root_service[i], batch.root_name[i], int(batch.start_ns[i]), int(batch.duration_ns[i]),
                int(batch.span_count[i]), bool(batch.error[i]), batch.input_type[i])

@@ -73,6 +73,7 @@ def root(**attributes) -> SpanRecord:
         ({"mm.image_count": 5, "mm.audio_count": 0}, "multi_image"),
         ({"mm.audio_count": 1}, "audio"),
         ({"mm.audio_count": 1, "mm.image_count": 2}, "audio"),
+        ({"mm.video_count": 1, "mm.audio_count": 1}, "video"),
         ({"mm.image_count": 0, "mm.audio_count": 0}, "text"),
         ({"mm.audio_count": 0}, "text"),
         ({"mm.image_count": "2"}, "multi_image"),  # numbers may arrive as strings
@@ -80,32 +81,61 @@ def root(**attributes) -> SpanRecord:
         ({"mm.audio_count": "3"}, "audio"),
         ({"mm.image_count": 1.0}, "image"),
         ({"mm.prompt_chars": 812}, "text"),
-        ({"gen_ai.request.model": "llava"}, "text"),
+        ({"gen_ai.operation.name": "chat", "gen_ai.request.model": "llava"}, "text"),  # a model call
         ({"http.route": "/v1/chat"}, "unknown"),
         ({}, "unknown"),
         ({"mm.image_count": "many"}, "unknown"),  # junk counts are ignored
         ({"mm.image_count": "many", "mm.prompt_chars": 3}, "text"),
     ],
 )
-def test_input_type_from_root(attributes, expected):
-    spans = [root(**attributes), sp("a", "r", 10, 20, **{"mm.image_count": 7})]
-    assert input_type_of(spans) == expected
+def test_input_type_from_one_span(attributes, expected):
+    """Spans stored without signals have them read from their attributes; on the root or on
+    any other span alike."""
+    assert input_type_of([root(**attributes), sp("a", "r", 10, 20)]) == expected
+    assert input_type_of([root(), sp("a", "r", 10, 20, **attributes)]) == expected
+
+
+def test_counts_take_the_largest_per_medium_over_the_spans():
+    spans = [root(**{"mm.image_count": 1}), sp("a", "r", 10, 20, **{"mm.image_count": 3})]
+    assert input_type_of(spans) == "multi_image"
+    spans = [root(**{"mm.image_count": 2}), sp("a", "r", 10, 20, **{"mm.audio_count": 1})]
+    assert input_type_of(spans) == "audio"
+
+
+def test_stored_signals_are_used_and_attributes_only_without_them():
+    """The tagger's signals (read from whole attribute values) win; a span without any has
+    them read from its attributes, as stored before the column existed."""
+    r = root(**{"mm.image_count": 1})
+    r.signals = {"mm": {"image": 2.0}}
+    assert input_type_of([r]) == "multi_image"
+    call = sp("a", "r", 10, 20, kind=KIND_CLIENT)
+    call.signals = {"call": 1, "text": 1, "usage": ["video"]}
+    assert input_type_of([root(), call]) == "video"
+    assert input_type_of([root(**{"mm.prompt_chars": 3}), sp("b", "r", 1, 2)]) == "text"
 
 
 def test_explicit_input_type_on_any_span_wins():
     spans = [root(**{"mm.image_count": 0}), sp("a", "r", 10, 20, **{"mm.input_type": "audio"})]
     assert input_type_of(spans) == "audio"
+    # ... the root's before the others', then the earliest
+    spans = [sp("b", "r", 5, 20, **{"mm.input_type": "image"}), root(**{"mm.input_type": "video"}),
+             sp("a", "r", 1, 20, **{"mm.input_type": "audio"})]
+    assert input_type_of(spans) == "video"
+    assert input_type_of(spans[:1] + spans[2:]) == "audio"
     # ... even without a root
     assert input_type_of([sp("a", "gone", 10, 20, **{"mm.input_type": "image"})]) == "image"
 
 
 def test_bad_explicit_input_type_is_ignored():
-    spans = [root(**{"mm.image_count": 2}), sp("a", "r", 10, 20, **{"mm.input_type": "video"})]
+    spans = [root(**{"mm.image_count": 2}), sp("a", "r", 10, 20, **{"mm.input_type": "bogus"})]
     assert input_type_of(spans) == "multi_image"
+    spans = [root(**{"mm.image_count": 2}), sp("a", "r", 10, 20, **{"mm.input_type": "video"})]
+    assert input_type_of(spans) == "video"  # a type of its own now
 
 
-def test_input_type_without_root_is_unknown():
-    assert input_type_of([sp("a", "missing", 0, 10, **{"mm.image_count": 1})]) == "unknown"
+def test_input_type_without_root_comes_from_any_span():
+    assert input_type_of([sp("a", "missing", 0, 10, **{"mm.image_count": 1})]) == "image"
+    assert input_type_of([sp("a", "missing", 0, 10)]) == "unknown"
     assert input_type_of([]) == "unknown"
 
 
@@ -212,13 +242,15 @@ def test_stage_self_times_add_up_to_the_trace_duration():
     st = self_times(spans)
     totals = stage_totals(spans, st)
     assert sum(totals.values()) == trace_duration_ns(spans) == 1000 * MS
+    # A CLIENT span whose name says a stage counts there (name patterns come before the
+    # span-kind rule): only "fuse" is network time.
     assert totals == {
         "other": 20 * MS,  # the gateway handler's own time
-        "network": (10 + 10 + 10 + 10) * MS,  # each CLIENT span around its SERVER span
-        "preprocessing": (10 + 130 + 40) * MS,  # "handle" by service name, decode, resize
-        "encoder": (20 + 20 + 80 + 170) * MS,
+        "network": 10 * MS,  # the fuse CLIENT span around its SERVER span
+        "preprocessing": (10 + 10 + 130 + 40) * MS,  # preprocess, "handle" by service name, decode, resize
+        "encoder": (10 + 20 + 20 + 80 + 170) * MS,
         "fusion": 50 * MS,
-        "inference": (10 + 130 + 280) * MS,  # "chat" by its gen_ai.* attribute
+        "inference": (10 + 10 + 130 + 280) * MS,
     }
     assert input_type_of(spans) == "image"
 

@@ -146,6 +146,9 @@ def trace_detail(reader: StoreReader, trace_id: str) -> dict | None:
             "attributes": _json_safe(rec.attributes),
             "resource": _json_safe(json.loads(r["resource"]) if r["resource"] else {}),
             "events": _json_safe(json.loads(r["events"]) if r["events"] else []),
+            # [{"trace_id", "span_id", "attributes"}] as decoded (ids lowercase hex); a row
+            # stored before links were (NULL) has none
+            "links": _json_safe(json.loads(r["links"]) if r.get("links") else []),
         })
     root = find_root(records)
     return {

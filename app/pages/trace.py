@@ -4,13 +4,16 @@ own operation in the window ("P97 for vit.forward", from the ``op`` rollups); th
 selected span's attributes as an escaped key/value table; a box to open any trace id.
 
 URL state: the window (for the ranks) and ``span`` (the selected span). Every piece of
-span text is a Dash text child or goes through ``figures.plot_text``; nothing from a span
-becomes a link target.
+span text is a Dash text child or goes through ``figures.plot_text``. The selected span's
+links (OTLP span links: a batch consumer's producers, a follow-up's cause) lead to
+``/trace/<linked trace id>`` with the linked span selected; those ids are the only span
+data that becomes a link target, and only once checked as 32 (16) hex digits, not all zero.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 import dash
 from dash import Input, Output, State, dcc, html, no_update
@@ -85,6 +88,45 @@ def kv_table(mapping: dict, id: str | None = None) -> html.Table | html.Div:
     return c.text_table([("key", "key"), ("value", "value")], rows, id=id, className="ms-table ms-kv")
 
 
+_HEX16 = re.compile(r"[0-9a-fA-F]{16}")
+
+
+def link_href(link: dict, state: dict) -> str | None:
+    """``/trace/<trace id>?span=<span id>`` for a span link, keeping the window; None when the
+    linked trace id is not 32 hex digits (or all zeros); the span only when it is 16."""
+    href = links.trace_href(link.get("trace_id"), state)
+    if href is None:
+        return None
+    sid = link.get("span_id")
+    if isinstance(sid, str) and _HEX16.fullmatch(sid) and sid.strip("0"):
+        keep = {k: v for k, v in state.items() if k in st.TIME_KEYS}
+        return st.to_href(href.partition("?")[0], st.with_(keep, span=sid.lower()))
+    return href
+
+
+def links_table(span: dict, state: dict) -> html.Table | None:
+    """The span's links: linked trace (a link when its id is well formed) and span, and the
+    link's attributes, all as text."""
+    rows = []
+    for ln in span.get("links") or []:
+        if not isinstance(ln, dict):
+            continue
+        tid, sid = str(ln.get("trace_id") or ""), str(ln.get("span_id") or "")
+        href = link_href(ln, state)
+        attrs = ln.get("attributes") or {}
+        rows.append({
+            "trace": dcc.Link(tid, href=href, className="ms-mono ms-trace-link") if href
+            else html.Span(tid or "(none)", className="ms-mono"),
+            "span": html.Span(sid, className="ms-mono"),
+            "attributes": ", ".join(f"{k}={_value_text(v)}" for k, v in attrs.items())
+            if isinstance(attrs, dict) else _value_text(attrs),
+        })
+    if not rows:
+        return None
+    return c.text_table([("trace", "linked trace"), ("span", "span"), ("attributes", "attributes")], rows,
+                        id="trace-links", className="ms-table ms-kv")
+
+
 def rank_text(span: dict) -> str:
     if span.get("rank") is None:
         return "no samples of this operation in the window"
@@ -92,7 +134,7 @@ def rank_text(span: dict) -> str:
     return f"{fmt_rank(span['rank'])} for {span['name']} ({fmt_count(n)} span{'' if n == 1 else 's'} in the window)"
 
 
-def span_detail(trace: dict, span: dict) -> html.Div:
+def span_detail(trace: dict, span: dict, state: dict | None = None) -> html.Div:
     t0 = trace["start_unix_nano"]
     facts = [
         ("name", span["name"]), ("service", span["service"]), ("kind", span["kind"]), ("stage", span["stage"]),
@@ -115,6 +157,7 @@ def span_detail(trace: dict, span: dict) -> html.Div:
             when = ""
         ev_rows.append({"when": when, "name": str(e.get("name", "")),
                         "attributes": _value_text(e.get("attributes", {}))})
+    linked = links_table(span, state or {})
     return html.Div(id="trace-span-detail-body", children=[
         c.text_table([("k", ""), ("v", "")], [{"k": k, "v": v} for k, v in facts], className="ms-table ms-kv ms-facts"),
         html.H3("Attributes", className="ms-subhead"),
@@ -123,6 +166,7 @@ def span_detail(trace: dict, span: dict) -> html.Div:
         kv_table(span.get("resource") or {}),
         *([html.H3("Events", className="ms-subhead"),
            c.text_table([("when", "at"), ("name", "event"), ("attributes", "attributes")], ev_rows)] if ev_rows else []),
+        *([html.H3("Links", className="ms-subhead"), linked] if linked is not None else []),
     ])
 
 
@@ -193,7 +237,7 @@ def _fill(data):
         c.banner(None if trace["settled"] else "This trace has not settled yet (spans may still arrive).", "info"),
     ])
     return (header, figures.waterfall(trace, selected["span_id"]), figures.icicle(trace),
-            spans_table(trace, state, selected["span_id"]), span_detail(trace, selected))
+            spans_table(trace, state, selected["span_id"]), span_detail(trace, selected, state))
 
 
 @dash.callback(

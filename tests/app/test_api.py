@@ -144,3 +144,152 @@ def test_auth_token_guards_everything_but_health(db_url):
         assert r.status_code == 200 and r.get_json() == []
     finally:
         app.extensions["modalscope"]["engine"].dispose()
+
+
+# -- span links ---------------------------------------------------------------------------
+
+from tests.ingest.test_receivers import _no_otel_env, session, start_stack  # noqa: E402,F401 - a running receiver
+
+
+def _render(x) -> str:
+    import json
+
+    return json.dumps(x, default=lambda o: o.to_plotly_json() if hasattr(o, "to_plotly_json") else str(o))
+
+
+def test_trace_detail_returns_each_spans_links(engine, db_url):
+    from sqlalchemy import update
+
+    from modalscope.models import Span
+
+    rng = random.Random(17)
+    base = (time.time_ns() // MIN - 30) * MIN
+    producer = multimodal_trace(rng, base)
+    consumer = multimodal_trace(rng, base + 5_000_000_000)
+    consumer[0].links = [
+        {"trace_id": producer[1].trace_id, "span_id": producer[1].span_id,
+         "attributes": {"messaging.operation": "receive", "lag_ms": 12.5, "ratio": float("nan")}},
+        {"trace_id": "0" * 32, "span_id": "0" * 16, "attributes": {"reason": "no context"}},
+    ]
+    write_spans(engine, producer + consumer)
+    with engine.begin() as conn:  # a row stored before spans had links: NULL
+        conn.execute(update(Span).where(Span.span_id == consumer[-1].span_id).values(links=None))
+    settle(engine, force=True)
+    app = create_app(Settings(database_url=db_url))
+    try:
+        client = app.test_client()
+        body = client.get(f"/api/v1/traces/{consumer[0].trace_id}").get_json()
+        spans = {s["span_id"]: s for s in body["spans"]}
+        assert spans[consumer[0].span_id]["links"] == [
+            {"trace_id": producer[1].trace_id, "span_id": producer[1].span_id,
+             "attributes": {"messaging.operation": "receive", "lag_ms": 12.5, "ratio": None}},  # stored as null
+            {"trace_id": "0" * 32, "span_id": "0" * 16, "attributes": {"reason": "no context"}},
+        ]
+        assert all(spans[s.span_id]["links"] == [] for s in consumer[1:])
+        assert all(s["links"] == [] for s in client.get(f"/api/v1/traces/{producer[0].trace_id}").get_json()["spans"])
+
+        # The trace page: the linked trace is a link (window kept, linked span selected);
+        # the all-zero one is text only.
+        from modalscope.app.pages import trace as trace_page
+
+        with app.test_request_context():
+            out = _render(trace_page._fill({"trace_id": consumer[0].trace_id,
+                                            "state": {"range": "2h", "span": consumer[0].span_id}}))
+        href = f"/trace/{producer[1].trace_id}?range=2h&span={producer[1].span_id}"
+        assert f'"href": "{href}"' in out
+        assert "messaging.operation=receive" in out and "trace-links" in out
+        assert f'"href": "/trace/{"0" * 32}' not in out and "0" * 32 in out
+    finally:
+        app.extensions["modalscope"]["engine"].dispose()
+
+
+def test_trace_page_links_only_well_formed_ids():
+    from dash import dcc
+
+    from modalscope.app.pages.trace import link_href, links_table
+
+    state = {"range": "1h", "service": "gateway", "span": "1" * 16}
+    tid, sid = "AB" * 16, "CD" * 8
+    assert link_href({"trace_id": tid, "span_id": sid}, state) == f"/trace/{'ab' * 16}?range=1h&span={'cd' * 8}"
+    assert link_href({"trace_id": tid, "span_id": "javascript:x"}, state) == f"/trace/{'ab' * 16}?range=1h"
+    assert link_href({"trace_id": tid, "span_id": "0" * 16}, {}) == f"/trace/{'ab' * 16}"
+    for bad in ("javascript:alert(1)", "ab" * 15, "0" * 32, None, 7, "ab" * 16 + "/../x", "g" * 32):
+        assert link_href({"trace_id": bad, "span_id": sid}, state) is None, bad
+    span = {"links": [{"trace_id": "<script>alert(1)</script>", "span_id": sid, "attributes": {"a": "<b>x</b>"}},
+                      {"trace_id": tid, "span_id": sid, "attributes": {}}, "not a link"]}
+    table = links_table(span, state)
+    found = []
+
+    def walk(node):
+        if isinstance(node, dcc.Link):
+            found.append(node.href)
+        children = getattr(node, "children", None)
+        for child in children if isinstance(children, list) else [children]:
+            if child is not None and not isinstance(child, str):
+                walk(child)
+
+    walk(table)
+    assert found == [f"/trace/{'ab' * 16}?range=1h&span={'cd' * 8}"]
+    text = _render(table)
+    assert "<script>alert(1)</script>" in text and "a=<b>x</b>" in text  # as text children, never markup
+    assert links_table({"links": []}, state) is None and links_table({}, state) is None
+
+
+def test_links_from_the_sdk_reach_the_api_through_the_receiver(engine, db_url, start_stack):  # noqa: F811
+    """Real SDK spans with links, exported by the real OTLP/HTTP exporter to a running
+    receiver, come back from /api/v1/traces/<id>; a bad link id rejects its span only."""
+    import json
+
+    from opentelemetry import context as otel_context
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import Link, SpanKind
+
+    stack = start_stack()
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "ingest-worker"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("modalscope.test")
+    with tracer.start_as_current_span("upload image", kind=SpanKind.PRODUCER) as producer:
+        produced = producer.get_span_context()
+    token = otel_context.attach(otel_context.Context())
+    try:
+        with tracer.start_as_current_span("encode batch", kind=SpanKind.CONSUMER,
+                                          links=[Link(produced, {"messaging.batch.index": 3})]) as consumer:
+            consumed = consumer.get_span_context()
+    finally:
+        otel_context.detach(token)
+    exporter = OTLPSpanExporter(endpoint=stack.url, timeout=10, session=session())
+    try:
+        assert exporter.export(memory.get_finished_spans()) == SpanExportResult.SUCCESS
+    finally:
+        exporter.shutdown()
+        provider.shutdown()
+
+    app = create_app(Settings(database_url=db_url))
+    try:
+        client = app.test_client()
+        body = client.get(f"/api/v1/traces/{consumed.trace_id:032x}").get_json()
+        (span,) = body["spans"]
+        assert span["links"] == [{"trace_id": f"{produced.trace_id:032x}", "span_id": f"{produced.span_id:016x}",
+                                  "attributes": {"messaging.batch.index": 3}}]
+        (plain,) = client.get(f"/api/v1/traces/{produced.trace_id:032x}").get_json()["spans"]
+        assert plain["links"] == []
+
+        good = {"traceId": "1" * 32, "spanId": "2" * 16, "name": "ok",
+                "links": [{"traceId": f"{produced.trace_id:032x}", "spanId": f"{produced.span_id:016x}"}]}
+        bad = {"traceId": "1" * 32, "spanId": "3" * 16, "name": "bad link",
+               "links": [{"traceId": "not hex", "spanId": "4" * 16}]}
+        request = {"resourceSpans": [{"scopeSpans": [{"spans": [good, bad]}]}]}
+        with session() as s:
+            r = s.post(stack.url, data=json.dumps(request), headers={"Content-Type": "application/json"}, timeout=30)
+        assert r.status_code == 200, r.text
+        assert r.json()["partialSuccess"]["rejectedSpans"] == "1"
+        assert "link trace id" in r.json()["partialSuccess"]["errorMessage"]
+        (kept,) = client.get(f"/api/v1/traces/{'1' * 32}").get_json()["spans"]
+        assert kept["name"] == "ok" and kept["links"][0]["span_id"] == f"{produced.span_id:016x}"
+    finally:
+        app.extensions["modalscope"]["engine"].dispose()

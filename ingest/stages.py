@@ -179,11 +179,6 @@ class Rule:
     model_call: bool = False
     line: int | None = field(default=None, compare=False)  # where it was written, for messages
 
-    @property
-    def dynamic(self) -> bool:
-        """Whether matching needs the span's attributes (not just name, service, kind)."""
-        return bool(self.keys)
-
     def attributes_match(self, attributes: dict[str, Any]) -> str | bool:
         """The attribute part of the rule: False, True, or (``stage_from = "value"``) the stage."""
         if self.stage_from == STAGE_FROM_VALUE:
@@ -272,6 +267,7 @@ _VALUE = 3  # stage from the first key whose value names a stage; outcome: {stag
 _GENERIC = 4  # anything else (prefix keys): values holds the Rule
 
 _OTHER = ("other", 0)
+_Step = tuple[int, tuple[str, ...], Any, Any]
 
 
 class _Run:
@@ -280,7 +276,7 @@ class _Run:
 
     __slots__ = ("field", "rules", "_matcher", "_cache")
 
-    def __init__(self, field_: str, rules: list[Rule], outcomes: list[tuple[str, int]]) -> None:
+    def __init__(self, field_: str, rules: list[Rule], outcomes: list[tuple[str, int] | None]) -> None:
         self.field = field_
         self.rules = tuple(rules)
         self._matcher = _TokenMatcher(
@@ -289,13 +285,13 @@ class _Run:
         self._cache: dict[str, Any] = {}
 
     def lookup(self, text: str) -> tuple[str, int] | None:
-        hit = self._cache.get(text)
+        hit: Any = self._cache.get(text)
         if hit is None:
             hit = self._matcher.match(tokens(text)) or False
             if len(self._cache) >= _CACHE_LIMIT:
                 self._cache.clear()
             self._cache[text] = hit
-        return hit or None
+        return hit if hit else None
 
 
 class _Single:
@@ -308,6 +304,7 @@ class _Single:
         self._names = _TokenMatcher([(rule.names, True)]) if rule.names else None
         self._services = _TokenMatcher([(rule.services, True)]) if rule.services else None
         keys = rule.keys
+        self.step: _Step
         if not keys:
             self.step = (_CONST, (), None, outcome)
         elif rule.stage_from == STAGE_FROM_VALUE:
@@ -579,7 +576,8 @@ def apply_parent_stages(spans: Iterable[_SpanLike]) -> int:
 
     Such a span (a transport CLIENT span matched by a ``stage_from = "parent_call"`` rule)
     takes its parent's stage when the parent is among ``spans``, in the same service, is a
-    model call (``"call"`` in its signals), and no SERVER or CONSUMER span among ``spans``
+    model call (``"call"`` in its signals: a ``model_call`` rule, or ingest/signals.py, put it
+    there), and no SERVER or CONSUMER span among ``spans``
     is its child (an instrumented callee: its own stages tell the story). Otherwise it gets
     back the stage the rules gave it alone (the ``"inh"`` value), so calling this again on a
     grown set (a settling trace) is always right. Pure but for setting ``.stage``; returns

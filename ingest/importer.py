@@ -79,8 +79,9 @@ class ImportRefused(ValueError):
 
 
 _DAY_NS = 86_400 * 1_000_000_000
-# A span start in OTLP/JSON, camelCase or snake_case, as a string or a number.
-_JSON_START = re.compile(rb'"start_?[Tt]ime_?[Uu]nix_?[Nn]ano"\s*:\s*"?(\d+)')
+# A span start in OTLP/JSON, camelCase or snake_case, as a string or an integer (a number
+# in exponent form is left out rather than misread as its first digits).
+_JSON_START = re.compile(rb'"start_?[Tt]ime_?[Uu]nix_?[Nn]ano"\s*:\s*"?(\d+)(?![\d.eE])')
 
 
 def _is_trace_json(payload: bytes) -> bool:

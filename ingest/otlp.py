@@ -172,7 +172,8 @@ def _b64(data: bytes) -> str:
 # parse checks it, and one that fails is never cached, so the same bytes always get the
 # same answer. Fields the copy does not declare (trace_state, flags, dropped counts) are
 # skipped as unknown fields, unvalidated. A span without links pays one empty repeated
-# field access for them (about 2 % of a decode, measured on a 1,000-span request).
+# field access for them: about 0.1 us, 3-5 % of decoding a 1,000-span request (min of
+# runs 2.80-2.90 ms before links were read, 2.93-3.06 ms after).
 
 
 def _build_fast_request_class() -> Any:

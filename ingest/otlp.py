@@ -140,10 +140,26 @@ def _one_line(text: str, limit: int = 500) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+# A run of base64 this long is inline media (a captured image or audio clip), not text.
+_BLOB_RUN = re.compile(r"[A-Za-z0-9+/_-]{2048,}={0,2}")
+
+
+def _elide_blob(m: re.Match) -> str:
+    return f"[{len(m.group(0))} base64 characters elided]"
+
+
 def _bound_str(s: str) -> str:
-    """Cut ``s`` to MAX_STRING_BYTES of UTF-8 (without splitting a character)."""
+    """Cut ``s`` to MAX_STRING_BYTES of UTF-8 (without splitting a character).
+
+    Inline media is elided first: captured GenAI messages with two images run far past the
+    cap, and cutting them whole would lose the second image's part (and so the input type).
+    """
     if len(s) <= _SAFE_CHARS:
         return s
+    raw = s.encode("utf-8", "surrogatepass")
+    if len(raw) <= MAX_STRING_BYTES:
+        return s
+    s = _BLOB_RUN.sub(_elide_blob, s)
     raw = s.encode("utf-8", "surrogatepass")
     if len(raw) <= MAX_STRING_BYTES:
         return s

@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from modalscope.ingest.otlp import decode_protobuf
+from modalscope.ingest.otlp import MAX_STRING_BYTES, decode_protobuf
 from modalscope.ingest.records import KIND_CLIENT, SpanRecord
 from modalscope.ingest.signals import span_signals, trace_input_type
 from modalscope.ingest.stages import default_rules
@@ -210,6 +210,23 @@ def test_otel_genai_content_on_spans(
     [seen] = [s for s in api.requests if s.path.endswith(":generateContent")]
     assert seen.headers["x-goog-api-key"] == "dummy-key"
     assert call.stage == "inference"
+
+
+def test_otel_genai_real_sized_images_are_counted_past_the_attribute_cap(otel_app: App) -> None:
+    """Two photo-sized images make the captured messages far longer than the stored value's
+    cap; the inline media is elided before the cut, so both image parts still count."""
+    photo = b"\xff\xd8\xff\xe0" + bytes(range(256)) * 240  # ~60 KB, base64 ~82 KB each
+    contents = ["Compare these two photos.", types.Part.from_bytes(data=photo, mime_type="image/jpeg"),
+                types.Part.from_bytes(data=photo, mime_type="image/jpeg")]
+    assert _serve(otel_app, contents)
+    [sdk_call] = [s for s in otel_app.exporter.get_finished_spans() if s.kind == SpanKind.CLIENT]
+    assert len(sdk_call.attributes["gen_ai.input.messages"]) > 2 * MAX_STRING_BYTES
+    records = otel_app.records()
+    [call] = model_spans(records)
+    assert len(call.attributes["gen_ai.input.messages"].encode()) <= MAX_STRING_BYTES
+    assert "base64 characters elided" in call.attributes["gen_ai.input.messages"]
+    assert call.signals["parts"] == {"image": 2}
+    assert input_type(records) == "multi_image"
 
 
 @pytest.mark.parametrize(

@@ -267,7 +267,8 @@ def multimodal_spans():
 EXPECTED = {
     # (name, kind): (service, stage, parent (name, kind))
     ("POST /v1/chat", KIND_SERVER): ("gateway", None, None),
-    ("vision.Encode", KIND_CLIENT): ("gateway", "network", ("POST /v1/chat", KIND_SERVER)),
+    # name patterns come before the CLIENT -> network rule: the call is encoder time
+    ("vision.Encode", KIND_CLIENT): ("gateway", "encoder", ("POST /v1/chat", KIND_SERVER)),
     ("vision.Encode", KIND_SERVER): ("vision-encoder", "encoder", ("vision.Encode", KIND_CLIENT)),
     ("image.decode", KIND_INTERNAL): ("vision-encoder", "preprocessing", ("vision.Encode", KIND_SERVER)),
     ("vit.forward", KIND_INTERNAL): ("vision-encoder", "encoder", ("vision.Encode", KIND_SERVER)),

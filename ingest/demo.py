@@ -4,10 +4,36 @@
 multimodal service (the source document's): a ``gateway`` that authenticates the caller
 (``auth``), reads its session and quota from ``userdb`` and its profile through
 ``profile-cache`` (falling back to ``userdb`` on a miss), has the request preprocessed
-(``preprocessor``: tokenizing, audio decoding), encodes the images, audio and text
-(``vision-encoder`` with its own CPU-side image decode/resize/normalize and ViT layers,
-``audio-encoder``, ``text-encoder``, in parallel), fuses them (``fusion``), generates the
-answer (``llm``) and records usage (``billing``, concurrently with the LLM call).
+(``preprocessor``: tokenizing, audio decoding, fetching the uploaded images from an object
+store), encodes the images, audio and text (``vision-encoder`` with its own CPU-side image
+decode/resize/normalize and ViT layers, ``audio-encoder``, ``text-encoder``, in parallel),
+fuses them (``fusion``), generates the answer (the self-hosted ``llm``; a share of the
+text-only requests goes to a hosted Gemini model instead), records usage (``billing``,
+concurrently with the model call) and publishes a usage event that ``metering`` consumes
+from a queue, in a trace of its own linked to the request's.
+
+The spans look like what off-the-shelf instrumentation emits, not a modalscope dialect:
+
+* model calls are OTel GenAI CLIENT spans (``chat mm-llm-7b``, ``generate_content
+  gemini-2.0-flash``) with ``gen_ai.operation.name``, ``gen_ai.provider.name`` (and the
+  older ``gen_ai.system``), request/response model, token usage in total and per modality
+  (``gen_ai.usage.{text,image,audio}.input_tokens``, the names opentelemetry-util-genai
+  sets for opentelemetry-instrumentation-google-genai) and the captured input messages
+  (``gen_ai.input.messages``, media as ``uri`` parts with a ``modality``). The self-hosted
+  LLM is instrumented too (its SERVER span sits under the client span); the Gemini call
+  has only the SDK's HTTP request under it, so its callee is the provider;
+* gRPC services carry ``rpc.system``/``rpc.service``/``rpc.method``; the gateway and the
+  Gemini transport use the stable HTTP conventions (``http.request.method``, ``url.full``,
+  ``server.address``/``server.port``, ``http.response.status_code``), the llm server and
+  the preprocessor's object-store client the older ones (``http.method``, ``http.url``,
+  ``net.peer.name``/``net.peer.port``, ``http.status_code``);
+* uninstrumented dependencies appear only as client spans: ``userdb`` (``peer.service``),
+  the object store (by URL) and metering's usage database (``server.address:server.port``);
+* the usage event is a PRODUCER span in the gateway and a CONSUMER span in ``metering``,
+  a queue delay later, in its own trace with a span link to the producer;
+* the input type comes from the model calls' usage per modality and message parts;
+  ``mm.image_count`` / ``mm.audio_count`` / ``mm.prompt_chars`` stay as optional extras on
+  the preprocessor's spans (they say the same), and no span sets ``mm.input_type``.
 
 Everything is emitted as serialized OTLP ``ExportTraceServiceRequest`` messages and goes
 through :func:`~modalscope.ingest.otlp.decode_protobuf`, the stage rules and the writer:
@@ -22,7 +48,9 @@ latency distributions, and what remains is split into the pipeline's stages by t
 type's shares (:data:`CORE_SHARES`, with per-trace jitter), so the percentiles of the
 whole stay those of the table. Stage time is self time, so the spans are laid out
 sequentially inside the root (only the encoders run in parallel, and billing runs beside
-the LLM call); :data:`STAGE_SHARES` is the share of self time per stage this produces.
+the model call); :data:`STAGE_SHARES` is the share of self time per stage this produces.
+The usage event's consumer traces are not requests: they have no input type (``unknown``)
+and are not counted by :func:`expected_traces`.
 
 Traffic follows a daily curve (peak 15:00 UTC), errors are ~1% of traces, and instances
 (``service.instance.id`` = ``pod-N``) churn: rolling restarts and one scale-up.
@@ -58,7 +86,7 @@ from typing import Any, Callable, Iterator
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from .records import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, STATUS_ERROR
+from .records import KIND_CLIENT, KIND_CONSUMER, KIND_INTERNAL, KIND_PRODUCER, KIND_SERVER, STATUS_ERROR
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +99,7 @@ __all__ = [
     "DEFAULT_SEED",
     "DemoConfig",
     "FillResult",
+    "GEMINI_SHARE",
     "InjectedPattern",
     "LIVE_RATE",
     "LiveTraffic",
@@ -105,15 +134,17 @@ HOT_SPOT_QUERY_S = 1.5  # median of the slow, uncached profile query in the hot-
 SCOPE_NAME = "modalscope.demo"
 NAMESPACE = "mm-inference"
 
+#: Instrumented services (their spans carry ``service.name``).
 SERVICES = (
-    "gateway", "auth", "userdb", "billing", "preprocessor", "vision-encoder", "text-encoder",
-    "audio-encoder", "fusion", "llm", "profile-cache",
+    "gateway", "auth", "billing", "preprocessor", "vision-encoder", "text-encoder",
+    "audio-encoder", "fusion", "llm", "metering",
 )
-# Instrumented services and their initial instance counts (userdb and profile-cache are
-# not instrumented: they appear as the callee of CLIENT spans, by peer.service).
+# Instrumented services and their initial instance counts. The other callees are not
+# instrumented: userdb and profile-cache (named by peer.service), the object store (by
+# URL), metering's usage database (server.address:server.port) and Gemini (a provider).
 POOLS = (
     ("gateway", 3), ("vision-encoder", 4), ("auth", 2), ("billing", 2), ("preprocessor", 3),
-    ("text-encoder", 2), ("audio-encoder", 2), ("fusion", 2), ("llm", 3),
+    ("text-encoder", 2), ("audio-encoder", 2), ("fusion", 2), ("llm", 3), ("metering", 2),
 )
 
 
@@ -177,14 +208,14 @@ CORE_SHARES: dict[str, dict[str, float]] = {
 #: Share of self time per stage and input type that the generator produces in a clean run
 #: (what ``/api/v1/stages`` reports as ``share``); the tests hold the stored data to it.
 STAGE_SHARES: dict[str, dict[str, float]] = {
-    "text": {"preprocessing": 0.04, "encoder": 0.24, "fusion": 0.0, "inference": 0.52,
+    "text": {"preprocessing": 0.04, "encoder": 0.19, "fusion": 0.0, "inference": 0.56,
              "network": 0.11, "other": 0.10},
     "image": {"preprocessing": 0.34, "encoder": 0.30, "fusion": 0.08, "inference": 0.22,
               "network": 0.03, "other": 0.03},
     "multi_image": {"preprocessing": 0.21, "encoder": 0.20, "fusion": 0.39, "inference": 0.19,
                     "network": 0.01, "other": 0.01},
     "audio": {"preprocessing": 0.19, "encoder": 0.37, "fusion": 0.12, "inference": 0.25,
-              "network": 0.04, "other": 0.03},
+              "network": 0.03, "other": 0.04},
 }
 
 # ViT layer profile (the seed's TensorRT-LLM table): patch embedding 3.1%, attention
@@ -196,7 +227,13 @@ SYNC_SPREAD_S = {2: 0.0124, 3: 0.0289}
 BASELINE_FALLBACK_RATE = 0.002  # gpu.cuda_graph=fallback on a GPU span, clean traffic
 CACHE_HIT = {"gold": 0.88, "silver": 0.86, "bronze": 0.85}
 TIER_MIX = (("gold", 0.40), ("silver", 0.35), ("bronze", 0.25))
-ERROR_RATES = {"llm": 0.006, "billing": 0.005, "vision": 0.003}
+ERROR_RATES = {"llm": 0.006, "billing": 0.005, "vision": 0.003, "gemini": 0.006}
+#: Share of text-only requests the gateway sends to the hosted Gemini model instead of the
+#: self-hosted pipeline (text encoder + llm): the same latency budget, one model call.
+GEMINI_SHARE = 0.2
+#: The usage event's time in the queue (publish end to consume start): lognormal median and
+#: sigma, in seconds (a Kafka consumer polling in batches).
+QUEUE_DELAY_S = (0.045, 0.6)
 
 PATTERN_KINDS = (
     "hot_spot", "p99_band_break", "cache_penetration", "fusion_sync_wait", "preprocessing_bound",
@@ -479,13 +516,14 @@ def _kv(key: str, value: Any) -> KeyValue:
 class _Request:
     """One ExportTraceServiceRequest being built; spans grouped by (service, instance)."""
 
-    __slots__ = ("msg", "_containers", "n_spans", "n_traces", "last_end_ns")
+    __slots__ = ("msg", "_containers", "n_spans", "n_traces", "n_requests", "last_end_ns")
 
     def __init__(self) -> None:
         self.msg = ExportTraceServiceRequest()
         self._containers: dict[tuple[str, str], Any] = {}
         self.n_spans = 0
-        self.n_traces = 0
+        self.n_traces = 0  # every trace, the usage consumers' included
+        self.n_requests = 0  # the users' requests (one trace each)
         self.last_end_ns = 0
 
     def container(self, service: str, instance: str):
@@ -528,6 +566,7 @@ def _daily_curve(t_ns: int) -> float:
 
 _ROUTE = "/v1/chat/completions"
 _ROOT_NAME = f"POST {_ROUTE}"
+_API_HOST = "api.mm-inference.example"
 # gRPC methods (span names "package.Service/Method", as OTel's gRPC instrumentation names them).
 _M_AUTH = "auth.v1.Auth/Verify"
 _M_PRE = "preprocess.v1.Preprocessor/Preprocess"
@@ -535,12 +574,30 @@ _M_VISION = "vision.v1.VisionEncoder/Encode"
 _M_TEXT = "text.v1.TextEncoder/Encode"
 _M_AUDIO = "audio.v1.AudioEncoder/Encode"
 _M_FUSION = "fusion.v1.Fusion/Fuse"
-_M_LLM = "llm.v1.LLM/Generate"
 _M_BILLING = "billing.v1.Billing/RecordUsage"
 _RPC_PORT = {"auth": 50051, "preprocessor": 50052, "vision-encoder": 50053, "text-encoder": 50054,
-             "audio-encoder": 50055, "fusion": 50056, "llm": 50057, "billing": 50058}
+             "audio-encoder": 50055, "fusion": 50056, "billing": 50058}
 
+# The self-hosted model: an OpenAI-compatible server (service llm) called by the gateway's
+# GenAI-instrumented client. "vllm" is a custom provider value, as the GenAI conventions
+# allow when no well-known one applies.
 _MODEL = "mm-llm-7b"
+_LLM_PROVIDER = "vllm"
+_LLM_HOST, _LLM_PORT = "llm", 8000
+# The hosted model, as opentelemetry-instrumentation-google-genai names and describes it.
+_GEMINI_MODEL = "gemini-2.0-flash"
+_GEMINI_HOST = "generativelanguage.googleapis.com"
+_GEMINI_URL = f"https://{_GEMINI_HOST}/v1beta/models/{_GEMINI_MODEL}:generateContent"
+# Uninstrumented dependencies (client-side attributes only).
+_OBJSTORE = "objstore.internal:9000"
+_OBJSTORE_URL = f"http://{_OBJSTORE}/mm-uploads/"
+_USAGEDB_HOST, _USAGEDB_PORT = "usagedb.internal", 5432
+# The usage events' queue.
+_TOPIC = "usage-events"
+_KAFKA_HOST, _KAFKA_PORT = "kafka", 9092
+_PRODUCE_NAME = f"send {_TOPIC}"
+_CONSUME_NAME = f"process {_TOPIC}"
+_INSERT_NAME = "INSERT usage_events"
 
 
 def _rpc_attrs(method: str, service: str, client: bool) -> list[KeyValue]:
@@ -560,6 +617,80 @@ def _rpc(method: str, service: str, client: bool) -> list[KeyValue]:
     attrs = _RPC_CACHE.get(key)
     if attrs is None:
         attrs = _RPC_CACHE[key] = _rpc_attrs(method, service, client)
+    return attrs
+
+
+def _int_kv(key: str, value: int) -> KeyValue:
+    """A KeyValue for a value too varied to share (token counts, sizes)."""
+    return KeyValue(key=key, value=AnyValue(int_value=value))
+
+
+def _str_kv(key: str, value: str) -> KeyValue:
+    return KeyValue(key=key, value=AnyValue(string_value=value))
+
+
+_ROOT_BASE = [_kv("http.request.method", "POST"), _kv("http.route", _ROUTE), _kv("url.scheme", "https"),
+              _kv("url.path", _ROUTE), _kv("server.address", _API_HOST), _kv("server.port", 443)]
+_OK_200 = _kv("http.response.status_code", 200)
+# The model calls' attributes known when they start (GenAI conventions; gen_ai.system is
+# the older name of gen_ai.provider.name: the google-genai instrumentation no longer sets
+# it, others such as OpenLLMetry's still do, so the demo carries both).
+_CHAT_BASE = [_kv("gen_ai.operation.name", "chat"), _kv("gen_ai.provider.name", _LLM_PROVIDER),
+              _kv("gen_ai.system", _LLM_PROVIDER), _kv("gen_ai.request.model", _MODEL),
+              _kv("server.address", _LLM_HOST), _kv("server.port", _LLM_PORT)]
+_CHAT_DONE = [_kv("gen_ai.response.model", _MODEL)]
+_GEMINI_BASE = [_kv("gen_ai.operation.name", "generate_content"), _kv("gen_ai.provider.name", "gemini"),
+                _kv("gen_ai.system", "gemini"), _kv("gen_ai.request.model", _GEMINI_MODEL),
+                _kv("server.address", _GEMINI_HOST)]
+_GEMINI_DONE = [_kv("gen_ai.response.model", f"{_GEMINI_MODEL}-001")]
+# The google-genai SDK's own HTTP request (httpx instrumentation, stable HTTP conventions).
+_GEMINI_HTTP = [_kv("http.request.method", "POST"), _kv("url.full", _GEMINI_URL),
+                _kv("server.address", _GEMINI_HOST), _kv("server.port", 443)]
+# The llm's server span (an older FastAPI instrumentation: the pre-1.21 HTTP conventions).
+_LLM_SERVER = [_kv("http.method", "POST"), _kv("http.target", _ROUTE), _kv("http.route", _ROUTE),
+               _kv("http.scheme", "http"), _kv("net.host.name", _LLM_HOST), _kv("net.host.port", _LLM_PORT),
+               _kv("http.flavor", "1.1")]
+# The preprocessor's object-store client (an older requests instrumentation).
+_OBJ_GET = [_kv("http.method", "GET"), _kv("net.peer.name", _OBJSTORE.partition(":")[0]),
+            _kv("net.peer.port", int(_OBJSTORE.partition(":")[2])), _kv("http.status_code", 200)]
+# Messaging conventions: the gateway's producer and metering's consumer of the usage events.
+_PRODUCE = [_kv("messaging.system", "kafka"), _kv("messaging.destination.name", _TOPIC),
+            _kv("messaging.operation.type", "send"), _kv("messaging.operation.name", "send"),
+            _kv("server.address", _KAFKA_HOST), _kv("server.port", _KAFKA_PORT)]
+_CONSUME = [_kv("messaging.system", "kafka"), _kv("messaging.destination.name", _TOPIC),
+            _kv("messaging.operation.type", "process"), _kv("messaging.operation.name", "process"),
+            _kv("messaging.consumer.group.name", "metering")]
+_PARTITIONS = [_kv("messaging.destination.partition.id", str(i)) for i in range(6)]
+# Metering's usage database: no peer.service, so the pair names it by address and port.
+_INSERT = [_kv("db.system", "postgresql"), _kv("db.operation.name", "INSERT"),
+           _kv("db.collection.name", "usage_events"), _kv("server.address", _USAGEDB_HOST),
+           _kv("server.port", _USAGEDB_PORT)]
+# Prompt text for the captured messages (cut to each request's prompt length).
+_PROMPT = ("Describe what you see and answer the question about it in a few sentences. " * 40)
+
+
+def _input_messages(prompt_chars: int, uris: list[str], audio_uri: str | None) -> str:
+    """``gen_ai.input.messages`` as opentelemetry-util-genai serializes it: one user message,
+    the uploaded media as ``uri`` parts with their ``modality``, then the prompt text."""
+    parts = [f'{{"mime_type":"image/jpeg","modality":"image","uri":"{u}","type":"uri"}}' for u in uris]
+    if audio_uri is not None:
+        parts.append(f'{{"mime_type":"audio/wav","modality":"audio","uri":"{audio_uri}","type":"uri"}}')
+    parts.append(f'{{"content":"{_PROMPT[:prompt_chars]}","type":"text"}}')
+    return '[{"role":"user","parts":[' + ",".join(parts) + "]}]"
+
+
+def _usage(in_text: int, images: int, audio: int, out_tokens: int) -> list[KeyValue]:
+    """Token usage in total and per input modality. The per-modality keys are the ones
+    opentelemetry-util-genai sets from the provider's usage details (google-genai's
+    ``prompt_tokens_details``), left out where a modality has no tokens."""
+    in_image = images * 258  # Gemini-style: a fixed token count an image
+    in_audio = audio * 320  # ~10 s of speech at 32 tokens a second
+    attrs = [_int_kv("gen_ai.usage.input_tokens", in_text + in_image + in_audio),
+             _int_kv("gen_ai.usage.output_tokens", out_tokens), _int_kv("gen_ai.usage.text.input_tokens", in_text)]
+    if in_image:
+        attrs.append(_int_kv("gen_ai.usage.image.input_tokens", in_image))
+    if in_audio:
+        attrs.append(_int_kv("gen_ai.usage.audio.input_tokens", in_audio))
     return attrs
 
 
@@ -597,8 +728,9 @@ class _Factory:
     # -- one trace --------------------------------------------------------------------
     def trace(self, rng: random.Random, t_ns: int, itype: str, req: _Request, load: float = 1.0,
               giant: bool = False) -> None:
-        """Add one trace starting at ``t_ns`` to ``req`` (``giant``: a 6-8 image request
-        longer than the load balancer's timeout)."""
+        """Add one request's trace starting at ``t_ns`` to ``req``, and the trace of its usage
+        event's consumer when it was published (``giant``: a 6-8 image request longer than
+        the load balancer's timeout)."""
         on = self._on
         spans: list[list] = []
         ids = rng.getrandbits
@@ -623,7 +755,8 @@ class _Factory:
 
         def sequence(parent, service, start, end, parts, self_frac):
             """Lay ``parts`` [(name, weight, attrs)] out one after another inside
-            [start, end], leaving ``self_frac`` of it as the parent's own time (gaps)."""
+            [start, end], leaving ``self_frac`` of it as the parent's own time (gaps);
+            returns [(span id, start, end)]."""
             total_w = sum(p[1] for p in parts)
             dur = end - start
             gap = dur * self_frac / (len(parts) + 1)
@@ -632,7 +765,7 @@ class _Factory:
             out = []
             for name, weight, attrs in parts:
                 d = work * weight / total_w
-                out.append(span(service, parent, name, KIND_INTERNAL, t, t + d, attrs))
+                out.append((span(service, parent, name, KIND_INTERNAL, t, t + d, attrs), t, t + d))
                 t += d + gap
             return out
 
@@ -665,6 +798,8 @@ class _Factory:
             images = rng.choice((6, 7, 8))
             T = rng.uniform(34.0, 50.0)
             truncate_at = LB_TIMEOUT_S - rng.uniform(0.005, 0.1)
+        # Text only: the hosted model answers a share of the requests.
+        hosted = itype == "text" and rng.random() < GEMINI_SHARE
 
         # Prompt length: ~200 tokens of text; <100 characters with one image; >300 with two.
         if itype == "text":
@@ -679,15 +814,17 @@ class _Factory:
         # Side calls (their own latency distributions).
         g0 = rng.uniform(0.0004, 0.0015)
         g1 = rng.uniform(0.0005, 0.002)
-        gaps = [rng.uniform(0.00005, 0.0003) for _ in range(8)]
+        gaps = [rng.uniform(0.00005, 0.0003) for _ in range(9)]
         auth_d = _lognorm(rng, 0.0025, 0.35) + 0.0012
         session_d = _lognorm(rng, 0.0075, 1.1)
         quota_d = _lognorm(rng, 0.0075, 1.1)
         cache_d = _lognorm(rng, 0.0009, 0.4)
+        produce_d = _lognorm(rng, 0.0006, 0.3)
         hit = rng.random() < (0.08 if tier == "bronze" and on("cache_penetration", t_ns) else CACHE_HIT[tier])
         profile_d = 0.0 if hit else _lognorm(rng, 0.045, 0.5)
-        side = (g0 + g1 + auth_d + session_d + quota_d + cache_d + gaps[0] + gaps[1] + gaps[2] + gaps[4]
-                + gaps[5] + (gaps[6] if itype == "text" else gaps[7]) + (0.0 if hit else profile_d + gaps[3]))
+        side = (g0 + g1 + auth_d + session_d + quota_d + cache_d + produce_d + gaps[0] + gaps[1] + gaps[2]
+                + gaps[4] + gaps[5] + gaps[8] + (gaps[6] if itype == "text" else gaps[7])
+                + (0.0 if hit else profile_d + gaps[3]))
         if not hit and on("hot_spot", t_ns):
             profile_d = _lognorm(rng, HOT_SPOT_QUERY_S, 0.5)  # added on top: users wait for it
         R = max(T - side, 0.35 * T)
@@ -698,13 +835,12 @@ class _Factory:
         seg = {k: v * norm for k, v in raw.items()}
         tenc_par = shares.get("tenc_par", 0.0) * R * math.exp(0.2 * rng.gauss(0.0, 1.0))
 
+        # The uploaded media, as the object store names them.
+        uris = [f"{_OBJSTORE_URL}{ids(48):012x}.jpg" for _ in range(images)]
+        audio_uri = f"{_OBJSTORE_URL}{ids(48):012x}.wav" if audio else None
+
         # -- layout -------------------------------------------------------------------
-        root_attrs = [
-            _kv("http.request.method", "POST"), _kv("http.route", _ROUTE), _kv("url.scheme", "https"),
-            _kv("user_tier", tier), _kv("mm.image_count", images), _kv("mm.audio_count", audio),
-            KeyValue(key="mm.prompt_chars", value=AnyValue(int_value=prompt_chars)),
-        ]
-        root = span("gateway", None, _ROOT_NAME, KIND_SERVER, 0.0, 0.0, root_attrs)
+        root = span("gateway", None, _ROOT_NAME, KIND_SERVER, 0.0, 0.0, _ROOT_BASE + [_kv("user_tier", tier)])
         root_span = spans[-1]
         t = g0
 
@@ -720,7 +856,8 @@ class _Factory:
         span("gateway", root, "SELECT quota", KIND_CLIENT, t, t + quota_d, _DB_QUOTA)
         t += quota_d + gaps[4]
 
-        # Preprocessor: tokenizing (and audio decoding, image fetching).
+        # Preprocessor: tokenizing (and audio decoding, fetching the images from the object
+        # store). mm.* counts here are optional extras: the model call says the same.
         pre_d = seg["pre"]
         _, psid, p0, p1 = call("gateway", "preprocessor", _M_PRE, root, t, pre_d)
         parts = []
@@ -728,22 +865,35 @@ class _Factory:
             parts += [("audio.decode", 0.50, _A_AUDIO), ("audio.resample", 0.30, _A_AUDIO)]
         if images:
             parts.append(("image.fetch", 0.4 * images, [_kv("mm.image_count", images)]))
-        parts.append(("text.tokenize", 0.2 if (audio or images) else 1.0,
-                      [KeyValue(key="mm.prompt_chars", value=AnyValue(int_value=prompt_chars))]))
-        sequence(psid, "preprocessor", p0, p1, parts, 0.04)
+        parts.append(("text.tokenize", 0.2 if (audio or images) else 1.0, [_int_kv("mm.prompt_chars", prompt_chars)]))
+        laid = sequence(psid, "preprocessor", p0, p1, parts, 0.04)
+        if images:
+            # One GET a picture, one after another: most of the fetch is waiting on the store.
+            fid, f0, f1 = laid[2 if audio else 0]
+            gap = (f1 - f0) * 0.08 / (images + 1)
+            d = (f1 - f0) * 0.92 / images
+            g = f0 + gap
+            for uri in uris:
+                span("preprocessor", fid, "HTTP GET", KIND_CLIENT, g, g + d, _OBJ_GET + [_str_kv("http.url", uri)])
+                g += d + gap
         t += pre_d + gaps[5]
 
         batch_fail = on("batching_failure", t_ns)
         sync_fail = on("fusion_sync_wait", t_ns)
         vis_pod = None
-        errors: list[tuple[float, str, str]] = []  # (cut time, failing service, message)
+        # (cut time, failing service, message, failing span id or None: the service's SERVER span)
+        errors: list[tuple[float, str, str, int | None]] = []
 
         # -- encoders -------------------------------------------------------------------
         if itype == "text":
-            tenc_d = seg["tenc"]
-            _, tsid, s0, s1 = call("gateway", "text-encoder", _M_TEXT, root, t, tenc_d)
-            sequence(tsid, "text-encoder", s0, s1, [("text_encoder.forward", 1.0, self._tenc_attrs(rng, load))], 0.05)
-            t += tenc_d + gaps[6]
+            if hosted:
+                model_d = seg["tenc"] + gaps[6] + seg["llm"]  # no local encoder: one hosted call
+            else:
+                tenc_d = seg["tenc"]
+                _, tsid, s0, s1 = call("gateway", "text-encoder", _M_TEXT, root, t, tenc_d)
+                sequence(tsid, "text-encoder", s0, s1, [("text_encoder.forward", 1.0, self._tenc_attrs(rng, load))],
+                         0.05)
+                t += tenc_d + gaps[6]
         else:
             # The encoder on the critical path (vision, or audio) and its duration.
             stall = 0.0
@@ -785,7 +935,7 @@ class _Factory:
                 self._emit_vision(span, vsid, s0, s1, vis_parts, stall)
                 if rng.random() < ERROR_RATES["vision"]:
                     errors.append((t + rng.uniform(0.02, 0.3) * long_d, "vision-encoder",
-                                   "UNAVAILABLE: GPU worker restarting"))
+                                   "UNAVAILABLE: GPU worker restarting", None))
 
             # Fusion: starts when the first encoder returns, waits for the rest, then aligns.
             f_start = first_end + gaps[6]
@@ -796,50 +946,78 @@ class _Factory:
             sequence(fsid, "fusion", sync_end, s1, _FUSION_PARTS, 0.08)
             t = f_end + gaps[7]
 
-        # -- LLM, with billing beside it ----------------------------------------------
-        llm_d = seg["llm"]
-        llm_pod = self._instance("llm", t_ns, rng)
-        fallback = (self._on("cuda_graph_fallback", t_ns) and llm_pod == self.plan.fallback_llm_pod) or (
-            rng.random() < BASELINE_FALLBACK_RATE)
-        cold_extra = 0.0
-        if llm_pod == self.plan.cold_pod and self._on("cold_start", t_ns):
-            age = (t_ns - self.plan.born_ns[llm_pod]) / NS
-            cold_extra = 7.0 * math.exp(-age / 80.0) * rng.uniform(0.8, 1.2)
-        gen_w, prefill_w = 0.74, 0.22
-        # ~8 ms an output token with CUDA graphs; a fallback to per-kernel launches costs +60%.
-        out_tokens = max(1, int(llm_d * gen_w / 0.008))
-        in_tokens = max(8, prompt_chars // 4 + images * 258 + audio * 320)
-        if fallback:
-            gen_w *= 1.6
-            llm_d *= 1 + 0.6 * 0.74
-        llm_d += cold_extra
-        gen_attrs = [
-            _kv("gen_ai.operation.name", "chat"), _kv("gen_ai.request.model", _MODEL),
-            KeyValue(key="gen_ai.usage.input_tokens", value=AnyValue(int_value=in_tokens)),
-            KeyValue(key="gen_ai.usage.output_tokens", value=AnyValue(int_value=out_tokens)),
-        ]
-        _, lsid, s0, s1 = call("gateway", "llm", _M_LLM, root, t, llm_d, server_extra=gen_attrs[:2])
-        # Cold start: the instance is still loading and warming up; requests queue.
-        l0 = s0 + cold_extra
-        pre_d = (s1 - l0) * prefill_w / (prefill_w + gen_w + 0.04)
-        gen_d = (s1 - l0) * gen_w / (prefill_w + gen_w + 0.04)
-        g = (s1 - l0 - pre_d - gen_d) / 3
-        span("llm", lsid, "llm.prefill", KIND_INTERNAL, l0 + g, l0 + g + pre_d,
-             [gen_attrs[0], gen_attrs[1], gen_attrs[2], _kv("batch.size", self._llm_batch(rng, load))])
-        span("llm", lsid, "llm.generate", KIND_INTERNAL, l0 + 2 * g + pre_d, l0 + 2 * g + pre_d + gen_d,
-             gen_attrs + [_kv("batch.size", self._llm_batch(rng, load)),
-                          _kv("gpu.cuda_graph", "fallback" if fallback else "captured")])
-        if rng.random() < ERROR_RATES["llm"]:
-            errors.append((t + llm_d * rng.uniform(0.3, 0.95), "llm", "RESOURCE_EXHAUSTED: CUDA out of memory"))
+        # -- the model call, with billing beside it --------------------------------------
+        in_text = max(1, prompt_chars // 4)
+        messages = _str_kv("gen_ai.input.messages", _input_messages(prompt_chars, uris, audio_uri))
+        llm_pod = None
+        if hosted:
+            # Gemini: a GenAI client span with the SDK's HTTP request under it (no callee span).
+            failed = rng.random() < ERROR_RATES["gemini"]
+            out_tokens = max(1, int(model_d * 0.7 / 0.005))
+            attrs = _GEMINI_BASE + [messages]
+            if not failed:
+                attrs += _GEMINI_DONE + _usage(in_text, 0, 0, out_tokens)
+            gid = span("gateway", root, f"generate_content {_GEMINI_MODEL}", KIND_CLIENT, t, t + model_d, attrs)
+            h0 = t + rng.uniform(0.0006, 0.0015)
+            h1 = max(h0, t + model_d - rng.uniform(0.0002, 0.0008))
+            status = _kv("http.response.status_code", 429 if failed else 200)
+            hid = span("gateway", gid, "POST", KIND_CLIENT, h0, h1, _GEMINI_HTTP + [status])
+            if failed:
+                errors.append((h0 + (h1 - h0) * rng.uniform(0.3, 0.95), "gateway",
+                               "RESOURCE_EXHAUSTED: 429 quota exceeded for the hosted model", hid))
+        else:
+            model_d = seg["llm"]
+            llm_pod = self._instance("llm", t_ns, rng)
+            fallback = (self._on("cuda_graph_fallback", t_ns) and llm_pod == self.plan.fallback_llm_pod) or (
+                rng.random() < BASELINE_FALLBACK_RATE)
+            cold_extra = 0.0
+            if llm_pod == self.plan.cold_pod and self._on("cold_start", t_ns):
+                age = (t_ns - self.plan.born_ns[llm_pod]) / NS
+                cold_extra = 7.0 * math.exp(-age / 80.0) * rng.uniform(0.8, 1.2)
+            gen_w, prefill_w = 0.74, 0.22
+            # ~8 ms an output token with CUDA graphs; a fallback to per-kernel launches costs +60%.
+            out_tokens = max(1, int(model_d * gen_w / 0.008))
+            if fallback:
+                gen_w *= 1.6
+                model_d *= 1 + 0.6 * 0.74
+            model_d += cold_extra
+            failed = rng.random() < ERROR_RATES["llm"]
+            attrs = _CHAT_BASE + [messages]
+            if not failed:  # usage and the response model come with a response
+                attrs += _CHAT_DONE + _usage(in_text, images, audio, out_tokens)
+            ccid = span("gateway", root, f"chat {_MODEL}", KIND_CLIENT, t, t + model_d, attrs)
+            w1, w2 = rng.uniform(0.0002, 0.0008), rng.uniform(0.0002, 0.0008)
+            s0, s1 = t + w1, t + model_d - w2
+            lsid = span("llm", ccid, _ROOT_NAME, KIND_SERVER, s0, s1,
+                        _LLM_SERVER + [_kv("http.status_code", 500 if failed else 200)])
+            # Cold start: the instance is still loading and warming up; requests queue.
+            l0 = s0 + cold_extra
+            pre_d = (s1 - l0) * prefill_w / (prefill_w + gen_w + 0.04)
+            gen_d = (s1 - l0) * gen_w / (prefill_w + gen_w + 0.04)
+            g = (s1 - l0 - pre_d - gen_d) / 3
+            span("llm", lsid, "llm.prefill", KIND_INTERNAL, l0 + g, l0 + g + pre_d,
+                 [_kv("batch.size", self._llm_batch(rng, load))])
+            span("llm", lsid, "llm.generate", KIND_INTERNAL, l0 + 2 * g + pre_d, l0 + 2 * g + pre_d + gen_d,
+                 [_kv("batch.size", self._llm_batch(rng, load)),
+                  _kv("gpu.cuda_graph", "fallback" if fallback else "captured")])
+            if failed:
+                errors.append((t + model_d * rng.uniform(0.3, 0.95), "llm", "RESOURCE_EXHAUSTED: CUDA out of memory",
+                               None))
         b_start = t + rng.uniform(0.0002, 0.001)
-        b_d = min(_lognorm(rng, 0.012, 1.546), max(0.0005, llm_d - 0.002))
+        b_d = min(_lognorm(rng, 0.012, 1.546), max(0.0005, model_d - 0.002))
         bcid, _, _, _ = call("gateway", "billing", _M_BILLING, root, b_start, b_d)
         billing_error = rng.random() < ERROR_RATES["billing"]
-        t += llm_d + g1
+        t += model_d + gaps[8]
+        # The usage event, published before the response goes out.
+        prod_id = span("gateway", root, _PRODUCE_NAME, KIND_PRODUCER, t, t + produce_d, _PRODUCE)
+        prod_span = spans[-1]
+        t += produce_d + g1
         root_span[_END] = t
 
         # -- instances, errors, truncation ----------------------------------------------
-        instances = {"gateway": self._instance("gateway", t_ns, rng), "llm": llm_pod}
+        instances = {"gateway": self._instance("gateway", t_ns, rng)}
+        if llm_pod is not None:
+            instances["llm"] = llm_pod
         if itype != "audio" and images:
             instances["vision-encoder"] = vis_pod
         if billing_error:
@@ -850,10 +1028,33 @@ class _Factory:
             self._cut(spans, truncate_at, "gateway", "upstream request timeout (load balancer, 30 s)",
                       504, mark_all=True)
         elif errors:
-            cut, service, message = min(errors)
-            self._cut(spans, cut, service, message, 503, mark_all=False)
+            cut, service, message, failing = min(errors)
+            self._cut(spans, cut, service, message, 503, mark_all=False, failing_sid=failing)
+        if root_span[_STATUS] != STATUS_ERROR:
+            root_span[_ATTRS].append(_OK_200)
 
-        self._emit(req, rng, t_ns, spans, instances)
+        tid = self._emit(req, rng, t_ns, spans, instances)
+        req.n_requests += 1
+        if spans[-1] is prod_span and prod_span[_STATUS] != STATUS_ERROR:
+            # Published: metering consumes it after its time in the queue, in a trace of its own.
+            self._consume(rng, t_ns, req, tid, prod_id, prod_span[_END])
+
+    def _consume(self, rng: random.Random, t_ns: int, req: _Request, producer_tid: bytes, producer_sid: int,
+                 published: float) -> None:
+        """Metering's trace of one usage event: a CONSUMER span linked to the producer and
+        the insert into the usage database (times in seconds from ``t_ns``, as the producer's)."""
+        c0 = published + _lognorm(rng, *QUEUE_DELAY_S)
+        i0 = c0 + rng.uniform(0.0003, 0.001)
+        i1 = i0 + _lognorm(rng, 0.0025, 0.5)
+        c1 = i1 + rng.uniform(0.0002, 0.0008)
+        cid = rng.getrandbits(64) or 1
+        spans = [
+            ["metering", cid, None, _CONSUME_NAME, KIND_CONSUMER, c0, c1,
+             _CONSUME + [_PARTITIONS[int(rng.random() * len(_PARTITIONS))]], 0, ""],
+            ["metering", rng.getrandbits(64) or 1, cid, _INSERT_NAME, KIND_CLIENT, i0, i1, _INSERT, 0, ""],
+        ]
+        self._emit(req, rng, t_ns, spans, {"metering": self._instance("metering", t_ns, rng)},
+                   link=(producer_tid, producer_sid))
 
     # -- vision encoder -------------------------------------------------------------
     def _vision_parts(self, rng, seg, images, load, batch_fail, t_ns):
@@ -886,7 +1087,7 @@ class _Factory:
         batch = 1 if batch_fail else self._vision_batch(rng, load)
         fallback = rng.random() < BASELINE_FALLBACK_RATE
         vit_attrs = [_kv("mm.modality", "vision"), _kv("batch.size", batch),
-                     _kv("gpu.cuda_graph", "fallback" if fallback else "captured"), _kv("mm.image_count", images)]
+                     _kv("gpu.cuda_graph", "fallback" if fallback else "captured")]
         parts.append(("vit.forward", seg["vit"] * vit_scale, vit_attrs, VIT_LAYERS))
         return parts
 
@@ -931,12 +1132,13 @@ class _Factory:
 
     # -- errors ---------------------------------------------------------------------
     @staticmethod
-    def _cut(spans, cut, service, message, http_status, mark_all):
+    def _cut(spans, cut, service, message, http_status, mark_all, failing_sid=None):
         """End the trace at ``cut``: later spans never happened, running ones end there
-        (in error where they are the failing call's chain, or every one for a timeout)."""
+        (in error where they are the failing call's chain, or every one for a timeout).
+        The failing span is ``failing_sid``, else ``service``'s SERVER span at the cut."""
         by_id = {s[_SID]: s for s in spans}
-        failing = None
-        if not mark_all:
+        failing = by_id.get(failing_sid) if failing_sid is not None else None
+        if not mark_all and failing is None:
             # The failing service's outermost span running at the cut, and its chain up.
             for s in spans:
                 if s[_SVC] == service and s[_KIND] == KIND_SERVER and s[_START] <= cut < s[_END]:
@@ -965,13 +1167,14 @@ class _Factory:
         spans[:] = kept
 
     # -- emit -----------------------------------------------------------------------
-    def _emit(self, req: _Request, rng, t_ns: int, spans: list[list], instances: dict[str, str]) -> None:
+    def _emit(self, req: _Request, rng, t_ns: int, spans: list[list], instances: dict[str, str],
+              link: tuple[bytes, int] | None = None) -> bytes:
+        """Add one trace's spans to ``req`` (``link``: the root's span link, trace id and
+        span id); returns its trace id."""
         # Time-ordered trace ids (X-Ray style: unix seconds in the first 4 bytes, then random
         # bits): stores index them append-mostly, which keeps a large fill fast.
-        tid = ((t_ns // NS & 0xFFFFFFFF) << 96 | rng.getrandbits(96) | 1).to_bytes(16, "big")
-        root = spans[0]
-        if root[_STATUS] != STATUS_ERROR:
-            root[_ATTRS].append(_kv("http.response.status_code", 200))
+        first = t_ns + int(spans[0][_START] * NS)
+        tid = ((first // NS & 0xFFFFFFFF) << 96 | rng.getrandbits(96) | 1).to_bytes(16, "big")
         last = 0
         for s in spans:
             service = s[_SVC]
@@ -990,6 +1193,8 @@ class _Factory:
             )
             if s[_PARENT] is not None:
                 pb.parent_span_id = s[_PARENT].to_bytes(8, "big")
+            elif link is not None:
+                pb.links.add(trace_id=link[0], span_id=link[1].to_bytes(8, "big"))
             if s[_STATUS]:
                 pb.status.code = s[_STATUS]
                 pb.status.message = s[_MSG]
@@ -999,6 +1204,7 @@ class _Factory:
         req.n_traces += 1
         if last > req.last_end_ns:
             req.last_end_ns = last
+        return tid
 
 
 def _cache_attrs(tier: str, hit: bool) -> list[KeyValue]:
@@ -1085,11 +1291,12 @@ class _Schedule:
 
 @dataclass
 class FillResult:
-    traces: int = 0
+    traces: int = 0  # every trace, the usage event consumers' included
     spans: int = 0
-    requests: int = 0
+    requests: int = 0  # OTLP export requests
     inserted: int = 0
     seconds: float = 0.0
+    user_requests: int = 0  # the users' requests (what expected_traces counts)
 
 
 #: Requests never span a block of this many minutes: a block can be generated on its own
@@ -1098,8 +1305,9 @@ BLOCK_MINUTES = 10
 
 
 def _block_requests(config: DemoConfig, factory: "_Factory", schedule: _Schedule, counts: list[tuple[int, int]],
-                    first: int, last: int) -> list[tuple[bytes, int, int]]:
-    """The requests of minutes [first, last) of the history window."""
+                    first: int, last: int) -> list[tuple[bytes, int, int, int]]:
+    """The OTLP requests of minutes [first, last) of the history window: (payload, traces,
+    spans, user requests)."""
     out = []
     req = _Request()
     for m in range(first, min(last, len(counts))):
@@ -1117,22 +1325,28 @@ def _block_requests(config: DemoConfig, factory: "_Factory", schedule: _Schedule
             else:
                 factory.trace(rng, t_ns, factory.pick_type(rng), req, load)
             if req.n_spans >= config.spans_per_request:
-                out.append((req.serialize(), req.n_traces, req.n_spans))
+                out.append((req.serialize(), req.n_traces, req.n_spans, req.n_requests))
                 req = _Request()
     if req.n_spans:
-        out.append((req.serialize(), req.n_traces, req.n_spans))
+        out.append((req.serialize(), req.n_traces, req.n_spans, req.n_requests))
     return out
 
 
-def iter_requests(config: DemoConfig) -> Iterator[tuple[bytes, int, int]]:
-    """``(serialized ExportTraceServiceRequest, traces, spans)`` for the history window,
-    in time order, each of about ``config.spans_per_request`` spans (whole traces)."""
+def _iter_blocks(config: DemoConfig) -> Iterator[tuple[bytes, int, int, int]]:
     plan = _Plan(config)
     factory = _Factory(config, plan)
     schedule = _Schedule(config, plan)
     counts = schedule.counts()
     for first in range(0, plan.total_min, BLOCK_MINUTES):
         yield from _block_requests(config, factory, schedule, counts, first, first + BLOCK_MINUTES)
+
+
+def iter_requests(config: DemoConfig) -> Iterator[tuple[bytes, int, int]]:
+    """``(serialized ExportTraceServiceRequest, traces, spans)`` for the history window,
+    in time order, each of about ``config.spans_per_request`` spans (whole traces: a user
+    request's and its usage event consumer's travel together)."""
+    for payload, n_traces, n_spans, _ in _iter_blocks(config):
+        yield payload, n_traces, n_spans
 
 
 def export_requests(config: DemoConfig) -> Iterator[bytes]:
@@ -1142,14 +1356,16 @@ def export_requests(config: DemoConfig) -> Iterator[bytes]:
 
 
 def expected_traces(config: DemoConfig) -> int:
-    """How many traces the history window holds (cheap: no trace is built)."""
+    """How many user requests (one trace each) the history window holds, the usage event
+    consumers' traces not counted (cheap: no trace is built)."""
     plan = _Plan(config)
     return sum(n + g for n, g in _Schedule(config, plan).counts())
 
 
 def fill(engine, config: DemoConfig, rules=None, progress: Callable[[int], Any] | None = None) -> FillResult:
     """Generate the history window into ``engine``: decode -> tag -> write, request by
-    request (as a receiver would). Settle afterwards (``settle(engine, force=True)``)."""
+    request (as a receiver would). Settle afterwards (``settle(engine, force=True)``).
+    ``progress`` is called with the user requests each OTLP request held."""
     from .otlp import decode_protobuf
     from .stages import default_rules
     from .writer import write_spans
@@ -1157,7 +1373,7 @@ def fill(engine, config: DemoConfig, rules=None, progress: Callable[[int], Any] 
     rules = rules or default_rules()
     result = FillResult()
     t0 = time.perf_counter()
-    for payload, n_traces, n_spans in iter_requests(config):
+    for payload, n_traces, n_spans, n_requests in _iter_blocks(config):
         decoded = decode_protobuf(payload, source="otlp")
         rules.tag(decoded.spans)
         written = write_spans(engine, decoded.spans, now_ns=config.now_ns)
@@ -1165,8 +1381,9 @@ def fill(engine, config: DemoConfig, rules=None, progress: Callable[[int], Any] 
         result.traces += n_traces
         result.spans += len(decoded.spans)
         result.inserted += written.inserted
+        result.user_requests += n_requests
         if progress is not None:
-            progress(n_traces)
+            progress(n_requests)
     result.seconds = time.perf_counter() - t0
     return result
 

@@ -13,6 +13,7 @@ Nothing heavy is imported until the command runs (the parser is built for every 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import socket
 import sys
 import time
@@ -65,6 +66,10 @@ def add_demo_parser(sub) -> None:
                    help="fill the store and exit (no receivers, no dashboard)")
     p.add_argument("--port", type=_port, default=None,
                    help="dashboard port (default: MODALSCOPE_PORT, 8050)")
+    p.add_argument("--otlp-http-port", type=_port, default=None,
+                   help="OTLP/HTTP receiver port (default: MODALSCOPE_OTLP_HTTP_PORT, 4318)")
+    p.add_argument("--otlp-grpc-port", type=_port, default=None,
+                   help="OTLP/gRPC receiver port (default: MODALSCOPE_OTLP_GRPC_PORT, 4317)")
     p.set_defaults(func=cmd_demo)
 
 
@@ -121,7 +126,7 @@ def _fill(engine, settings, rules, config) -> None:
 
     url = engine.url.render_as_string()
     t0 = time.monotonic()
-    bar = _progress(demo.expected_traces(config), "generating", unit=" traces")
+    bar = _progress(demo.expected_traces(config), "generating", unit=" requests")
     try:
         result = demo.fill(engine, config, rules, progress=bar.update)
     except KeyboardInterrupt:
@@ -135,7 +140,8 @@ def _fill(engine, settings, rules, config) -> None:
     finally:
         bar.close()
     elapsed = time.monotonic() - t0
-    print(f"filled {url}: {result.traces:,} traces ({result.spans:,} spans), the last {config.hours:g} h "
+    print(f"filled {url}: {result.user_requests:,} requests ({result.traces:,} traces, {result.spans:,} spans), "
+          f"the last {config.hours:g} h "
           f"at {config.rate:g} requests/s, seed {config.seed}, in {elapsed:.1f} s", flush=True)
     patterns = demo.injected_patterns(config)
     if patterns:
@@ -152,6 +158,10 @@ def cmd_demo(args) -> int:
     from .ingest import demo
 
     settings = cli._settings()
+    ports = {k: v for k, v in (("otlp_http_port", args.otlp_http_port), ("otlp_grpc_port", args.otlp_grpc_port))
+             if v is not None}
+    if ports:
+        settings = dataclasses.replace(settings, **ports)
     rules = cli._rules(settings)  # a bad rules file stops us before anything is written
     port = args.port if args.port is not None else settings.port
     if not args.generate_only:

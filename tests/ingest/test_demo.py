@@ -12,7 +12,9 @@ a unit test) a small run checks determinism and the service graph through the AP
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
+import json
 import os
 import signal
 import socket
@@ -27,10 +29,10 @@ from sqlalchemy import delete, select
 from modalscope.app import create_app
 from modalscope.ingest import demo
 from modalscope.ingest.otlp import decode_protobuf
-from modalscope.ingest.records import KIND_CLIENT, KIND_SERVER, STATUS_ERROR
+from modalscope.ingest.records import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, STATUS_ERROR
 from modalscope.ingest.settle import settle
 from modalscope.ingest.stages import default_rules
-from modalscope.ingest.traces import input_type_of, service_pairs
+from modalscope.ingest.traces import effective_stages, input_type_of, trace_calls
 from modalscope.models import HourlyRollup, QuarterRollup, Rollup, Series, Span, Trace
 from modalscope.models.engine import make_engine
 from modalscope.settings import Settings
@@ -95,14 +97,31 @@ def _decoded(config):
     return traces
 
 
-# (service, span name) -> stage, for every span the generator emits.
+# (service, span name) -> stage, for every span the generator emits (after the transport
+# spans under a model call took its stage).
 EXPECTED_STAGES = {
     ("gateway", "POST /v1/chat/completions"): "other",
+    ("gateway", "auth.v1.Auth/Verify"): "network",
+    ("gateway", "SELECT sessions"): "network",
+    ("gateway", "GET profile"): "network",
+    ("gateway", "SELECT user_profile"): "network",
+    ("gateway", "SELECT quota"): "network",
+    ("gateway", "preprocess.v1.Preprocessor/Preprocess"): "preprocessing",
+    ("gateway", "vision.v1.VisionEncoder/Encode"): "encoder",
+    ("gateway", "text.v1.TextEncoder/Encode"): "encoder",
+    ("gateway", "audio.v1.AudioEncoder/Encode"): "encoder",
+    ("gateway", "fusion.v1.Fusion/Fuse"): "fusion",
+    ("gateway", "chat mm-llm-7b"): "inference",
+    ("gateway", "generate_content gemini-2.0-flash"): "inference",
+    ("gateway", "POST"): "inference",  # the Gemini SDK's HTTP request: waiting for the model
+    ("gateway", "billing.v1.Billing/RecordUsage"): "network",
+    ("gateway", "send usage-events"): "network",
     ("auth", "auth.v1.Auth/Verify"): "other",
     ("billing", "billing.v1.Billing/RecordUsage"): "other",
     ("preprocessor", "preprocess.v1.Preprocessor/Preprocess"): "preprocessing",
     ("preprocessor", "text.tokenize"): "preprocessing",
     ("preprocessor", "image.fetch"): "preprocessing",
+    ("preprocessor", "HTTP GET"): "preprocessing",
     ("preprocessor", "audio.decode"): "preprocessing",
     ("preprocessor", "audio.resample"): "preprocessing",
     ("vision-encoder", "vision.v1.VisionEncoder/Encode"): "encoder",
@@ -122,44 +141,156 @@ EXPECTED_STAGES = {
     ("fusion", "fusion.align"): "fusion",
     ("fusion", "fusion.cross_attn"): "fusion",
     ("fusion", "fusion.memcpy"): "fusion",
-    ("llm", "llm.v1.LLM/Generate"): "inference",
+    ("llm", "POST /v1/chat/completions"): "inference",
     ("llm", "llm.prefill"): "inference",
     ("llm", "llm.generate"): "inference",
+    ("metering", "process usage-events"): "other",
+    ("metering", "INSERT usage_events"): "network",
 }
+# Instrumented callees by their service, uninstrumented ones by peer.service, address and
+# port or URL, the hosted model by its provider, the queue by the consumer's service.
 EXPECTED_PAIRS = {
     ("gateway", callee) for callee in (
         "auth", "userdb", "profile-cache", "preprocessor", "vision-encoder", "text-encoder",
-        "audio-encoder", "fusion", "llm", "billing")
-}
+        "audio-encoder", "fusion", "llm", "gemini", "billing", "metering")
+} | {("preprocessor", "objstore.internal:9000"), ("metering", "usagedb.internal:5432")}
+MODEL_OF = {("gateway", "llm"): "mm-llm-7b", ("gateway", "gemini"): "gemini-2.0-flash"}
+REQUEST_TYPES = {"text", "image", "multi_image", "audio"}
+
+
+def _calls(traces):
+    """(trace id, Call) of every call, hand-offs resolved through links across traces."""
+    linked = {(s.trace_id, s.span_id): s for spans in traces.values() for s in spans}
+    return [(tid, c) for tid, spans in traces.items() for c in trace_calls(spans, linked).values()]
 
 
 def test_spans_land_in_their_stages_and_pairs():
     traces = _decoded(demo.DemoConfig(now_ns=NOW, hours=0.25, rate=3.0))
-    seen_stages = {}
-    pairs = collections.Counter()
+    seen_stages = collections.defaultdict(set)
     types = collections.Counter()
     for spans in traces.values():
         types[input_type_of(spans)] += 1
+        stages = effective_stages(spans)
         for s in spans:
-            if s.kind == KIND_CLIENT:
-                assert s.stage == "network", (s.service, s.name)
-                assert s.service == "gateway"
-            else:
-                seen_stages[(s.service, s.name)] = s.stage
+            seen_stages[(s.service, s.name)].add(stages[s.span_id])
             assert s.resource["service.instance.id"].startswith("pod-")
-        for caller, callee in service_pairs(spans).values():
-            pairs[(caller, callee)] += 1
         # Children lie inside their parents (stage time is self time).
         by_id = {s.span_id: s for s in spans}
         for s in spans:
             parent = by_id.get(s.parent_span_id)
             if parent is not None:
                 assert parent.start_ns <= s.start_ns and s.end_ns <= parent.end_ns, (parent.name, s.name)
-    assert seen_stages == EXPECTED_STAGES
+    assert seen_stages == {k: {v} for k, v in EXPECTED_STAGES.items()}
+    calls = _calls(traces)
+    pairs = collections.Counter((c.caller, c.callee) for _, c in calls)
     assert set(pairs) == EXPECTED_PAIRS
+    # The model is the model calls' facet, and only theirs.
+    assert {(c.caller, c.callee, c.model) for _, c in calls if c.model} == {(*k, m) for k, m in MODEL_OF.items()}
     # userdb is the busiest callee (session + quota on every request, the profile on a miss).
     assert pairs[("gateway", "userdb")] > 2 * pairs[("gateway", "llm")]
-    assert set(types) == {"text", "image", "multi_image", "audio"}
+    # Every request has a type; the usage consumers' traces have none.
+    requests = sum(n for t, n in types.items() if t != "unknown")
+    assert set(types) == REQUEST_TYPES | {"unknown"}
+    assert types["unknown"] == pairs[("gateway", "metering")] > 0.97 * requests
+
+
+def _strip_mm(span):
+    return dataclasses.replace(span, attributes={k: v for k, v in span.attributes.items()
+                                                 if not k.startswith("mm.")}, signals=None)
+
+
+def test_model_calls_follow_the_genai_conventions_and_carry_the_input_type():
+    traces = _decoded(demo.DemoConfig(now_ns=NOW, hours=0.25, rate=3.0))
+    model_calls = hosted = text_requests = 0
+    for spans in traces.values():
+        assert not any("mm.input_type" in s.attributes for s in spans)
+        calls = [s for s in spans if "gen_ai.operation.name" in s.attributes]
+        for s in spans:  # no GenAI attribute outside the model calls
+            assert s in calls or not any(k.startswith("gen_ai.") for k in s.attributes), (s.service, s.name)
+        for s in calls:
+            a = s.attributes
+            model_calls += 1
+            assert s.kind == KIND_CLIENT and s.service == "gateway"
+            assert s.name == f"{a['gen_ai.operation.name']} {a['gen_ai.request.model']}"
+            assert a["gen_ai.provider.name"] == a["gen_ai.system"] == {"chat": "vllm", "generate_content": "gemini"}[
+                a["gen_ai.operation.name"]]
+            assert json.loads(a["gen_ai.input.messages"])[0]["role"] == "user"
+            if s.status != STATUS_ERROR:
+                assert a["gen_ai.response.model"].startswith(a["gen_ai.request.model"])
+                per_modality = sum(v for k, v in a.items() if k.startswith("gen_ai.usage.") and k.count(".") == 3)
+                assert a["gen_ai.usage.input_tokens"] == per_modality > 0 and a["gen_ai.usage.output_tokens"] > 0
+            kids = [k for k in spans if k.parent_span_id == s.span_id]
+            if a["gen_ai.provider.name"] == "gemini":  # hosted: only the SDK's HTTP request under it
+                hosted += 1
+                (http,) = kids
+                assert http.kind == KIND_CLIENT and http.attributes["url.full"].startswith("https://")
+                assert http.attributes["server.port"] == 443 and "http.url" not in http.attributes
+            else:  # self-hosted and instrumented: its server span, on the old HTTP conventions
+                (server,) = kids
+                assert (server.service, server.kind) == ("llm", KIND_SERVER)
+                assert server.attributes["http.method"] == "POST" and "http.request.method" not in server.attributes
+        root = next(s for s in spans if s.parent_span_id is None)
+        if root.service != "gateway":
+            continue
+        # The input type comes from the conventions alone; mm.* extras only agree with them.
+        with_mm = input_type_of(spans)
+        if calls:
+            bare = [_strip_mm(s) for s in spans]
+            default_rules().tag(bare)
+            assert input_type_of(bare) == with_mm, [s.name for s in spans]
+        text_requests += with_mm == "text"
+    assert model_calls > 0.98 * sum(any(s.service == "gateway" for s in sp) for sp in traces.values())
+    assert hosted == pytest.approx(demo.GEMINI_SHARE * text_requests, rel=0.25)
+
+
+def test_http_and_rpc_spans_use_one_generation_of_the_conventions_each():
+    stable = {"http.request.method", "url.full", "server.address", "server.port", "http.response.status_code"}
+    old = {"http.method", "http.url", "net.peer.name", "net.peer.port", "http.status_code"}
+    seen = collections.defaultdict(set)
+    for spans in _decoded(demo.DemoConfig(now_ns=NOW, hours=0.05, rate=3.0)).values():
+        for s in spans:
+            keys = set(s.attributes)
+            if keys & {"http.request.method", "http.method"}:
+                generation = "stable" if "http.request.method" in keys else "old"
+                assert not keys & (old if generation == "stable" else {"http.request.method", "url.full",
+                                                                       "http.response.status_code"}), s.name
+                seen[generation].add((s.service, s.kind))
+            if "rpc.system" in keys:
+                assert {"rpc.service", "rpc.method"} <= keys and s.name == f"{s.attributes['rpc.service']}/" \
+                    f"{s.attributes['rpc.method']}"
+                seen["grpc"].add(s.service)
+            if s.kind == KIND_CLIENT and s.name == "HTTP GET":  # the object store: by URL only
+                assert old <= keys and "peer.service" not in keys
+            if s.name == "INSERT usage_events":  # the usage database: address and port only
+                assert {"db.system", "server.address", "server.port"} <= keys and "peer.service" not in keys
+    assert {("gateway", KIND_SERVER), ("gateway", KIND_CLIENT)} <= seen["stable"]
+    assert {("llm", KIND_SERVER), ("preprocessor", KIND_CLIENT)} <= seen["old"]
+    assert {"auth", "billing", "preprocessor", "vision-encoder", "text-encoder", "fusion"} <= seen["grpc"]
+
+
+def test_usage_events_cross_a_queue_into_linked_traces():
+    traces = _decoded(demo.DemoConfig(now_ns=NOW, hours=0.1, rate=3.0))
+    producers = {(s.trace_id, s.span_id): s for spans in traces.values() for s in spans if s.kind == KIND_PRODUCER}
+    delays = []
+    for spans in traces.values():
+        consumers = [s for s in spans if s.kind == KIND_CONSUMER]
+        if not consumers:
+            continue
+        (c,) = consumers
+        assert c.parent_span_id is None and c.service == "metering"  # a trace of its own
+        (link,) = c.links
+        p = producers.pop((link["trace_id"], link["span_id"]))
+        assert p.service == "gateway" and p.attributes["messaging.destination.name"] == \
+            c.attributes["messaging.destination.name"]
+        (root,) = [s for s in traces[p.trace_id] if s.parent_span_id is None]
+        assert root.status != STATUS_ERROR  # only answered requests publish usage
+        delays.append((c.start_ns - p.end_ns) / 1e6)
+    assert not producers  # every published event is consumed once
+    assert min(delays) > 0 and 25 < np.median(delays) < 80 and np.percentile(delays, 99) < 400
+    # The hand-off counts the time in the queue.
+    handoffs = [c for _, c in _calls(traces) if (c.caller, c.callee) == ("gateway", "metering")]
+    assert len(handoffs) == len(delays)
+    assert np.median([c.duration_ns / 1e6 for c in handoffs]) > np.median(delays)
 
 
 def test_clean_run_injects_nothing():
@@ -173,8 +304,10 @@ def test_clean_run_injects_nothing():
     assert max(s.duration_ns for s in roots) < 20e9  # nothing near the 30 s LB timeout
     vit = [s.attributes["batch.size"] for spans in traces.values() for s in spans if s.name == "vit.forward"]
     assert min(vit) >= 2  # dynamic batching works
-    errors = sum(any(s.status == STATUS_ERROR for s in spans) for spans in traces.values())
-    assert 0.004 < errors / len(traces) < 0.025
+    requests = [spans for spans in traces.values() if any(s.service == "gateway" for s in spans)]
+    assert len(requests) == demo.expected_traces(cfg)
+    errors = sum(any(s.status == STATUS_ERROR for s in spans) for spans in requests)
+    assert 0.004 < errors / len(requests) < 0.025
 
 
 def test_default_run_plans_every_pattern_in_its_window():
@@ -195,7 +328,7 @@ def test_default_run_plans_every_pattern_in_its_window():
 
 def test_input_type_percentiles_match_the_seed(clean_store):
     rows = {r["input_type"]: r for r in clean_store.get("input-types")}
-    assert set(rows) == {"text", "image", "multi_image", "audio"}
+    assert set(rows) == REQUEST_TYPES | {"unknown"}
     for it, profile in demo.PROFILES.items():
         row = rows[it]
         assert row["count"] >= 1900, (it, row["count"])
@@ -203,6 +336,30 @@ def test_input_type_percentiles_match_the_seed(clean_store):
         assert row["p95_ms"] == pytest.approx(profile.p95_s * 1000, rel=0.10), (it, row)
         assert row["bottleneck_stage"] == demo.BOTTLENECK_STAGE[it], (it, row)
         assert 0.004 < row["error_rate"] < 0.03
+    # "unknown": the usage events' consumer traces, nothing else (and quick).
+    (handoff,) = clean_store.get("pairs", caller="gateway", callee="metering")
+    assert rows["unknown"]["count"] == handoff["count"] and rows["unknown"]["p95_ms"] < 50
+
+
+# Mean input tokens a request, per modality, from the model calls' usage: 258 an image,
+# 320 for the recording, a quarter of the prompt's characters.
+EXPECTED_TOKENS = {
+    "text": {"text": 209},
+    "image": {"image": 258},
+    "multi_image": {"image": 258 * (0.80 * 2 + 0.15 * 3 + 0.05 * 4)},
+    "audio": {"audio": 320, "image": 0.2 * 258},
+}
+
+
+def test_input_types_report_the_model_calls_tokens(clean_store):
+    rows = {r["input_type"]: r for r in clean_store.get("input-types")}
+    for it, expected in EXPECTED_TOKENS.items():
+        tokens = rows[it]["tokens"]
+        assert tokens is not None and tokens["output"] > 0, (it, tokens)
+        for modality, mean in expected.items():
+            assert tokens["input"][modality] == pytest.approx(mean, rel=0.1), (it, modality, tokens)
+        assert set(tokens["input"]) - {"total", "text"} <= set(expected), (it, tokens)
+    assert rows["unknown"]["tokens"] is None  # no model call in the consumers' traces
 
 
 def test_stage_shares_follow_the_bottleneck_column(clean_store):
@@ -349,9 +506,13 @@ def test_cuda_graph_fallback(pattern_store):
     assert {s["instance"] for s in fb_in} >= {p.details["instance"]}
     assert len(fb_in) / len(inside) > 0.2
     assert len(fb_out) / (len(gens) - len(inside)) < 3 * demo.BASELINE_FALLBACK_RATE + 0.002
-    # Extra latency: per output token, fallback generate steps are slower than captured ones.
+    # Extra latency: per output token (the model call's usage), fallback generate steps are
+    # slower than captured ones.
+    tokens = {s["trace_id"]: s["attributes"].get("gen_ai.usage.output_tokens")
+              for s in pattern_store.spans(Span.name == "chat mm-llm-7b")}
+
     def per_token(spans):
-        return np.median([s["duration_ns"] / s["attributes"]["gen_ai.usage.output_tokens"] for s in spans])
+        return np.median([s["duration_ns"] / tokens[s["trace_id"]] for s in spans if tokens[s["trace_id"]]])
 
     captured = [s for s in inside if s["attributes"]["gpu.cuda_graph"] == "captured"]
     assert per_token(fb_in) > 1.3 * per_token(captured)
@@ -486,6 +647,24 @@ def test_demo_generate_only_fills_a_fresh_sqlite_store(tmp_path):
     assert r2.returncode == 0 and "already holds spans" in r2.stdout
 
 
+def test_demo_clean_command_gives_the_seed_table(tmp_path):
+    """What a newcomer runs (`modalscope demo --clean`, the default mix and rate), read back
+    through /api/v1/input-types: P50 and P95 per input type within 15% of the seed's."""
+    url = f"sqlite:///{tmp_path / 'clean.db'}"
+    r = run(["demo", "--clean", "--generate-only", "--hours", "1"], {"MODALSCOPE_DATABASE_URL": url}, cwd=tmp_path)
+    assert r.returncode == 0 and "no patterns injected" in r.stdout, r.stderr
+    app = create_app(Settings(database_url=url))
+    try:
+        rows = app.test_client().get("/api/v1/input-types", query_string={"range": "24h"}).get_json()
+    finally:
+        app.extensions["modalscope"]["engine"].dispose()
+    rows = {row["input_type"]: row for row in rows}
+    for it, profile in demo.PROFILES.items():
+        assert rows[it]["count"] >= 500, rows[it]
+        assert rows[it]["p50_ms"] == pytest.approx(profile.p50_s * 1000, rel=0.15), rows[it]
+        assert rows[it]["p95_ms"] == pytest.approx(profile.p95_s * 1000, rel=0.15), rows[it]
+
+
 def test_demo_taken_port_is_one_line(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -493,8 +672,17 @@ def test_demo_taken_port_is_one_line(tmp_path):
         port = taken.getsockname()[1]
         r = run(["demo", "--port", str(port), "--hours", "0.05"],
                 {"MODALSCOPE_DATABASE_URL": f"sqlite:///{tmp_path / 'd.db'}"}, cwd=tmp_path)
+        grpc = run(["demo", "--port", str(_free_port()), "--otlp-http-port", str(_free_port()),
+                    "--otlp-grpc-port", str(port), "--hours", "0.05"],
+                   {"MODALSCOPE_DATABASE_URL": f"sqlite:///{tmp_path / 'g.db'}"}, cwd=tmp_path)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and str(port) in r.stderr and "in use" in r.stderr, r.stderr
+    assert grpc.returncode == 2 and grpc.stderr.strip().count("\n") == 0, grpc.stderr
+    assert str(port) in grpc.stderr and "OTLP/gRPC" in grpc.stderr and "in use" in grpc.stderr, grpc.stderr
+    assert not (tmp_path / "g.db").exists()  # refused before filling anything
+    bad = run(["demo", "--otlp-http-port", "http"], {"MODALSCOPE_DATABASE_URL": f"sqlite:///{tmp_path / 'b.db'}"},
+              cwd=tmp_path)
+    assert bad.returncode == 2 and "--otlp-http-port" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_demo_serves_and_stops_cleanly(tmp_path):
@@ -504,12 +692,16 @@ def test_demo_serves_and_stops_cleanly(tmp_path):
     import requests
 
     port, http_port, grpc_port = _free_port(), _free_port(), _free_port()
+    taken = socket.socket()  # where the environment points the receivers: the flags win
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MODALSCOPE_")}
     env.update({"MODALSCOPE_DATABASE_URL": f"sqlite:///{tmp_path / 'd.db'}",
-                "MODALSCOPE_OTLP_HTTP_PORT": str(http_port), "MODALSCOPE_OTLP_GRPC_PORT": str(grpc_port),
-                "MODALSCOPE_SETTLE_SECONDS": "1"})
+                "MODALSCOPE_OTLP_HTTP_PORT": str(taken.getsockname()[1]),
+                "MODALSCOPE_OTLP_GRPC_PORT": str(taken.getsockname()[1]), "MODALSCOPE_SETTLE_SECONDS": "1"})
     stderr = open(tmp_path / "stderr.txt", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "modalscope", "demo", "--hours", "0.05", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "modalscope", "demo", "--hours", "0.05", "--port", str(port),
+                             "--otlp-http-port", str(http_port), "--otlp-grpc-port", str(grpc_port)],
                             stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, cwd=tmp_path)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
@@ -522,6 +714,7 @@ def test_demo_serves_and_stops_cleanly(tmp_path):
             except queue.Empty:
                 pass
         assert f"http://127.0.0.1:{port}/" in line, (line, proc.poll())
+        assert f"OTLP/HTTP :{http_port}" in line and f"OTLP/gRPC :{grpc_port}" in line, line
         health = requests.get(f"http://127.0.0.1:{port}/api/v1/health", timeout=5)
         assert health.status_code == 200
         # The receivers are up too.
@@ -535,6 +728,7 @@ def test_demo_serves_and_stops_cleanly(tmp_path):
         stderr.seek(0)
         err = stderr.read()
         stderr.close()
+        taken.close()
     assert proc.returncode == 0, err
     assert "Traceback" not in err
     engine = make_engine(env["MODALSCOPE_DATABASE_URL"])

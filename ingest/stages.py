@@ -476,9 +476,9 @@ class StageRules:
         keys = program.keys
         if keys is None:
             return _run_steps(program.steps, attributes)
-        present = keys.intersection(attributes)
-        if not present:
+        if keys.isdisjoint(attributes):  # most spans: none of the keys the rules read
             return program.empty
+        present = keys.intersection(attributes)
         if program.value_keys.isdisjoint(present):
             # Only presence matters here: the outcome is a function of which keys are present.
             outcome = program.by_present.get(present)
@@ -504,7 +504,6 @@ class StageRules:
         if not isinstance(spans, list):
             spans = list(spans)
         decide = self.decide
-        calls: dict[tuple[str, str], SpanRecord] = {}
         heirs: list[SpanRecord] = []
         for span in spans:
             stage, flags = decide(span)
@@ -518,11 +517,11 @@ class StageRules:
                 if flags & INHERIT:
                     signals["inh"] = stage
                     heirs.append(span)
-            if signals is not None and signals.get("call"):
-                calls[(span.trace_id, span.span_id)] = span
             span.signals = signals
-        if heirs and calls:
-            _inherit(spans, calls, heirs)
+        if heirs:  # rare: only batches with transport spans under a model call pay for this
+            calls = {(s.trace_id, s.span_id): s for s in spans if s.signals and s.signals.get("call")}
+            if calls:
+                _inherit(spans, calls, heirs)
 
     def clear_cache(self) -> None:
         self._programs.clear()

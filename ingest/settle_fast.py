@@ -190,8 +190,9 @@ class BatchSummary:
     c_value: np.ndarray
     c_err: np.ndarray
     keys: list[tuple[str, ...]]  # series keys, indexed by c_key
-    # Calls (CLIENT spans with a pair), one entry each: trace index, pair series key index,
-    # the span's row id (-1 when the rows carry none), start, duration.
+    # Calls (spans with a pair), one entry each: trace index, pair series key index, the
+    # span's row id for ``pair_calls`` (-1 when the rows carry none, or the call is no
+    # CLIENT span's), start, duration (a hand-off's: from the producer's start).
     call_trace: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     call_key: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     call_row: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -512,6 +513,10 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
         parts_v.append(c_dur)
         parts_e.append(np.array(call_er, dtype=np.int64))
         row_ids = np.asarray(cols[ROW], dtype=np.int64)[idx] if len(cols) > ROW else np.full(len(idx), -1)
+        # pair_calls holds the calls of CLIENT spans only (their own start and duration): the
+        # exemplar search answers windows it does not cover from CLIENT spans, and must
+        # give the same answers. Hand-offs and model calls of other kinds have no row (-1).
+        row_ids[kind[idx] != KIND_CLIENT] = -1
         calls = dict(call_trace=t_codes[idx], call_key=pair_keys, call_start=c_start, call_dur=c_dur,
                      call_row=row_ids)
     if len(cols) > ROW:

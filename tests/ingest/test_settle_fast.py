@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from modalscope.ingest.records import SpanRecord
 from modalscope.ingest.settle import summarize_trace
 from modalscope.ingest.settle_fast import ROW, _batch_sizes, convention_columns, summarize_rows
-from modalscope.ingest.traces import effective_stages
+from modalscope.ingest.traces import effective_stages, trace_calls
 
 SERVICES = ["gateway", "vision-encoder", "llm", "userdb"]
 NAMES = ["POST /chat", "image.decode", "vit.forward", "fusion.align", "llm.generate", "db.query"]
@@ -155,18 +155,16 @@ def test_batch_equals_reference(seed, n_traces):
     for t in sorted(traces, key=lambda t: t[0].trace_id):
         rows += as_rows(t, len(rows) + 1)
     batch = summarize_rows(rows, {(s.trace_id, s.span_id): s for s in outside})
-    # Calls: exactly the pair contributions, each with its span's row id (a hand-off's: the
-    # consumer's, lasting from the producer's start to the consumer's end).
+    # Calls: exactly the pair contributions; those of CLIENT spans with their row ids.
     pair_rows = Counter((batch.keys[k], int(v)) for k, v in zip(batch.c_key, batch.c_value)
                         if batch.keys[k][0] == "pair")
     call_rows = Counter((batch.keys[k], int(d)) for k, d in zip(batch.call_key, batch.call_dur))
     assert call_rows == pair_rows
-    assert len(set(batch.call_row.tolist())) == len(batch.call_row)  # a span makes one call at most
+    written = [r for r in batch.call_row.tolist() if r >= 0]
+    assert len(set(written)) == len(written)  # a span makes one call at most
     for r, d, st in zip(batch.call_row.tolist(), batch.call_dur.tolist(), batch.call_start.tolist()):
-        if rows[r - 1][5] == 5:
-            assert d == max(0, rows[r - 1][7] + max(rows[r - 1][8], 0) - st)
-        else:
-            assert rows[r - 1][8] == d and rows[r - 1][7] == st
+        if r >= 0:  # pair_calls rows: CLIENT spans' calls, with the span's own times
+            assert rows[r - 1][5] == 3 and rows[r - 1][8] == d and rows[r - 1][7] == st
     assert sorted(batch.trace_ids) == sorted(t[0].trace_id for t in traces)
     everywhere = {(s.trace_id, s.span_id): s for t in traces for s in t}
     for s in outside:
@@ -180,6 +178,9 @@ def test_batch_equals_reference(seed, n_traces):
             if stage != span.stage:
                 want[row_of[(span.trace_id, sid)]] = stage
     assert dict(zip(batch.restage_row.tolist(), batch.restage_stage)) == want
+    client_calls = {row_of[(t[0].trace_id, sid)] for t in traces for sid, call in trace_calls(t, everywhere).items()
+                    if next(s for s in t if s.span_id == sid).kind == 3}
+    assert set(written) == client_calls
     for t in traces:
         ref = summarize_trace(t[0].trace_id, t, everywhere)
         i = batch.trace_ids.index(t[0].trace_id)

@@ -646,6 +646,7 @@ model_call = true
 [[rule]]
 stage = "inference"
 keys = ["gen_ai.operation.name"]
+values = ["chat", "generate_content", "text_completion"]
 model_call = true
 
 [[rule]]

@@ -143,7 +143,7 @@ def test_pagination_over_pages_writes_tags_and_settles(engine, fake):
         pending = conn.execute(select(func.count()).select_from(Trace).where(Trace.pending.is_(True))).scalar_one()
         input_types = {t for (t,) in conn.execute(select(Trace.input_type).distinct())}
     assert sources == {"cloud-trace"} and pending == 0 and input_types == {"image"}
-    assert stages["Sent./encode"] == "network" and stages["vit.forward"] == "encoder"
+    assert stages["Sent./encode"] == "encoder" and stages["vit.forward"] == "encoder"
     state = read_cursor(engine, "cloud-trace:" + PROJECT)
     assert state.holder is None  # released after --once
     assert now - 15 * NS < state.position <= time.time_ns() - 10 * NS  # now minus the indexing lag

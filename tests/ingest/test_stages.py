@@ -733,3 +733,16 @@ def test_default_rules_are_a_valid_file_in_the_documented_order():
     assert r.index(names[-1]) < r.index(services[0])
     assert r[-3].stage_from == "parent_call"
     assert (r[-2].stage, r[-1].stage, r[-1].keys, r[-1].kinds, r[-1].names) == ("network", "other", (), None, ())
+
+
+@pytest.mark.parametrize("operation,stage", [
+    ("chat", "inference"), ("generate_content", "inference"), ("text_completion", "inference"),
+    ("embeddings", "encoder"), ("execute_tool", "network"), ("invoke_agent", "network"),
+])
+def test_only_model_operations_are_model_calls(operation, stage):
+    """Tool and agent operations are no model calls: a CLIENT one falls through to network."""
+    span = SpanRecord("a" * 32, "b" * 16, None, "agent-api", f"{operation} thing", KIND_CLIENT, 0, 1,
+                      attributes={"gen_ai.operation.name": operation})
+    load_rules().tag([span])
+    assert span.stage == stage
+    assert bool(span.signals and span.signals.get("call")) == (stage != "network")

@@ -6,7 +6,7 @@ attributes again. Captured message contents with inline images are as large as t
 and may arrive cut (the SDK's attribute length limit, the receiver's string cap), so media
 parts are counted by a scan that works on truncated JSON (:func:`scan_parts`): a part is
 counted when its ``modality`` / ``mime_type`` / ``type`` key survived the cut. Which library
-writes which attribute: docs/instrumentation-notes.md.
+writes which attribute: docs/instrumenting.md.
 
 A signals object has any of these keys (absent: the span said nothing of it):
 

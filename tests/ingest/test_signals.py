@@ -1,7 +1,7 @@
 """span_signals and trace_input_type on the shapes real instrumentation sends.
 
 The attribute values below are copied from what the libraries emit (see
-docs/instrumentation-notes.md); tests/ingest/test_instrumented_apps.py drives the libraries
+docs/instrumenting.md); tests/ingest/test_instrumented_apps.py drives the libraries
 themselves.
 """
 

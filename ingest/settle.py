@@ -13,6 +13,11 @@ Contributions, each one histogram entry in one (series, minute):
 * ``pair``   (caller, callee, input type): a CLIENT span's duration
 * ``trace``  (root service, input type): the trace's duration
 * ``tstage`` (stage, input type): the trace's total self time in that stage
+* ``tokens`` (service, name = model, input type, caller = provider, callee = token key):
+  a model call's token count for that key (``text``/``image``/``audio``/``video``/``total``
+  input tokens, ``output``), stored where durations go; minute = the call's start minute.
+  One entry per key the call's usage carries, for the model calls ``traces.model_call_spans``
+  counts (a call wrapped by another instrumentation's span counts once)
 * ``cache``, ``batch``, ``cuda``, ``sync``, ``inst``: the span conventions the anomaly
   detectors need (cache lookups per tag, batch sizes, CUDA Graph fallbacks, encoder spread
   before fusion, requests per instance), see ``settle_fast``; a cache tag key gets series
@@ -45,8 +50,9 @@ from ..models.dialect import (contains_text, insert_ignore, json_member, keys_cl
                               supports_skip_locked, upsert)
 from .records import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, STATUS_ERROR, SpanRecord
 from .settle_fast import LAYER_KEY, LINKS, convention_contributions, summarize_rows
-from .traces import (LEGACY_SIGNAL_NEEDLES, effective_stages, find_root, input_type_of, link_targets, self_times,
-                     trace_calls, trace_duration_ns, trace_error)
+from .traces import (LEGACY_SIGNAL_NEEDLES, _text_value, effective_stages, find_root, input_type_of, link_targets,
+                     model_call_spans, self_times, signals_of, token_entries, trace_calls, trace_duration_ns,
+                     trace_error)
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +188,11 @@ def summarize_trace(trace_id: str, spans: list[SpanRecord],
     for st, total in sorted(stage_time.items()):
         contribs.append((series_key("tstage", service=root_service or "", stage=st, input_type=input_type),
                          trace_minute, total, 0))
+    for s in model_call_spans(spans):
+        sig = signals_of(s)
+        for key, n in token_entries(sig):
+            contribs.append((series_key("tokens", s.service, _text_value(sig, "model"), "", input_type,
+                                        _text_value(sig, "provider"), key), s.start_ns // NS_PER_MINUTE, n, 0))
     contribs.extend(_convention_contributions(spans, stage_of))
     return SettledTrace(
         trace_id=trace_id,
@@ -529,7 +540,8 @@ def _write_stages(conn: Connection, summary, keep_idx: np.ndarray) -> None:
 
 def _drop_stale_calls(conn: Connection, summary, resettled: np.ndarray) -> None:
     """A re-settled trace's CLIENT spans that now make no call (their stage is a model call's
-    since the parent arrived) lose the ``pair_calls`` row an earlier settle wrote."""
+    since the parent arrived, or a model call of their service arrived under them) lose the
+    ``pair_calls`` row an earlier settle wrote."""
     if not len(resettled) or not len(summary.uncalled_row):
         return
     rows = summary.uncalled_row[np.isin(summary.uncalled_trace, resettled)].tolist()

@@ -20,7 +20,8 @@ import pandas as pd
 
 from .records import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, STATUS_ERROR, SpanRecord
 from .signals import span_signals, trace_input_type
-from .traces import LEGACY_SIGNAL_KEYS, LEGACY_SIGNAL_NEEDLES, _text_value, address_callee, link_targets
+from .traces import (LEGACY_SIGNAL_KEYS, LEGACY_SIGNAL_NEEDLES, _text_value, address_callee, link_targets,
+                     token_entries)
 
 NS_PER_MINUTE = 60_000_000_000
 
@@ -204,8 +205,9 @@ class BatchSummary:
     restage_trace: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     restage_row: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     restage_stage: list = field(default_factory=list)
-    # Row ids of CLIENT spans that make no call because their stage was inherited (their
-    # ``pair_calls`` row, if an earlier settle wrote one, is stale): trace index, row id.
+    # Row ids of CLIENT spans that make no call because their stage was inherited or they
+    # wrap a model call of their own service (their ``pair_calls`` row, if an earlier settle
+    # wrote one, is stale): trace index, row id.
     uncalled_trace: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     uncalled_row: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
@@ -381,7 +383,10 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
 
     model_rows = sorted(i for i, sig in sig_of.items()
                         if sig.get("call") and kind[i] != KIND_SERVER and kind[i] != KIND_CONSUMER)
+    outer = _outer_model_rows(model_rows, parent_idx, services, t_codes)
     for i in model_rows:
+        if i in outer:
+            continue
         sig = sig_of[i]
         callee = callee_ladder(i, _text_value(sig, "provider"))
         if callee:
@@ -394,6 +399,8 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
     uncalled: list[int] = []
     for i in np.flatnonzero(kind == KIND_CLIENT).tolist():
         if i in model_set:
+            if i in outer:  # wraps the call's inner span: no call (an earlier row is stale)
+                uncalled.append(i)
             continue
         if i in inherited:
             uncalled.append(i)
@@ -528,6 +535,27 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
         if uncalled:
             calls.update(uncalled_trace=t_codes[np.array(uncalled, dtype=np.int64)],
                          uncalled_row=np.array([row_col[i] for i in uncalled], dtype=np.int64))
+    # tokens: (service, model, input type, provider, token key) per counted model call and
+    # key its usage carries (traces.model_call_spans, traces.token_entries)
+    tok_t, tok_k, tok_m, tok_v = [], [], [], []
+    for i in model_rows:
+        sig = sig_of[i]
+        if "tok" not in sig or i in outer:
+            continue
+        t = int(t_codes[i])
+        minute = int(start[i]) // NS_PER_MINUTE
+        head = ("tokens", services[i], _text_value(sig, "model"), "", input_type[t], _text_value(sig, "provider"))
+        for key, value in token_entries(sig):
+            tok_t.append(t)
+            tok_k.append(key_id(head + (key,)))
+            tok_m.append(minute)
+            tok_v.append(value)
+    if tok_t:
+        parts_t.append(np.array(tok_t, dtype=np.int64))
+        parts_k.append(np.array(tok_k, dtype=np.int64))
+        parts_m.append(np.array(tok_m, dtype=np.int64))
+        parts_v.append(np.array(tok_v, dtype=np.int64))
+        parts_e.append(np.zeros(len(tok_t), dtype=np.int64))
     # trace: (root service, input type) per trace
     if n_tr:
         parts_t.append(np.arange(n_tr, dtype=np.int64))
@@ -629,6 +657,34 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
         c_trace=cat(parts_t), c_key=cat(parts_k), c_minute=cat(parts_m), c_value=cat(parts_v),
         c_err=cat(parts_e), keys=keys, **calls,
     )
+
+
+def _outer_model_rows(model_rows: list[int], parent_idx: np.ndarray, services: Sequence[str],
+                      t_codes: np.ndarray) -> set[int]:
+    """Rows of model calls that wrap another model call of their own service
+    (``traces._outer_model_calls``): walked up from each model call of a trace with two or
+    more, through ancestors of its service."""
+    if len(model_rows) < 2:
+        return set()
+    per_trace: dict[int, int] = {}
+    traces = t_codes[model_rows].tolist()
+    for t in traces:
+        per_trace[t] = per_trace.get(t, 0) + 1
+    outer: set[int] = set()
+    if max(per_trace.values()) < 2:
+        return outer
+    is_model = set(model_rows)
+    for i, t in zip(model_rows, traces):
+        if per_trace[t] < 2:
+            continue
+        seen = {i}
+        p = int(parent_idx[i])
+        while p >= 0 and p not in seen and services[p] == services[i]:
+            if p in is_model:
+                outer.add(p)
+            seen.add(p)
+            p = int(parent_idx[p])
+    return outer
 
 
 def _batch_sizes(values: Sequence) -> np.ndarray:

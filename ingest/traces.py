@@ -40,10 +40,12 @@ __all__ = [
     "effective_stages",
     "input_type_of",
     "link_targets",
+    "model_call_spans",
     "resolve_stages",
     "self_times",
     "service_pairs",
     "signals_of",
+    "token_entries",
     "trace_duration_ns",
     "trace_calls",
     "trace_error",
@@ -358,6 +360,75 @@ def _text_value(sig: dict[str, Any], key: str) -> str:
     return str(value).strip()
 
 
+TOKEN_KEYS = ("text", "image", "audio", "video", "total")
+"""Input-token keys of a model call's ``tok`` signal, in the order its entries are made;
+output tokens are keyed ``"output"``."""
+_MAX_TOKENS = 1 << 53  # past any real usage; keeps sums inside int64
+
+
+def token_entries(sig: Mapping[str, Any] | None) -> list[tuple[str, int]]:
+    """(key, count) of a model call's token usage (its signals' ``tok``): one entry per input
+    key it carries (``TOKEN_KEYS``) and ``"output"`` for output tokens. Only non-negative
+    integers count (a count past 2**53 is clipped); anything else is left out."""
+    tok = sig.get("tok") if sig else None
+    if not isinstance(tok, dict):
+        return []
+    out: list[tuple[str, int]] = []
+    tok_in = tok.get("in")
+    if isinstance(tok_in, dict):
+        for key in TOKEN_KEYS:
+            n = tok_in.get(key)
+            if type(n) is int and n >= 0:
+                out.append((key, min(n, _MAX_TOKENS)))
+    n = tok.get("out")
+    if type(n) is int and n >= 0:
+        out.append(("output", min(n, _MAX_TOKENS)))
+    return out
+
+
+def _outer_model_calls(spans: Sequence[SpanRecord], by_id: Mapping[str, SpanRecord],
+                       callers: Sequence[SpanRecord]) -> set[str]:
+    """Ids of the model calls that wrap another model call of their own service (see
+    ``trace_calls``): from each model call up through its ancestors while they stay in its
+    service, every model call met is an outer one."""
+    if len(callers) < 2:
+        return set()
+    is_caller = {s.span_id for s in callers}
+    outer: set[str] = set()
+    for span in callers:
+        seen = {span.span_id}
+        pid = span.parent_span_id
+        while pid and pid not in seen:
+            parent = by_id.get(pid)
+            if parent is None or parent.service != span.service:
+                break
+            if parent.span_id in is_caller:
+                outer.add(parent.span_id)
+            seen.add(pid)
+            pid = parent.parent_span_id
+    return outer
+
+
+def model_call_spans(spans: Iterable[SpanRecord]) -> list[SpanRecord]:
+    """The spans that make the trace's model calls, each call once (``trace_calls`` rule 1):
+    model calls (signals ``call``) that are no SERVER/CONSUMER span and wrap no other model
+    call of their own service. Their signals' ``tok`` is the trace's token usage."""
+    spans = unique_spans(spans)
+    callers = _model_callers(spans)
+    outer = _outer_model_calls(spans, {s.span_id: s for s in spans}, callers)
+    return [s for s in callers if s.span_id not in outer]
+
+
+def _model_callers(spans: Sequence[SpanRecord]) -> list[SpanRecord]:
+    out = []
+    for span in spans:
+        if span.kind not in _CALLEE_KINDS:
+            sig = signals_of(span)
+            if sig and sig.get("call"):
+                out.append(span)
+    return out
+
+
 def trace_calls(spans: Iterable[SpanRecord],
                 linked: Mapping[tuple[str, str], SpanRecord] | None = None) -> dict[str, Call]:
     """span_id -> the :class:`Call` the span makes, per DESIGN.md "Service pairs"; a span
@@ -377,6 +448,14 @@ def trace_calls(spans: Iterable[SpanRecord],
 
     Calls other than hand-offs take the span's own start, duration and status.
     Cloud Trace RPC_CLIENT / RPC_SERVER spans arrive as CLIENT / SERVER and pair the same way.
+
+    One call, one pair: a model call that wraps another model call of its own service (the
+    inner one is a descendant reached through spans of that service only) makes none, of
+    any kind. Two instrumentations of one call nest this way (an OpenInference LLM span
+    around the OTel GenAI CLIENT span of the SDK call); the innermost span is the one next
+    to the wire, whose children name an instrumented callee. A model call whose inner call
+    runs in another service (an agent calling a model server that calls a model) keeps its
+    pair: those are two calls. ``model_call_spans`` gives the counted model calls.
     """
     spans = unique_spans(spans)
     by_id: dict[str, SpanRecord] = {s.span_id: s for s in spans}
@@ -385,9 +464,12 @@ def trace_calls(spans: Iterable[SpanRecord],
         if span.kind in _CALLEE_KINDS and span.parent_span_id and span.parent_span_id != span.span_id:
             servers.setdefault(span.parent_span_id, []).append(span)
     inherited = {k for k, (_, inh) in resolve_stages(spans).items() if inh}
+    outer = _outer_model_calls(spans, by_id, _model_callers(spans))
     calls: dict[str, Call] = {}
     for span in spans:
         kind = span.kind
+        if span.span_id in outer:
+            continue
         sig = signals_of(span)
         # The serving side of a model call (a SERVER span with GenAI attributes) is the
         # callee, not a caller: its client's span makes the pair.

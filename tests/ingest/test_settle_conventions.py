@@ -208,3 +208,90 @@ def test_spans_stored_without_signals_still_say_the_input_type(engine):
     assert types == {T1: "video", T2: "text"}
     # An INTERNAL model call (OpenInference, SDK wrappers) is a pair to its provider too.
     assert stored_pairs(engine) == {("gateway", "openai", "m"): (1, 80)}
+
+
+def stored_tokens(engine) -> dict[tuple, tuple]:
+    """(service, model, input type, provider, key) -> (entries, tokens) over the minute rollups."""
+    from modalscope.models import Rollup
+
+    with engine.connect() as conn:
+        rows = conn.execute(select(Series.service, Series.name, Series.input_type, Series.caller, Series.callee,
+                                   Series.stage, Rollup.count, Rollup.sum_ns, Rollup.error_count)
+                            .join(Rollup, Rollup.series_id == Series.id).where(Series.kind == "tokens")).all()
+    out: dict[tuple, tuple] = {}
+    for *key, stage, count, total, errors in rows:
+        assert stage == "" and errors == 0
+        c, s = out.get(tuple(key), (0, 0))
+        out[tuple(key)] = (c + count, s + total)
+    return {k: v for k, v in out.items() if v != (0, 0)}
+
+
+def test_tokens_series_one_entry_per_model_call_and_key(engine):
+    write_spans(engine, tagged(model_call_trace()))
+    settle(engine, force=True)
+    # The Gemini call carries total and image input tokens; the self-hosted one no usage.
+    assert stored_tokens(engine) == {
+        ("gateway", "gemini-2.0-flash", "image", "gemini", "total"): (1, 12),
+        ("gateway", "gemini-2.0-flash", "image", "gemini", "image"): (1, 258),
+    }
+
+
+def nested_instrumentations() -> tuple[list[SpanRecord], list[SpanRecord]]:
+    """One model call seen by two instrumentations in the gateway: an OpenInference LLM span
+    (INTERNAL) around the OTel GenAI CLIENT span of the SDK call, over an instrumented model
+    server. Returned as (the outer span with the root, the inner call and the server)."""
+    first = [rec(T1, "1", None, "gateway", "POST /v1/chat", KIND_SERVER, 0, 1000),
+             rec(T1, "2", "1", "gateway", "ChatCompletion", KIND_INTERNAL, 100, 900,
+                 **{"openinference.span.kind": "LLM", "llm.provider": "vllm", "llm.model_name": "mm-llm-7b",
+                    "llm.token_count.prompt": 600, "llm.token_count.prompt_details.image": 516,
+                    "llm.token_count.completion": 90})]
+    second = [rec(T1, "3", "2", "gateway", "chat mm-llm-7b", KIND_CLIENT, 110, 890,
+                  **{"gen_ai.operation.name": "chat", "gen_ai.provider.name": "vllm",
+                     "gen_ai.request.model": "mm-llm-7b", "gen_ai.usage.input_tokens": 600,
+                     "gen_ai.usage.text.input_tokens": 84, "gen_ai.usage.image.input_tokens": 516,
+                     "gen_ai.usage.output_tokens": 90}),
+              rec(T1, "4", "3", "llm", "POST /v1/chat/completions", KIND_SERVER, 115, 885)]
+    return tagged(first), tagged(second)
+
+
+def test_a_model_call_wrapped_by_a_second_instrumentation_counts_once(engine):
+    first, second = nested_instrumentations()
+    # Alone, the outer span is the model call: its pair and its tokens.
+    write_spans(engine, first)
+    settle(engine, force=True)
+    assert stored_pairs(engine) == {("gateway", "vllm", "mm-llm-7b"): (1, 800)}
+    assert stored_tokens(engine) == {
+        ("gateway", "mm-llm-7b", "image", "vllm", "total"): (1, 600),
+        ("gateway", "mm-llm-7b", "image", "vllm", "image"): (1, 516),
+        ("gateway", "mm-llm-7b", "image", "vllm", "output"): (1, 90),
+    }
+    # The inner span arrives: the re-settle counts the call once, from the inner span.
+    write_spans(engine, second)
+    settle(engine, force=True)
+    assert {k: v for k, v in stored_pairs(engine).items() if v != (0, 0)} == {
+        ("gateway", "llm", "mm-llm-7b"): (1, 780)}
+    assert stored_tokens(engine) == {
+        ("gateway", "mm-llm-7b", "image", "vllm", "total"): (1, 600),
+        ("gateway", "mm-llm-7b", "image", "vllm", "text"): (1, 84),
+        ("gateway", "mm-llm-7b", "image", "vllm", "image"): (1, 516),
+        ("gateway", "mm-llm-7b", "image", "vllm", "output"): (1, 90),
+    }
+    assert stored_calls(engine) == {"3" * 16: ("gateway", "llm", "mm-llm-7b", 110, 780)}
+    spans = first + second
+    assert set(trace_calls(spans)) == {"3" * 16}
+
+
+def test_model_calls_nested_across_services_are_two_calls(engine):
+    """An agent's model call whose server makes a model call of its own: two calls, two
+    pairs, both calls' tokens."""
+    first, second = nested_instrumentations()
+    inner = [rec(T1, "5", "4", "llm", "generate_content gemini-2.0-flash", KIND_CLIENT, 120, 500,
+                 **{"gen_ai.operation.name": "generate_content", "gen_ai.provider.name": "gemini",
+                    "gen_ai.request.model": "gemini-2.0-flash", "gen_ai.usage.output_tokens": 7})]
+    write_spans(engine, first + second + tagged(inner))
+    settle(engine, force=True)
+    assert stored_pairs(engine) == {("gateway", "llm", "mm-llm-7b"): (1, 780),
+                                    ("llm", "gemini", "gemini-2.0-flash"): (1, 380)}
+    tokens = stored_tokens(engine)
+    assert tokens[("llm", "gemini-2.0-flash", "image", "gemini", "output")] == (1, 7)
+    assert tokens[("gateway", "mm-llm-7b", "image", "vllm", "output")] == (1, 90)

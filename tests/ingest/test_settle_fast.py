@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from modalscope.ingest.records import SpanRecord
 from modalscope.ingest.settle import summarize_trace
 from modalscope.ingest.settle_fast import ROW, _batch_sizes, convention_columns, summarize_rows
-from modalscope.ingest.traces import effective_stages, trace_calls
+from modalscope.ingest.traces import effective_stages, model_call_spans, trace_calls
 
 SERVICES = ["gateway", "vision-encoder", "llm", "userdb"]
 NAMES = ["POST /chat", "image.decode", "vit.forward", "fusion.align", "llm.generate", "db.query"]
@@ -38,6 +38,15 @@ SIGNALS = [
     {"call": 1, "provider": "vertex_ai", "model": "gemini-2.5-pro"}, {"call": 1, "model": "m"}, {"call": 1},
     {"call": 1, "provider": "", "model": ["odd"]}, {"inh": "network"}, {"inh": "network"}, {"inh": "other"},
     {"call": 1, "inh": "network", "provider": "openai"},
+    # token usage, in odd shapes too (only non-negative integers count), and on no model call
+    {"call": 1, "text": 1, "provider": "gemini", "model": "gemini-2.5-flash",
+     "tok": {"in": {"text": 12, "image": 258, "total": 270}, "out": 31}},
+    {"call": 1, "provider": "vllm", "model": "mm-llm-7b", "usage": ["audio"],
+     "tok": {"in": {"audio": 320, "video": 0, "total": 320}, "out": 0}},
+    {"call": 1, "model": "m", "tok": {"in": {"total": 7}}}, {"call": 1, "tok": {"out": 2**60}},
+    {"call": 1, "provider": "openai", "tok": {"in": {"text": -1, "image": "9", "audio": 2.5, "total": True},
+                                              "out": None}},
+    {"call": 1, "tok": ["odd"]}, {"call": 1, "tok": {"in": [1], "out": "3"}}, {"tok": {"in": {"text": 5}, "out": 1}},
 ]
 
 
@@ -95,6 +104,8 @@ def random_trace(rng: random.Random, tid: str) -> list[SpanRecord]:
         signals = rng.choice(SIGNALS) if rng.random() < 0.5 else None
         if signals and "inh" in signals and parent in ids[:i] and rng.random() < 0.7:
             service = next(s.service for s in spans if s.span_id == parent)  # under its parent, often a model call
+        if signals and "call" in signals and parent in ids[:i] and rng.random() < 0.5:
+            service = next(s.service for s in spans if s.span_id == parent)  # two instrumentations of one call
         resource = {"service.instance.id": rng.choice(INSTANCES)} if rng.random() < 0.8 else {}
         if rng.random() < 0.3:  # resource attributes a cache breakdown could group by, in odd shapes
             for key in rng.sample(["user_tier", "region", "host.name", "cache.zone", "bad key"], rng.randint(1, 3)):
@@ -147,7 +158,28 @@ def as_rows(spans, first_row: int = 1):
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n_traces=st.integers(1, 25))
 def test_batch_equals_reference(seed, n_traces):
-    rng = random.Random(seed)
+    check_batch_against_reference(random.Random(seed), n_traces)
+
+
+def test_random_traces_reach_tokens_and_nested_model_calls():
+    """The generator makes what the comparison must cover: token usage on model calls and
+    model calls wrapping another of their service (which count once, in both paths)."""
+    traces, batch = check_batch_against_reference(random.Random(11), 400)
+    tokens = Counter(batch.keys[k][6] for k in batch.c_key if batch.keys[k][0] == "tokens")
+    assert set(tokens) == {"text", "image", "audio", "video", "total", "output"}, tokens
+    assert 2**53 in [int(v) for k, v in zip(batch.c_key, batch.c_value) if batch.keys[k][6] == "output"]
+    nested = 0
+    for t in traces:
+        callers = {s.span_id for s in t if s.signals and s.signals.get("call") and s.kind not in (2, 5)}
+        counted = {s.span_id for s in model_call_spans(t)}
+        nested += len(callers - counted)
+        assert not (callers - counted) & set(trace_calls(t))
+    assert nested >= 10, nested
+
+
+def check_batch_against_reference(rng: random.Random, n_traces: int):
+    """Random traces settled by both paths: the same summaries, contributions, calls and
+    corrected stages. Returns the traces and the batch summary."""
     traces = [random_trace(rng, f"{rng.getrandbits(128) | 1:032x}") for _ in range(n_traces)]
     outside = outside_producers(rng)
     add_links(rng, traces, outside)
@@ -192,6 +224,7 @@ def test_batch_equals_reference(seed, n_traces):
                        zip(batch.c_trace, batch.c_key, batch.c_minute, batch.c_value, batch.c_err) if tr == i)
         theirs = Counter((k, m, v, e) for k, m, v, e in ref.contributions)
         assert mine == theirs
+    return traces, batch
 
 
 def test_empty_batch():

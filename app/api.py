@@ -136,6 +136,32 @@ def anomalies():
     return resp
 
 
+@bp.get("/incidents")
+def incidents_route():
+    """The window's findings grouped into incidents, most severe first (``app/incidents.py``);
+    the same window, filter parameters and errors as ``/anomalies``."""
+    from ..models.reader import Filters
+    from . import evaluations
+    from . import incidents as inc
+
+    window = parse_window(request.args)
+    if window.seconds > MAX_ANOMALY_WINDOW_S:
+        raise ParamError("range" if request.args.get("range") else "start",
+                         f"the anomaly window is at most {MAX_ANOMALY_WINDOW_S // 86400} days")
+    reader, th = _reader(), _thresholds()
+    ev = evaluations.find_for(reader, window, Filters(), th, relative=evaluations.ends_now(request.args))
+
+    def finder(w):  # an incident's own span: an absolute window, stored once evaluated
+        return evaluations.find_for(reader, w, Filters(), th, relative=False).findings
+
+    found = inc.incidents(reader, window, finder, parse_filters(request.args), found=ev.findings,
+                          prefix=request.url_root.rstrip("/"))
+    resp = jsonify(found)
+    resp.headers["X-Modalscope-Window"] = f"{rfc3339(ev.start_ns)}/{rfc3339(ev.end_ns)}"
+    resp.headers["X-Modalscope-Evaluated-At"] = rfc3339(ev.evaluated_ns)
+    return resp
+
+
 @bp.get("/cache")
 def cache():
     """Hit rate per cache (``cache.name``) and value of the span attribute ``group_by``

@@ -1,0 +1,387 @@
+"""Incidents: the anomaly catalog's findings grouped by what caused them.
+
+One injected problem fires several findings: a cold start on an LLM instance also breaks the
+P99 band of gateway→llm and pushes two input types past their SLO. The catalog lists them
+side by side; an incident folds them under the finding that names the mechanism.
+
+Grouping rule (``group``), on findings of one evaluation:
+
+* **Path.** A finding touches a set of services (``path_services``): its ``service``; a
+  pair's caller and callee; a cache's name and the services that look it up (``cache``
+  rollups); an input type's services — those its traces go through, from the ``pair``
+  (caller, callee) and ``op`` (service) rollups carrying that input type over the span looked
+  at, narrowed to the ``op`` services of that stage when the subject also names a stage. An
+  instance belongs to its service. Two findings share a path when their sets meet and they do
+  not name two different input types (every input type passes the gateway; two types' own
+  findings each say where that type hurts).
+* **Causes** (every kind but the symptom kinds ``baseline_regression``, ``p99_band_break``,
+  ``hot_spot``) that overlap in time on a shared path form one incident.
+* **A symptom folds under a cause** on a shared path whose span holds the symptom's onset
+  (from one detector block before the cause's start, ``ONSET_SLACK_NS``, to its end): a cause
+  explains what starts while it acts, not what was already going on. With several, the one
+  overlapping it longest, then the most severe, then the earliest.
+* **Symptoms left over** that overlap in time on a shared path form incidents of their own,
+  with ``cause_known`` false.
+
+The headline is the incident's most severe cause, then the earliest (then the longest), or
+without causes the most severe, earliest symptom (a pair's before an input type's: it says
+where). Folded symptoms get a hint naming the cause, with a link to it.
+
+Severity and membership must not depend on the request window, so ``incidents`` judges
+each incident again over its own span (``judge``): the catalog runs over the incident's
+``start``–``end`` and the incident found there is the answer, repeated until its span holds
+still. Its ``id`` hashes the headline's kind, subject and start minute.
+
+``group``, ``build``, ``path_services`` and friends are pure; ``topology``, ``suspects``
+and ``incidents`` read the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping
+
+import orjson
+
+from ..models.reader import Filters, StoreReader
+from . import links
+from . import state as st
+from .params import Window, parse_time, rfc3339
+
+NS_MIN = 60_000_000_000
+SYMPTOM_KINDS = frozenset({"baseline_regression", "p99_band_break", "hot_spot"})
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+#: A symptom may start this long before its cause: detectors report whole blocks (5 min).
+ONSET_SLACK_NS = 5 * NS_MIN
+#: Leading symptom among equals: a pair's finding names a place, an input type's only a class.
+SYMPTOM_ORDER = {"p99_band_break": 0, "hot_spot": 1, "baseline_regression": 2}
+#: Times an incident is judged again over its own span before its span is taken as settled.
+JUDGE_ROUNDS = 3
+#: An incident is judged over its span and this long on either side: the band-break detector
+#: judges a minute by the block after it and finds a break's onset from the minutes before it
+#: (a window starting on the onset missed a cold start's break). Findings that end before
+#: the span are left out.
+JUDGE_PAD_NS = 2 * ONSET_SLACK_NS
+#: Suspects kept of each sort (stages, attribute values).
+MAX_SUSPECTS = 5
+#: A stage counts as a suspect from this share of the added time on.
+MIN_ADDED_SHARE = 0.05
+
+
+# -- pure: paths -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Topology:
+    """Which services each input type's traces and each cache touch (see the module doc)."""
+
+    input_types: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    input_type_stages: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
+    caches: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+
+def path_services(f: Mapping, topo: Topology) -> frozenset[str]:
+    """The services (and ``cache:<name>``) a finding touches."""
+    s = f.get("subject") or {}
+    out: set[str] = set()
+    for key in ("service", "caller", "callee"):
+        if isinstance(s.get(key), str) and s[key]:
+            out.add(s[key])
+    cache = s.get("cache")
+    if isinstance(cache, str) and cache:
+        out.add(f"cache:{cache}")
+        out |= topo.caches.get(cache, frozenset())
+    it = s.get("input_type")
+    if isinstance(it, str) and it:
+        stage = s.get("stage")
+        if isinstance(stage, str) and (it, stage) in topo.input_type_stages:
+            out |= topo.input_type_stages[(it, stage)]
+        else:
+            out |= topo.input_types.get(it, frozenset())
+    return frozenset(out)
+
+
+def _input_type(f: Mapping) -> str | None:
+    it = (f.get("subject") or {}).get("input_type")
+    return it if isinstance(it, str) and it else None
+
+
+def same_path(a: Mapping, b: Mapping, topo: Topology) -> bool:
+    ia, ib = _input_type(a), _input_type(b)
+    if ia and ib and ia != ib:
+        return False
+    return bool(path_services(a, topo) & path_services(b, topo))
+
+
+def span_ns(f: Mapping) -> tuple[int, int]:
+    return parse_time(str(f["start"]), "start"), parse_time(str(f["end"]), "end")
+
+
+def overlap_ns(a: Mapping, b: Mapping) -> int:
+    (sa, ea), (sb, eb) = span_ns(a), span_ns(b)
+    return min(ea, eb) - max(sa, sb)
+
+
+def is_cause(f: Mapping) -> bool:
+    return f["kind"] not in SYMPTOM_KINDS
+
+
+def _rank(f: Mapping) -> tuple:
+    """Headline order: most severe, earliest, longest, then a fixed order of kind and subject."""
+    s, e = span_ns(f)
+    return (SEVERITY_ORDER.get(f["severity"], 9), s, -(e - s), SYMPTOM_ORDER.get(f["kind"], -1), f["kind"],
+            orjson.dumps(f["subject"], option=orjson.OPT_SORT_KEYS))
+
+
+def _components(items: list[dict], linked: Callable[[dict, dict], bool]) -> list[list[int]]:
+    parent = list(range(len(items)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i in range(len(items)):
+        for j in range(i + 1, len(items)):
+            if linked(items[i], items[j]):
+                parent[root(i)] = root(j)
+    groups: dict[int, list[int]] = {}
+    for i in range(len(items)):
+        groups.setdefault(root(i), []).append(i)
+    return list(groups.values())
+
+
+def group(findings: Iterable[dict], topo: Topology) -> list[list[dict]]:
+    """The findings as incidents (lists of findings, headline first), by the module's rule."""
+    findings = list(findings)
+    causes = [f for f in findings if is_cause(f)]
+    symptoms = [f for f in findings if not is_cause(f)]
+    linked = lambda a, b: overlap_ns(a, b) > 0 and same_path(a, b, topo)  # noqa: E731
+    cause_groups = [[causes[i] for i in g] for g in _components(causes, linked)]
+    of_cause = {id(f): k for k, g in enumerate(cause_groups) for f in g}
+    folded: list[list[dict]] = [[] for _ in cause_groups]
+    left = []
+    for s in symptoms:
+        s_start = span_ns(s)[0]
+        fits = [c for c in causes
+                if span_ns(c)[0] - ONSET_SLACK_NS <= s_start < span_ns(c)[1] and same_path(s, c, topo)]
+        if not fits:
+            left.append(s)
+            continue
+        best = min(fits, key=lambda c: (-overlap_ns(s, c), _rank(c)))
+        folded[of_cause[id(best)]].append(s)
+    out = []
+    for g, extra in zip(cause_groups, folded):
+        g = sorted(g, key=_rank)
+        out.append(g + sorted(extra, key=_rank))
+    for g in _components(left, linked):
+        out.append(sorted((left[i] for i in g), key=_rank))
+    return out
+
+
+# -- pure: one incident ----------------------------------------------------------------
+def incident_id(headline: Mapping) -> str:
+    """Stable across windows: the headline's kind, subject and start minute."""
+    start_min = parse_time(str(headline["start"]), "start") // NS_MIN
+    blob = orjson.dumps({"kind": headline["kind"], "subject": headline["subject"], "start_minute": start_min},
+                        option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def subject_text(subject: Mapping) -> str:
+    parts = []
+    for k, v in subject.items():
+        if isinstance(v, Mapping):
+            parts.append(f"{v.get('key')}={v.get('value')}")
+        else:
+            parts.append(f"{k}={v}")
+    return ", ".join(parts)
+
+
+def finding_href(f: Mapping) -> str:
+    """The Anomalies page over a finding's window, narrowed to its subject."""
+    return st.to_href(links.ANOMALIES_PATH, {**links.finding_window(f), **links.finding_filters(f)})
+
+
+def caused_hint(symptom: Mapping, cause: Mapping, prefix: str = "") -> str:
+    """A folded symptom's hint: it names the cause and links to it, then the symptom's own."""
+    return (f"Likely caused by {cause['kind']} ({subject_text(cause['subject'])}) from {cause['start']}: "
+            f"see {prefix}{finding_href(cause)}. {symptom.get('hint') or ''}").strip()
+
+
+def incident_links(headline: Mapping, start_ns: int, end_ns: int, exemplars: list[str],
+                   prefix: str = "") -> dict:
+    """``compare``/``drilldown`` over the incident's span for the headline's subject, and
+    ``traces``: the trace pages of its exemplars. ``prefix``: the dashboard's root URL."""
+    span = {"start": rfc3339(start_ns), "end": rfc3339(max(end_ns, start_ns + NS_MIN))}
+    filters = links.finding_filters(headline)
+    traces = [h for h in (links.trace_href(t, span) for t in exemplars) if h]
+    return {"compare": prefix + st.to_href(links.COMPARE_PATH, {**span, **filters}),
+            "drilldown": prefix + st.to_href(links.DRILLDOWN_PATH, {**span, **filters}),
+            "traces": [prefix + h for h in traces]}
+
+
+def build(members: list[dict], suspects: list[dict] | None = None, prefix: str = "") -> dict:
+    """The ``/api/v1/incidents`` object of one group (headline first, as ``group`` returns
+    them). The findings are copies: a folded symptom's hint is rewritten here only."""
+    head = members[0]
+    cause_known = is_cause(head)
+    spans = [span_ns(f) for f in members]
+    start, end = min(s for s, _ in spans), max(e for _, e in spans)
+    out_findings = []
+    for f in members:
+        f = dict(f)
+        if cause_known and not is_cause(f):
+            f["hint"] = caused_hint(f, head, prefix)
+        out_findings.append(f)
+    exemplars: list[str] = []
+    for f in members:
+        for t in f.get("exemplar_trace_ids") or []:
+            if t not in exemplars and len(exemplars) < 5:
+                exemplars.append(t)
+    severity = min((f["severity"] for f in members), key=lambda s: SEVERITY_ORDER.get(s, 9))
+    return {"id": incident_id(head), "severity": severity, "start": rfc3339_s(start), "end": rfc3339_s(end),
+            "headline": out_findings[0], "cause_known": cause_known, "findings": out_findings,
+            "suspects": [] if cause_known else list(suspects or []),
+            "links": incident_links(head, start, end, exemplars, prefix)}
+
+
+def rfc3339_s(ns: int) -> str:
+    """As the findings write times: whole seconds."""
+    return rfc3339(ns // 1_000_000_000 * 1_000_000_000).replace(".000Z", "Z")
+
+
+def sort_incidents(incidents: list[dict]) -> list[dict]:
+    """Most severe first, then latest first."""
+    return sorted(incidents, key=lambda i: (SEVERITY_ORDER.get(i["severity"], 9),
+                                            -parse_time(i["start"], "start"), i["id"]))
+
+
+def suspects_from_compare(result: Mapping) -> list[dict]:
+    """Compare's answer as suspects: stages by their share of the added time, then attribute
+    values by lift, strongest first."""
+    stages = sorted((r for r in result.get("stages") or [] if (r.get("share_of_added_time") or 0) >= MIN_ADDED_SHARE),
+                    key=lambda r: -r["share_of_added_time"])[:MAX_SUSPECTS]
+    attrs = sorted(result.get("attributes") or [], key=lambda r: -r["lift"])[:MAX_SUSPECTS]
+    return ([{"stage": r["stage"], "added_share": r["share_of_added_time"]} for r in stages]
+            + [{"key": r["key"], "value": r["value"], "lift": r["lift"]} for r in attrs])
+
+
+def matches_any(members: Iterable[Mapping], filters: Filters) -> bool:
+    from .findings import matches
+
+    return any(matches(dict(f), filters) for f in members)
+
+
+def _same_finding(a: Mapping, b: Mapping) -> bool:
+    return a["kind"] == b["kind"] and a["subject"] == b["subject"] and overlap_ns(a, b) >= 0
+
+
+def pick(groups: list[list[dict]], headline: Mapping) -> list[dict] | None:
+    """The group headed by ``headline``'s finding again (same kind and subject,
+    overlapping), else the group holding it; None when it is not found there."""
+    for g in groups:
+        if _same_finding(g[0], headline):
+            return g
+    for g in groups:
+        if any(_same_finding(f, headline) for f in g):
+            return g
+    return None
+
+
+def span_window(members: Iterable[Mapping]) -> Window:
+    """The whole minutes covering the findings' spans."""
+    spans = [span_ns(f) for f in members]
+    s = min(a for a, _ in spans) // NS_MIN * NS_MIN
+    e = -(-max(b for _, b in spans) // NS_MIN) * NS_MIN
+    return Window(s, max(e, s + NS_MIN))
+
+
+# -- reading the store -----------------------------------------------------------------
+def topology(reader: StoreReader, window: Window) -> Topology:
+    """Services per input type (``pair`` callers and callees, ``op`` services) and per
+    (input type, stage) (``op``), and per cache (``cache`` rollups' services), from the
+    series with rollups in ``window``."""
+    def series(kind: str, dims: tuple[str, ...]) -> set[tuple]:
+        cols, dims_of = reader.rollup_columns(kind, window.start_ns, window.end_ns, dims, sketches=False)
+        return {dims_of[int(i)] for i in set(cols.series_id.tolist())} if len(cols) else set()
+
+    types: dict[str, set[str]] = {}
+    stages: dict[tuple[str, str], set[str]] = {}
+    caches: dict[str, set[str]] = {}
+    for caller, callee, it in series("pair", ("caller", "callee", "input_type")):
+        if it:
+            types.setdefault(it, set()).update(x for x in (caller, callee) if x)
+    for service, stage, it in series("op", ("service", "stage", "input_type")):
+        if it and service:
+            types.setdefault(it, set()).add(service)
+            if stage:
+                stages.setdefault((it, stage), set()).add(service)
+    for service, name in series("cache", ("service", "name")):
+        if name and service:
+            caches.setdefault(name, set()).add(service)
+    return Topology({k: frozenset(v) for k, v in types.items()}, {k: frozenset(v) for k, v in stages.items()},
+                    {k: frozenset(v) for k, v in caches.items()})
+
+
+def suspects(reader: StoreReader, members: list[dict]) -> list[dict]:
+    """What Compare finds for the incident's span against the same length just before it,
+    narrowed to the headline's subject."""
+    from . import queries
+
+    window = span_window(members)
+    try:
+        result = queries.compare(reader, window, None, Filters(**links.finding_filters(members[0])))
+    except Exception:  # noqa: BLE001 - suspects are a lead; the incident stands without them
+        return []
+    return suspects_from_compare(result)
+
+
+Finder = Callable[[Window], list[dict]]
+
+
+def judge_window(members: Iterable[Mapping]) -> Window:
+    """Where an incident is judged: its whole minutes and ``JUDGE_PAD_NS`` either side."""
+    w = span_window(members)
+    return Window(w.start_ns - JUDGE_PAD_NS, w.end_ns + JUDGE_PAD_NS)
+
+
+def judge(members: list[dict], finder: Finder, topo_of: Callable[[Window], Topology]) -> list[dict]:
+    """The incident as the catalog finds it over its own span, until the span holds still.
+    A headline the catalog does not find again there (a detector that needs the wider
+    window's context, e.g. "load is high" against the window's median) keeps its group."""
+    for _ in range(JUDGE_ROUNDS):
+        window = judge_window(members)
+        since = window.start_ns + JUDGE_PAD_NS
+        found = [f for f in finder(window) if span_ns(f)[1] > since]
+        again = pick(group(found, topo_of(window)), members[0])
+        if again is None:
+            return members
+        if judge_window(again) == window:
+            return again
+        members = again
+    return members
+
+
+def incidents(reader: StoreReader, window: Window, finder: Finder, filters: Filters = Filters(),
+              found: list[dict] | None = None, prefix: str = "") -> list[dict]:
+    """The incidents of ``window``, most severe first. ``finder(window)``: the catalog's
+    unfiltered findings of a window (cached or not, the caller's choice); ``found``: the
+    request window's own, when already at hand. An incident is kept under ``filters`` when
+    one of its findings matches them."""
+    cache: dict[Window, Topology] = {}
+
+    def topo_of(w: Window) -> Topology:
+        if w not in cache:
+            cache[w] = topology(reader, w)
+        return cache[w]
+
+    first = group(finder(window) if found is None else found, topo_of(window))
+    out: dict[str, dict] = {}
+    for members in first:
+        members = judge(members, finder, topo_of)
+        inc_id = incident_id(members[0])
+        if inc_id in out or not matches_any(members, filters):
+            continue
+        out[inc_id] = build(members, None if is_cause(members[0]) else suspects(reader, members), prefix)
+    return sort_incidents(list(out.values()))

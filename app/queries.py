@@ -16,9 +16,11 @@ from itertools import chain
 from typing import Any, Iterable
 
 import numpy as np
+import orjson as _orjson
 
 from ..ingest.records import KIND_CLIENT, KIND_NAMES, STAGES, STATUS_NAMES, SpanRecord
-from ..ingest.traces import critical_path, find_root, input_type_of, self_times, service_pairs, trace_duration_ns
+from ..ingest.traces import (Call, critical_path, find_root, input_type_of, self_times, trace_calls,
+                              trace_duration_ns)
 from ..models import sketch
 from ..models.reader import Filters, RollupQuery, SpanQuery, StoreReader, TierPlan, tier_plan
 from ..models.sketch import Histogram
@@ -49,8 +51,15 @@ def pairs(reader: StoreReader, window: Window, filters: Filters = Filters()) -> 
 
 
 def input_types(reader: StoreReader, window: Window, filters: Filters = Filters()) -> list[dict]:
-    """Per input type: traces, P50/P95/P99 end-to-end latency and the stage taking most time."""
+    """Per input type: traces, P50/P95/P99 end-to-end latency, the stage taking most time and
+    ``tokens``, the model calls' mean tokens a request (``tokens.per_request``: the window's
+    ``tokens`` rollups per key over the type's trace count; ``input`` per modality, a
+    ``total`` entry only when no call named a modality; None when no span carried usage).
+    ``service`` narrows both to that service: traces rooted in it, model calls made by it."""
+    from .tokens import input_type_tokens, per_request
+
     f = Filters(service=filters.service, input_type=filters.input_type)
+    token_sums = input_type_tokens(reader, window, f)
     groups = reader.rollups(RollupQuery("trace", window.start_ns, window.end_ns, f, ("input_type",)))
     stage_groups = reader.rollups(RollupQuery("tstage", window.start_ns, window.end_ns, f, ("input_type", "stage")))
     stage_time: dict[str, dict[str, int]] = {}
@@ -66,7 +75,8 @@ def input_types(reader: StoreReader, window: Window, filters: Filters = Filters(
         bottleneck = max(sorted(stages), key=lambda s: stages[s]) if stages else None
         out.append({"input_type": it, "count": g.count, "p50_ms": _ms(p50), "p95_ms": _ms(p95),
                     "p99_ms": _ms(p99), "bottleneck_stage": bottleneck,
-                    "error_rate": round(g.error_count / g.count, 6)})
+                    "error_rate": round(g.error_count / g.count, 6),
+                    "tokens": per_request(token_sums.get(it, {}), g.count)})
     order = {t: i for i, t in enumerate(("text", "image", "multi_image", "audio", "unknown"))}
     out.sort(key=lambda r: (order.get(r["input_type"], 99), r["input_type"]))
     return out
@@ -390,28 +400,53 @@ def _unsettled_summary(reader: StoreReader, trace_id: str) -> dict | None:
             "error": any(s["status"] == "ERROR" for s in detail["spans"])}
 
 
+def _loads(text: Any) -> Any:
+    """A JSON column's value; None for NULL, empty or malformed text."""
+    if not text:
+        return None
+    try:
+        return _orjson.loads(text)
+    except _orjson.JSONDecodeError:
+        return None
+
+
 def _records(rows: list[dict], with_attributes: bool) -> list[SpanRecord]:
+    """SpanRecords of span rows, with their stored ``signals`` and ``links`` (when the rows
+    carry them) so the settler's rules (input type, inherited stages, calls) read them."""
     out = []
     for r in rows:
-        attrs = json.loads(r["attributes"]) if (with_attributes and r.get("attributes")) else {}
+        attrs = _loads(r.get("attributes")) if with_attributes else None
+        sig = _loads(r.get("signals"))
+        links = _loads(r.get("links"))
         out.append(SpanRecord(r["trace_id"], r["span_id"], r["parent_span_id"], r["service"], r["name"],
                               r["kind"], r["start_ns"], r["start_ns"] + r["duration_ns"], r["status"],
-                              attributes=attrs if isinstance(attrs, dict) else {}, stage=r["stage"]))
+                              attributes=attrs if isinstance(attrs, dict) else {}, stage=r["stage"],
+                              links=links if isinstance(links, list) else [],
+                              signals=sig if isinstance(sig, dict) else None))
     return out
 
 
-def _pair_of_candidates(reader: StoreReader, rows: list[dict]) -> dict[str, tuple[str, str]]:
-    """(trace_id/span_id) -> (caller, callee) for CLIENT span rows, as settling pairs them."""
+def _pair_of_candidates(reader: StoreReader, rows: list[dict]) -> dict[str, Call]:
+    """(trace_id/span_id) -> the :class:`Call` of each CLIENT span row, as settling makes it
+    (``traces.trace_calls``): from the row, its SERVER/CONSUMER children and, for a transport
+    span that may take its stage from a model-call parent (signals ``inh``), that parent."""
     kids = reader.callee_children((r["trace_id"], r["span_id"]) for r in rows)
     by_parent: dict[tuple[str, str], list[dict]] = {}
     for k in kids:
         by_parent.setdefault((k["trace_id"], k["parent_span_id"]), []).append(k)
+    heirs = [(r["trace_id"], r["parent_span_id"]) for r in rows
+             if r.get("parent_span_id") and r.get("signals") and '"inh"' in r["signals"]]
+    parents = {(p["trace_id"], p["span_id"]): p for p in reader.spans_by_id(heirs)} if heirs else {}
     out = {}
     for r in rows:
-        spans = _records([r], with_attributes=True) + _records(by_parent.get((r["trace_id"], r["span_id"]), []), False)
-        pair = service_pairs(spans).get(r["span_id"])
-        if pair:
-            out[r["trace_id"] + r["span_id"]] = pair
+        spans = _records([r], with_attributes=True)
+        parent = parents.get((r["trace_id"], r["parent_span_id"])) if r.get("parent_span_id") else None
+        if parent is not None:
+            spans += _records([parent], with_attributes=True)
+        spans += _records(by_parent.get((r["trace_id"], r["span_id"]), []), False)
+        call = trace_calls(spans).get(r["span_id"])
+        if call:
+            out[r["trace_id"] + r["span_id"]] = call
     return out
 
 
@@ -438,8 +473,8 @@ def exemplar_traces(reader: StoreReader, window: Window, filters: Filters = Filt
             return _exemplar_rows(reader, found)
         callers = () if filters.caller else tuple(reader.services_of("pair", filters))
         sq = SpanQuery(window.start_ns, window.end_ns, kind=KIND_CLIENT, service=filters.caller,
-                       input_type=filters.input_type, min_ns=min_ns, max_ns=max_ns, services=callers,
-                       may_call=filters.callee)
+                       stage=filters.stage, input_type=filters.input_type, min_ns=min_ns, max_ns=max_ns,
+                       services=callers, may_call=filters.callee, model=filters.model)
     else:
         services = () if filters.service else tuple(reader.services_of("op", filters))
         sq = SpanQuery(window.start_ns, window.end_ns, service=filters.service, stage=filters.stage,
@@ -467,17 +502,19 @@ def exemplar_traces(reader: StoreReader, window: Window, filters: Filters = Filt
 
 def _calls_of_pair(reader: StoreReader, rows: list[dict], filters: Filters) -> list[dict]:
     """The CLIENT span rows whose pair (as settling pairs them) matches ``filters``."""
-    pairs_of = _pair_of_candidates(reader, rows)
+    calls_of = _pair_of_candidates(reader, rows)
     keep = []
     for r in rows:
-        pair = pairs_of.get(r["trace_id"] + r["span_id"])
-        if pair is None:
+        call = calls_of.get(r["trace_id"] + r["span_id"])
+        if call is None:
             continue
-        if filters.caller and pair[0] != filters.caller:
+        if filters.caller and call.caller != filters.caller:
             continue
-        if filters.callee and pair[1] != filters.callee:
+        if filters.callee and call.callee != filters.callee:
             continue
-        if filters.service and filters.service not in pair:
+        if filters.service and filters.service not in (call.caller, call.callee):
+            continue
+        if filters.model and call.model != filters.model:
             continue
         keep.append(r)
     return keep
@@ -510,7 +547,8 @@ def _slowest_calls(reader: StoreReader, window: Window, filters: Filters, min_ns
             bounds = [b for b in (floor, min_ns) if b is not None]
             lower = max(bounds) if bounds else None
             got = reader.pending_calls(window.start_ns, window.end_ns, callers, input_type=filters.input_type,
-                                       min_ns=lower, max_ns=max_ns, may_call=filters.callee)
+                                       min_ns=lower, max_ns=max_ns, may_call=filters.callee, stage=filters.stage,
+                                       model=filters.model)
             if got is None:
                 return None
             pending = _calls_of_pair(reader, got, filters) if got else []

@@ -13,7 +13,10 @@ from typing import Any, Iterable
 import functools
 import json as _json
 import logging
+import re
 import time
+
+import orjson
 
 import numpy as np
 
@@ -42,6 +45,13 @@ class Filters:
     callee: str | None = None
     stage: str | None = None
     input_type: str | None = None
+    # A pair's model (the series' ``name``: a model call's requested model, '' otherwise).
+    model: str | None = None
+
+
+# Pair series written before they carried the calling span's stage have '' there: every
+# call was a CLIENT span then, counted as network.
+PAIR_STAGE_BEFORE = ""
 
 
 @dataclass(frozen=True)
@@ -246,6 +256,12 @@ class StoreReader:
             conds.append(Series.callee == f.callee)
         if f.stage and kind in ("op", "tstage"):
             conds.append(Series.stage == f.stage)
+        if f.stage and kind == "pair":
+            # the calling span's stage
+            conds.append(Series.stage.in_((f.stage, PAIR_STAGE_BEFORE)) if f.stage == "network"
+                         else Series.stage == f.stage)
+        if f.model and kind == "pair":
+            conds.append(Series.name == f.model)
         if f.input_type:
             conds.append(Series.input_type == f.input_type)
         return and_(*conds)
@@ -528,7 +544,6 @@ class StoreReader:
             conds.append(Span.stage == q.stage)
         if q.may_call is not None:
             child = aliased(Span)
-            named = _json.dumps(q.may_call, ensure_ascii=False)[1:-1]  # as it appears in attribute JSON
             # The callee's SERVER/CONSUMER spans starting around the window, read once (not
             # one look-up per walked span): their parent ids, matched by span id only (64
             # random bits; the caller checks each row exactly). A short window reads them
@@ -547,11 +562,9 @@ class StoreReader:
                 calls = select(child.id).where(
                     child.trace_id == Span.trace_id, child.parent_span_id == Span.span_id,
                     child.service.concat("") == q.may_call, child.kind.in_(CALLEE_KIND_CODES)).exists()
-            conds.append(or_(
-                # a name JSON escapes may be written differently: then no narrowing by text
-                contains_text_in(self.engine.dialect.name, Span.attributes, named) if named == q.may_call
-                else literal(True),
-                calls))
+            conds.append(or_(self._named_in_attributes(q.may_call), calls))
+        if q.model:
+            conds.append(self._of_model(q.model))
         if q.min_ns is not None:
             conds.append(Span.duration_ns >= q.min_ns)
         if q.max_ns is not None:
@@ -621,6 +634,25 @@ class StoreReader:
                         out.append(dict(r))
         return out
 
+    def spans_by_id(self, keys: Iterable[tuple[str, str]]) -> list[dict]:
+        """The spans with the given (trace_id, span_id) (candidate columns), through the
+        ``(trace_id, span_id)`` unique index: the parents a pair check needs."""
+        by_trace: dict[str, set[str]] = {}
+        for tid, sid in keys:
+            by_trace.setdefault(tid, set()).add(sid)
+        out: list[dict] = []
+        if not by_trace:
+            return out
+        cols = [Span.__table__.c[c] for c in _CANDIDATE_COLUMNS]
+        tids = sorted(by_trace)
+        with self._reads.connect() as conn:
+            for i in range(0, len(tids), 300):
+                chunk = tids[i : i + 300]
+                sids = sorted({sid for tid in chunk for sid in by_trace[tid]})
+                stmt = select(*cols).where(Span.trace_id.in_(chunk), Span.span_id.in_(sids))
+                out.extend(dict(r) for r in conn.execute(stmt).mappings() if r["span_id"] in by_trace[r["trace_id"]])
+        return out
+
     # -- a pair's calls (pair_calls, written by the settler) ----------------------------
     def pair_calls_complete_from(self) -> int:
         """The span start (ns) from which ``pair_calls`` holds every settled call: 0 for a
@@ -670,12 +702,14 @@ class StoreReader:
 
     def pending_calls(self, start_ns: int, end_ns: int, services: Iterable[str] = (), *,
                       input_type: str | None = None, min_ns: int | None = None, max_ns: int | None = None,
-                      may_call: str | None = None, max_traces: int = 20_000) -> list[dict] | None:
+                      may_call: str | None = None, stage: str | None = None, model: str | None = None,
+                      max_traces: int = 20_000) -> list[dict] | None:
         """CLIENT spans starting in the window of traces not settled yet (their calls are
         not in ``pair_calls``), of ``services`` when given, of traces whose row has
         ``input_type`` when given, narrowed to the spans that may call ``may_call`` as the
         raw-span search narrows them (a child span of that service, or the name in the
-        attributes; the caller checks each row exactly); None when more than ``max_traces``
+        attributes; the caller checks each row exactly), of ``stage`` and of calls that may be
+        of ``model`` when given; None when more than ``max_traces``
         traces would be read one by one (a backlog: search the raw spans instead).
 
         Pending traces that begin after the window are skipped (``first_start_ns``). The
@@ -705,14 +739,16 @@ class StoreReader:
                 one_by_one.extend(tid for _, tid in known)
             if len(one_by_one) > max_traces:
                 return None
+            extra = ([Span.stage == stage] if stage else []) + ([self._of_model(model)] if model else [])
             out = self._pending_calls_one_by_one(conn, sorted(one_by_one), start_ns, end_ns, services,
-                                                 input_type=input_type, min_ns=min_ns, max_ns=max_ns, may_call=may_call)
+                                                 input_type=input_type, min_ns=min_ns, max_ns=max_ns, may_call=may_call,
+                                                 extra=extra)
             if walk_from is not None:
                 seen = {r["_id"] for r in out}
                 walked = {tid for first, tid in known if first >= walk_from}
                 out.extend(r for r in self._pending_calls_walk(conn, buckets, walk_from, start_ns, end_ns,
                                                                input_type=input_type, min_ns=min_ns, max_ns=max_ns,
-                                                               may_call=may_call)
+                                                               may_call=may_call, extra=extra)
                            if r["trace_id"] in walked and r["_id"] not in seen)
         return out
 
@@ -761,10 +797,47 @@ class StoreReader:
         return total
 
     def _named_in_attributes(self, may_call: str):
-        """The callee's name in a span's attributes JSON, a plain substring test; always true
-        when JSON would write the name differently (then no narrowing by text)."""
-        named = _json.dumps(may_call, ensure_ascii=False)[1:-1]
-        return contains_text_in(self.engine.dialect.name, Span.attributes, named) if named == may_call else literal(True)
+        """Spans whose text may name ``may_call`` as settling names an uninstrumented callee
+        (``traces.trace_calls``): plain substring tests on the attributes and signals JSON,
+        true for a superset (the caller checks each row exactly):
+
+        * the name itself (``peer.service``, ``server.address``, a URL's ``host:port``);
+        * for ``host:port``, the host alone (the port is a separate attribute; an IPv6
+          literal is bracketed only in the name);
+        * a URL's host, lower-cased by the settler: case-folded, in spans with a URL key;
+        * a model call's provider, as the signals store it (lower-cased), and in spans
+          stored before signals were (their provider is read from the attributes).
+
+        Always true when JSON would write a needle differently (then no narrowing by text)."""
+        dialect = self.engine.dialect.name
+        hosts = [may_call]
+        port = _PORT_SUFFIX.match(may_call)
+        if port:
+            host = port.group(1)
+            hosts.append(host[1:-1] if host.startswith("[") and host.endswith("]") else host)
+        conds = []
+        for needle in dict.fromkeys(hosts):
+            if not needle or _json.dumps(needle, ensure_ascii=False)[1:-1] != needle:
+                return literal(True)
+            conds.append(contains_text_in(dialect, Span.attributes, needle))
+        lower = hosts[-1]
+        if lower == lower.lower():
+            urls = or_(*(contains_text_in(dialect, Span.attributes, f'"{k}"') for k in _URL_KEYS))
+            conds.append(and_(urls, contains_text_in(dialect, func.lower(Span.attributes, type_=String()), lower)))
+            conds.append(contains_text_in(dialect, Span.signals, '"provider":' + orjson.dumps(may_call).decode()))
+            conds.append(and_(Span.signals.is_(None), or_(*(contains_text_in(dialect, Span.attributes, f'"{k}')
+                                                           for k in _PROVIDER_KEY_PREFIXES))))
+        return or_(*conds)
+
+    def _of_model(self, model: str):
+        """Spans that may be calls of ``model``: the signals name it (``"model":...``), or a
+        span stored before signals were names it in its attributes (the caller checks
+        each row exactly)."""
+        dialect = self.engine.dialect.name
+        in_signals = contains_text_in(dialect, Span.signals, '"model":' + orjson.dumps(model).decode())
+        named = _json.dumps(model, ensure_ascii=False)[1:-1]
+        legacy = contains_text_in(dialect, Span.attributes, named) if named == model else literal(True)
+        return or_(in_signals, and_(Span.signals.is_(None), legacy))
 
     @staticmethod
     def _candidate_calls(conn: Connection, conds: list, input_type: str | None) -> list[dict]:
@@ -778,7 +851,7 @@ class StoreReader:
 
     def _pending_calls_walk(self, conn: Connection, buckets: dict[str, list[int]], walk_from: int, start_ns: int,
                             end_ns: int, *, input_type: str | None, min_ns: int | None, max_ns: int | None,
-                            may_call: str | None) -> list[dict]:
+                            may_call: str | None, extra: list = ()) -> list[dict]:
         """CLIENT spans of the services (service -> its buckets) starting in
         [max(start, walk_from), end) between the bounds, through the walk index bucket by
         bucket (settled traces' ones too: the caller keeps the pending traces')."""
@@ -798,7 +871,8 @@ class StoreReader:
         for service, theirs in buckets.items():
             if not theirs:
                 continue
-            conds = self._walk_conds(service, theirs, lo, end_ns, min_ns, max_ns) + [Span.kind == KIND_CLIENT_CODE]
+            conds = self._walk_conds(service, theirs, lo, end_ns, min_ns, max_ns) + [Span.kind == KIND_CLIENT_CODE,
+                                                                                      *extra]
             if narrowed is not None:
                 conds.append(narrowed)
             out.extend(self._candidate_calls(conn, conds, input_type))
@@ -806,7 +880,7 @@ class StoreReader:
 
     def _pending_calls_one_by_one(self, conn: Connection, tids: list[str], start_ns: int, end_ns: int,
                                   services: list[str], *, input_type: str | None, min_ns: int | None,
-                                  max_ns: int | None, may_call: str | None) -> list[dict]:
+                                  max_ns: int | None, may_call: str | None, extra: list = ()) -> list[dict]:
         """``pending_calls`` for the given traces, each trace's spans through the
         ``(trace_id, span_id)`` index."""
         child = aliased(Span)
@@ -825,7 +899,8 @@ class StoreReader:
         start, duration, service = Span.start_ns + 0, Span.duration_ns + 0, Span.service.concat("")
         for i in range(0, len(tids), PENDING_CHUNK):
             chunk = tids[i : i + PENDING_CHUNK]
-            conds = [Span.trace_id.in_(chunk), Span.kind == KIND_CLIENT_CODE, start >= start_ns, start < end_ns]
+            conds = [Span.trace_id.in_(chunk), Span.kind == KIND_CLIENT_CODE, start >= start_ns, start < end_ns,
+                     *extra]
             if services:
                 conds.append(service.in_(services))
             if min_ns is not None:
@@ -1302,6 +1377,8 @@ class SpanQuery:
     # CLIENT spans, narrowed in SQL so a busy caller's other calls are never paged through;
     # the caller checks each row exactly as settling pairs them.
     may_call: str | None = None
+    # Only spans that may be calls of this model (their signals name it; the caller checks).
+    model: str | None = None
 
 
 # Windows covering at least 1/N of the stored time range find their slowest spans and traces
@@ -1324,7 +1401,13 @@ TRACE_WALK_SHARE = 24
 
 
 _CANDIDATE_COLUMNS = ("trace_id", "span_id", "parent_span_id", "service", "name", "kind", "stage",
-                      "start_ns", "duration_ns", "status", "attributes")
+                      "start_ns", "duration_ns", "status", "attributes", "signals")
+
+# A callee named ``host:port`` (traces.address_callee); URL keys, whose host the settler
+# lower-cases; attribute key prefixes a model call's provider is read from.
+_PORT_SUFFIX = re.compile(r"^(.+):([0-9]{1,5})$")
+_URL_KEYS = ("url.full", "http.url")
+_PROVIDER_KEY_PREFIXES = ("gen_ai.", "llm.")
 
 
 _TRACE_SUMMARY_COLUMNS = ("trace_id", "root_service", "root_name", "start_ns", "duration_ns", "span_count",

@@ -15,7 +15,8 @@ Grouping rule (``group``), on findings of one evaluation:
   not name two different input types (every input type passes the gateway; two types' own
   findings each say where that type hurts).
 * **Causes** (every kind but the symptom kinds ``baseline_regression``, ``p99_band_break``,
-  ``hot_spot``) that overlap in time on a shared path form one incident.
+  ``hot_spot``) that overlap in time on a shared path form one incident (and so do two runs
+  of one kind and subject at most a detector block apart).
 * **A symptom folds under a cause** on a shared path whose span holds the symptom's onset
   (from one detector block before the cause's start, ``ONSET_SLACK_NS``, to its end): a cause
   explains what starts while it acts, not what was already going on. With several, the one
@@ -157,7 +158,12 @@ def group(findings: Iterable[dict], topo: Topology) -> list[list[dict]]:
     causes = [f for f in findings if is_cause(f)]
     symptoms = [f for f in findings if not is_cause(f)]
     linked = lambda a, b: overlap_ns(a, b) > 0 and same_path(a, b, topo)  # noqa: E731
-    cause_groups = [[causes[i] for i in g] for g in _components(causes, linked)]
+
+    def cause_linked(a: dict, b: dict) -> bool:
+        # (one detector's run broken by a quiet block is still one problem)
+        return _same_problem(a, b) or linked(a, b)
+
+    cause_groups = [[causes[i] for i in g] for g in _components(causes, cause_linked)]
     of_cause = {id(f): k for k, g in enumerate(cause_groups) for f in g}
     folded: list[list[dict]] = [[] for _ in cause_groups]
     left = []
@@ -277,6 +283,11 @@ def _same_finding(a: Mapping, b: Mapping) -> bool:
     return a["kind"] == b["kind"] and a["subject"] == b["subject"] and overlap_ns(a, b) >= 0
 
 
+def _same_problem(a: Mapping, b: Mapping) -> bool:
+    """The same kind and subject, overlapping or at most a detector block apart."""
+    return a["kind"] == b["kind"] and a["subject"] == b["subject"] and overlap_ns(a, b) >= -ONSET_SLACK_NS
+
+
 def pick(groups: list[list[dict]], headline: Mapping) -> list[dict] | None:
     """The group headed by ``headline``'s finding again (same kind and subject,
     overlapping), else the group holding it; None when it is not found there."""
@@ -377,11 +388,16 @@ def incidents(reader: StoreReader, window: Window, finder: Finder, filters: Filt
         return cache[w]
 
     first = group(finder(window) if found is None else found, topo_of(window))
-    out: dict[str, dict] = {}
-    for members in first:
-        members = judge(members, finder, topo_of)
-        inc_id = incident_id(members[0])
-        if inc_id in out or not matches_any(members, filters):
+    judged = [(members, judge(members, finder, topo_of)) for members in first]
+    # Incidents whose headline was found again first: another group judged over its own span
+    # may come back headed by a cut of the same finding, which is then the same incident.
+    # (then the larger: a run of a cause broken by a quiet block judged alone is part of it)
+    judged.sort(key=lambda mj: (not _same_finding(mj[1][0], mj[0][0]), -len(mj[1])))
+    kept: list[list[dict]] = []
+    for _, members in judged:
+        if any(_same_problem(members[0], f) for k in kept for f in k if is_cause(f) or f is k[0]):
             continue
-        out[inc_id] = build(members, None if is_cause(members[0]) else suspects(reader, members), prefix)
-    return sort_incidents(list(out.values()))
+        kept.append(members)
+    out = [build(m, None if is_cause(m[0]) else suspects(reader, m), prefix)
+           for m in kept if matches_any(m, filters)]
+    return sort_incidents(out)

@@ -251,9 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .anomalies_cmd import add_anomalies_parser
     from .cloud_cmd import add_cloud_parsers
     from .demo_cmd import add_demo_parser
+    from .incidents_cmd import add_incidents_parser
 
     add_demo_parser(sub)
     add_anomalies_parser(sub)
+    add_incidents_parser(sub)
 
     s = sub.add_parser("serve", help="the dashboard and /api/v1 (development server)")
     s.add_argument("--port", type=int, default=None, help="default: MODALSCOPE_PORT (8050)")

@@ -1,0 +1,111 @@
+"""`modalscope incidents [--since 1h | --range 1h] [--json]`: findings grouped into incidents
+(``app/incidents.py``), most severe first."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime
+
+
+def add_incidents_parser(sub) -> None:
+    """Register `modalscope incidents` on the CLI's subparsers."""
+    p = sub.add_parser("incidents", help="findings grouped into incidents, each under its likely cause "
+                                         "(most severe first)")
+    p.add_argument("--since", default=None, help="how far back to look: 15m, 1h, 2h, 24h, 7d (default 1h)")
+    p.add_argument("--range", default=None, help="the same as --since")
+    p.add_argument("--json", action="store_true", help="print the incidents as /api/v1/incidents does")
+    p.set_defaults(func=cmd_incidents)
+
+
+def human_ms(ms: float | None) -> str:
+    if ms is None:
+        return "-"
+    if ms >= 1000:
+        return f"{ms / 1000:.1f} s"
+    return f"{ms:.0f} ms" if ms >= 10 else f"{ms:.1f} ms"
+
+
+def human_span(start: str, end: str) -> str:
+    """``14:05–14:32 (27 min)``, with the date when it is not the end's."""
+    s = datetime.fromisoformat(start.replace("Z", "+00:00"))
+    e = datetime.fromisoformat(end.replace("Z", "+00:00"))
+    minutes = (e - s).total_seconds() / 60
+    length = f"{minutes:.0f} min" if minutes < 120 else f"{minutes / 60:.1f} h"
+    day = f"{s:%Y-%m-%d} " if s.date() != e.date() else ""
+    return f"{day}{s:%H:%M}–{e:%H:%M} ({length})"
+
+
+def _subject(subject: dict) -> str:
+    parts = []
+    for k, v in subject.items():
+        parts.append(f"{v.get('key')}={v.get('value')}" if isinstance(v, dict) else f"{k}={v}")
+    return ", ".join(parts)
+
+
+def _suspect(s: dict) -> str:
+    if "stage" in s:
+        return f"{s['stage']} {s['added_share'] * 100:.0f}% of added time"
+    return f"{s['key']}={s['value']} ×{s['lift']:.1f}"
+
+
+def format_incidents(incidents: list[dict]) -> str:
+    """A table: severity, span, headline kind and subject, folded findings, cause or suspects."""
+    rows = [("SEVERITY", "WHEN (UTC)", "HEADLINE", "FINDINGS", "CAUSE / SUSPECTS")]
+    for inc in incidents:
+        h = inc["headline"]
+        if inc["cause_known"]:
+            lead = f"cause: {h['kind']}"
+        elif inc["suspects"]:
+            lead = "suspects: " + "; ".join(_suspect(s) for s in inc["suspects"][:3])
+        else:
+            lead = "cause unknown"
+        rows.append((inc["severity"], human_span(inc["start"], inc["end"]), f"{h['kind']} {_subject(h['subject'])}",
+                     str(len(inc["findings"])), lead))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)
+
+
+def cmd_incidents(args) -> int:
+    from .app import incidents as inc
+    from .app.detectors import Thresholds
+    from .app.findings import MAX_WINDOW_S, find
+    from .app.params import ParamError, parse_window
+    from .cli import CommandError
+    from .models.engine import make_engine
+    from .models.reader import StoreReader
+    from .models.schema import ensure_schema
+    from .settings import Settings
+
+    if args.since and args.range:
+        raise CommandError("give either --since or --range, not both")
+    flag = "--range" if args.range else "--since"
+    since = args.range or args.since or "1h"
+    settings = Settings.from_env()
+    try:
+        window = parse_window({"range": since})
+    except ParamError as exc:
+        raise CommandError(f"{flag}: {exc.message.replace('range', flag)}") from None
+    if window.seconds > MAX_WINDOW_S:
+        raise CommandError(f"{flag}: at most {MAX_WINDOW_S // 86400}d (the detectors judge minute by minute)")
+    thresholds = Thresholds.from_env()
+    ensure_schema(settings.database_url, create=False)
+    engine = make_engine(settings.database_url)
+    try:
+        reader = StoreReader(engine)
+        found = inc.incidents(reader, window, lambda w: find(reader, w, th=thresholds))
+    finally:
+        engine.dispose()
+    if args.json:
+        json.dump(found, sys.stdout, indent=2, ensure_ascii=True)
+        print()
+        return 0
+    if not found:
+        print(f"no incidents in the last {since}")
+        return 0
+    print(format_incidents(found))
+    folded = sum(len(i["findings"]) for i in found)
+    counts = {s: sum(i["severity"] == s for i in found) for s in ("critical", "warning", "info")}
+    print(f"{len(found)} incidents ({counts['critical']} critical, {counts['warning']} warning, "
+          f"{counts['info']} info) from {folded} findings")
+    return 0

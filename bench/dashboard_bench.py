@@ -43,13 +43,15 @@ same way (``--baseline-runs``), and compared with ours: speed-up, and the larges
 error of any P50/P90/P95/P99 of any group (counts must match exactly):
 
 * ``/input-types``: the raw spans of every trace with a span in the window (not the
-  settler's ``traces`` table): start and duration from the root span, the input type by
-  DESIGN.md's rule re-stated here (``input_type_from_spans``), the traces starting in the
-  window grouped by input type;
-* ``/pairs``: CLIENT spans starting in the window joined to their SERVER/CONSUMER children;
-  the callee is the earliest child in another service, else the span's ``peer.service`` /
-  ``server.address`` / ``net.peer.name``, else the caller when a child is in its own service
-  (``ingest/traces.service_pairs``); the call's duration is the CLIENT span's;
+  settler's ``traces`` table): start and duration from the root span, the input type from
+  every span's stored signals as settling combines them (``input_type_from_signals``: the
+  root's first, then by start), the traces starting in the window grouped by input type;
+* ``/pairs``: the calls starting in the window as ``ingest/traces.trace_calls`` makes them
+  (``exact_pairs``): model calls and CLIENT spans joined to their SERVER/CONSUMER children
+  (the earliest child in another service, else a model call's provider, else the address
+  ladder of ``traces.address_callee``, else the caller when a child is in its own service;
+  a transport span under a model call of its service makes none), with the span's duration;
+  queue hand-offs from the producer's start to the consumer's end;
 * ``/stages``: spans starting in the window with their trace's input type (from its raw
   spans the same way), span durations grouped by (input type, stage).
 
@@ -668,76 +670,80 @@ def _quantile_rows(df, keys: tuple[str, ...], kind: str, extra: Callable | None 
     return out
 
 
-INPUT_TYPE_NAMES = ("text", "image", "multi_image", "audio", "unknown")
-
-
-def _number(value) -> float | None:
-    """A count attribute as a number ("2" counts; booleans, junk and non-finite do not)."""
-    if value is None or isinstance(value, bool):
+def _loads(text):
+    """A JSON column's value (None for NULL, '' or junk; pandas reads NULL as NaN)."""
+    if not isinstance(text, str) or not text:
         return None
     try:
-        number = float(value.strip() if isinstance(value, str) else value)
-    except (TypeError, ValueError):
+        return json.loads(text)
+    except ValueError:
         return None
-    return number if math.isfinite(number) else None
 
 
-def _named_input_type(attrs: dict) -> str | None:
-    value = attrs.get("mm.input_type")
-    if isinstance(value, str) and value.strip().lower() in INPUT_TYPE_NAMES:
-        return value.strip().lower()
-    return None
+def span_signals_of(signals: str | None, attributes: str | None) -> dict | None:
+    """A span's signals as settling reads them: the stored ones, else (a span stored before
+    signals were) those its attributes give (``ingest.traces.signals_of``)."""
+    from modalscope.ingest.records import SpanRecord
+    from modalscope.ingest.traces import legacy_signals
+
+    sig = _loads(signals)
+    if sig:
+        return sig if isinstance(sig, dict) else None
+    attrs = _loads(attributes)
+    if not isinstance(attrs, dict) or not attrs:
+        return None
+    return legacy_signals(SpanRecord("", "", None, "", "", 0, 0, 0, attributes=attrs))
 
 
-def input_type_from_spans(root: dict | None, named: list[tuple[int, dict]]) -> str:
-    """A trace's input type from its raw spans, re-stated from DESIGN.md ("Input types")
-    rather than taken from the settler: an explicit ``mm.input_type`` (the root's, then the
-    earliest span's), else the root's counts, else ``unknown``. ``named``: (start, attributes)
-    of the trace's spans that mention ``mm.input_type``."""
-    if root is not None and _named_input_type(root):
-        return _named_input_type(root)
-    for _, attrs in sorted(named, key=lambda e: e[0]):
-        if _named_input_type(attrs):
-            return _named_input_type(attrs)
-    if root is None:
-        return "unknown"
-    audio, images = _number(root.get("mm.audio_count")), _number(root.get("mm.image_count"))
-    if audio is not None and audio > 0:
-        return "audio"
-    if images is not None:
-        return "multi_image" if images >= 2 else "image" if images >= 1 else "text"
-    if audio is not None or "mm.prompt_chars" in root or any(k.startswith("gen_ai.") for k in root):
-        return "text"
-    return "unknown"
+def input_type_from_signals(root: dict | None, others: list[tuple[int, str, dict | None]]) -> str:
+    """A trace's input type from its spans' signals (DESIGN.md "Input types", the settler's
+    ``signals.trace_input_type``): the root's signals first, then the other spans' by start
+    (then span id, the settler's row order). ``others``: (start, span id, signals)."""
+    from modalscope.ingest.signals import trace_input_type
+
+    ordered = [sig for _, _, sig in sorted(others, key=lambda e: (e[0], e[1]))]
+    return trace_input_type(([root] if root is not None else []) + ordered)
+
+
+# Spans whose attributes settling reads again when they have no stored signals
+# (ingest.traces.LEGACY_SIGNAL_NEEDLES): only these rows' attributes are read.
+_LEGACY_LIKE = " OR ".join("attributes LIKE '%\"" + k.replace("_", "!_") + "%' ESCAPE '!'"
+                           for k in ("mm.input_type", "mm.image_count", "mm.audio_count", "mm.video_count",
+                                     "mm.prompt_chars", "gen_ai.", "openinference.", "llm."))
 
 
 def _raw_traces(conn, traces_sql: str, params: dict):
     """trace_id -> (start_ns, duration_ns, input type) from the raw spans of the traces that
     ``traces_sql`` (a SELECT of trace ids) names: the root (no parent; the earliest if several)
-    gives start and duration, a trace without one its spans' extent."""
+    gives start and duration, a trace without one its spans' extent; the input type from every
+    span's signals (``input_type_from_signals``)."""
     import pandas as pd
     from sqlalchemy import text
 
     spans = pd.read_sql(text(
-        "SELECT trace_id, parent_span_id, start_ns, duration_ns, "
-        "CASE WHEN parent_span_id IS NULL OR parent_span_id = '' OR attributes LIKE '%mm.input_type%' "
-        "THEN attributes ELSE '' END AS attributes "
+        "SELECT trace_id, span_id, parent_span_id, start_ns, duration_ns, signals, "
+        f"CASE WHEN signals IS NULL AND ({_LEGACY_LIKE}) THEN attributes ELSE NULL END AS attributes "
         f"FROM spans WHERE trace_id IN ({traces_sql})"), conn, params=params)
     spans["is_root"] = spans["parent_span_id"].isna() | (spans["parent_span_id"] == "")
     spans["end_ns"] = spans["start_ns"] + spans["duration_ns"]
-    roots = spans[spans["is_root"]].sort_values(["trace_id", "start_ns"]).drop_duplicates("trace_id")
+    roots = spans[spans["is_root"]].sort_values(["trace_id", "start_ns", "span_id"]).drop_duplicates("trace_id")
     extent = spans.groupby("trace_id").agg(first=("start_ns", "min"), last=("end_ns", "max"))
-    named: dict[str, list[tuple[int, dict]]] = {}
-    for tid, start, attrs in spans.loc[spans["attributes"].str.contains("mm.input_type", regex=False, na=False),
-                                       ["trace_id", "start_ns", "attributes"]].itertuples(index=False):
-        named.setdefault(tid, []).append((start, json.loads(attrs)))
+    said = spans[spans["signals"].notna() | spans["attributes"].notna()]
+    sigs: dict[str, list[tuple[int, str, dict | None]]] = {}
+    for tid, sid, start, signals, attributes in said[["trace_id", "span_id", "start_ns", "signals",
+                                                      "attributes"]].itertuples(index=False):
+        sig = span_signals_of(signals, attributes)
+        if sig:
+            sigs.setdefault(tid, []).append((start, sid, sig))
     out = {}
     root_of = {r.trace_id: r for r in roots.itertuples(index=False)}
     for tid, first, last in extent.itertuples():
         root = root_of.get(tid)
-        attrs = json.loads(root.attributes) if root is not None and root.attributes else ({} if root is not None else None)
         start, duration = (root.start_ns, root.duration_ns) if root is not None else (first, max(0, last - first))
-        out[tid] = (start, duration, input_type_from_spans(attrs, named.get(tid, [])))
+        mine = sigs.get(tid, [])
+        root_sig = next((sig for _, sid, sig in mine if sid == root.span_id), None) if root is not None else None
+        others = [e for e in mine if root is None or e[1] != root.span_id]
+        out[tid] = (start, duration, input_type_from_signals(root_sig, others))
     return out
 
 
@@ -771,57 +777,85 @@ def exact_stages(engine, window) -> dict[tuple, dict]:
     return _quantile_rows(df, KEYS["stages"], "stages")
 
 
-PEER_KEYS = ("peer.service", "server.address", "net.peer.name")
+# A consumer starts after its producer, give or take clock skew and the time in the queue:
+# consumers linked to a producer in the window are looked for this far around it.
+HANDOFF_SLACK_NS = HOUR_NS
 
 
-def _peer_of(attributes: str | None) -> str | None:
-    if not attributes:
-        return None
-    try:
-        attrs = json.loads(attributes)
-    except ValueError:
-        return None
-    if not isinstance(attrs, dict):
-        return None
-    for key in PEER_KEYS:
-        v = attrs.get(key)
-        if v is not None and not isinstance(v, (dict, list)):
-            text = str(v).strip()
-            if text:
-                return text
-    return None
+def _text_value(sig: dict | None, key: str) -> str:
+    value = (sig or {}).get(key)
+    return "" if value is None or isinstance(value, (dict, list, bool)) else str(value).strip()
 
 
 def exact_pairs(engine, window) -> dict[tuple, dict]:
+    """Per (caller, callee), the calls starting in the window (DESIGN.md "Service pairs",
+    as ``ingest.traces.trace_calls`` makes them): a model call (signals ``call``, any kind but
+    SERVER/CONSUMER) or a CLIENT span names its callee by its earliest SERVER/CONSUMER child
+    in another service, else (a model call) its provider, else its address
+    (``traces.address_callee``), else its own service when a child is in it; a transport
+    span that took its stage from a model-call parent of its service, with no such child,
+    makes none. A CONSUMER span's hand-off from its PRODUCER parent, else from the earliest
+    PRODUCER its links name, runs from the producer's start to the consumer's end."""
     import pandas as pd
-    from sqlalchemy import text
+    from sqlalchemy import bindparam, text
 
-    # A CLIENT span with its SERVER/CONSUMER children; its attributes only where no child in
-    # another service names the callee (they are needed only then).
+    from modalscope.ingest.traces import address_callee
+
+    a, b = window.start_ns, window.end_ns
     sql = text(
-        "SELECT c.trace_id AS trace_id, c.span_id AS span_id, c.service AS caller, c.duration_ns AS duration_ns, "
-        "c.status AS status, k.service AS child_service, k.start_ns AS child_start, "
-        "CASE WHEN k.service IS NULL OR k.service = c.service THEN c.attributes END AS attributes "
+        "SELECT c.trace_id AS trace_id, c.span_id AS span_id, c.parent_span_id AS parent_span_id, "
+        "c.service AS caller, c.kind AS kind, c.duration_ns AS duration_ns, c.status AS status, "
+        "c.signals AS signals, k.service AS child_service, k.start_ns AS child_start, "
+        "CASE WHEN k.service IS NULL OR k.service = c.service OR c.signals IS NULL THEN c.attributes END AS attributes "
         "FROM spans c LEFT JOIN spans k ON k.trace_id = c.trace_id AND k.parent_span_id = c.span_id "
         "AND k.kind IN (2, 5) AND k.span_id <> c.span_id "
-        "WHERE c.kind = 3 AND c.start_ns >= :a AND c.start_ns < :b")
+        "WHERE c.start_ns >= :a AND c.start_ns < :b AND (c.kind = 3 OR (c.kind NOT IN (2, 5) AND "
+        f"(c.signals LIKE '%\"call\"%' OR (c.signals IS NULL AND ({_LEGACY_LIKE.replace('attributes', 'c.attributes')})))))")
     with engine.connect() as conn:
-        df = pd.read_sql(sql, conn, params={"a": window.start_ns, "b": window.end_ns})
+        df = pd.read_sql(sql, conn, params={"a": a, "b": b})
+        heirs = df[df["signals"].str.contains('"inh"', regex=False, na=False)]
+        parents = {}
+        keys = sorted({(t, p) for t, p in heirs[["trace_id", "parent_span_id"]].itertuples(index=False) if p})
+        for i in range(0, len(keys), 500):
+            chunk = keys[i : i + 500]
+            tids = sorted({t for t, _ in chunk})
+            rows = conn.execute(text(
+                "SELECT trace_id, span_id, service, signals, attributes FROM spans "
+                "WHERE trace_id IN :t AND span_id IN :s").bindparams(bindparam("t", expanding=True),
+                                                                     bindparam("s", expanding=True)),
+                {"t": tids, "s": sorted({p for _, p in chunk})}).all()
+            for tid, sid, service, signals, attributes in rows:
+                parents[(tid, sid)] = (service, span_signals_of(signals, attributes))
+        handoffs = _handoffs(conn, a, b)
     ids = ["trace_id", "span_id"]
-    clients = df.drop_duplicates(ids)[ids + ["caller", "duration_ns", "status"]]
-    other = df[df["child_service"].notna() & (df["child_service"] != df["caller"])]
-    other = other.sort_values("child_start", kind="stable").drop_duplicates(ids)[ids + ["child_service"]]
-    same = df[df["child_service"].notna() & (df["child_service"] == df["caller"])].drop_duplicates(ids)[ids]
-    same = same.assign(has_own_child=True)
-    attrs = df[df["attributes"].notna()].drop_duplicates(ids)[ids + ["attributes"]]
-    m = clients.merge(other, on=ids, how="left").merge(attrs, on=ids, how="left").merge(same, on=ids, how="left")
-    need = m["child_service"].isna()
-    peer = m.loc[need, "attributes"].map(_peer_of)
-    m["callee"] = m["child_service"]
-    m.loc[need, "callee"] = peer
-    own = m["callee"].isna() & m["has_own_child"].eq(True)
-    m.loc[own, "callee"] = m.loc[own, "caller"]
-    m = m[m["callee"].notna()]
+    calls = []
+    for (tid, sid), g in df.groupby(ids, sort=False):
+        first = g.iloc[0]
+        caller, kind = first["caller"], int(first["kind"])
+        sig = span_signals_of(first["signals"], g["attributes"].dropna().iloc[0] if g["attributes"].notna().any()
+                              else None)
+        model_call = bool(sig and sig.get("call")) and kind not in (2, 5)
+        kids = g[g["child_service"].notna()]
+        if not model_call:
+            if kind != 3:
+                continue
+            if sig and sig.get("inh") and kids.empty and first["parent_span_id"]:
+                parent = parents.get((tid, first["parent_span_id"]))
+                if parent is not None and parent[0] == caller and parent[1] and parent[1].get("call"):
+                    continue  # its time is the model call's
+        other = kids[kids["child_service"] != caller].sort_values("child_start", kind="stable")
+        if len(other):
+            callee = other.iloc[0]["child_service"]
+        else:
+            attrs = _loads(g["attributes"].dropna().iloc[0]) if g["attributes"].notna().any() else None
+            callee = (_text_value(sig, "provider") if model_call else "") or \
+                address_callee(attrs if isinstance(attrs, dict) else {})
+            if not callee and len(kids):
+                callee = caller
+        if callee:
+            calls.append((caller, callee, int(first["duration_ns"]), int(first["status"])))
+    calls.extend(handoffs)
+    m = pd.DataFrame(calls, columns=["caller", "callee", "duration_ns", "status"])
 
     def errors(out):
         err = (m["status"] == 2).groupby([m["caller"], m["callee"]]).mean()
@@ -829,6 +863,51 @@ def exact_pairs(engine, window) -> dict[tuple, dict]:
             out[key]["error_rate"] = float(v)
 
     return _quantile_rows(m, KEYS["pairs"], "pairs", errors)
+
+
+def _handoffs(conn, a: int, b: int) -> list[tuple[str, str, int, int]]:
+    """(producer's service, consumer's service, producer start to consumer end, 2 when
+    either failed) of the hand-offs whose producer starts in [a, b)."""
+    from sqlalchemy import bindparam, text
+
+    from modalscope.ingest.traces import link_targets
+
+    consumers = conn.execute(text(
+        "SELECT c.trace_id, c.span_id, c.service, c.start_ns + c.duration_ns, c.status, c.links, "
+        "p.kind, p.service, p.start_ns, p.status "
+        "FROM spans c LEFT JOIN spans p ON p.trace_id = c.trace_id AND p.span_id = c.parent_span_id "
+        "WHERE c.kind = 5 AND c.start_ns >= :lo AND c.start_ns < :hi"),
+        {"lo": a - HANDOFF_SLACK_NS, "hi": b + HANDOFF_SLACK_NS}).all()
+    out = []
+    wanted: dict[tuple, list] = {}
+    for tid, sid, service, end, status, links, pkind, pservice, pstart, pstatus in consumers:
+        if pkind == 4:
+            if a <= pstart < b:
+                out.append((pservice, service, max(0, end - pstart), 2 if 2 in (pstatus, status) else 0))
+            continue
+        targets = [(t, s) for t, s in link_targets(_loads(links)) if (t, s) != (tid, sid)]
+        if targets:
+            wanted[(tid, sid)] = [service, end, status, targets]
+    keys = sorted({t for v in wanted.values() for t in v[3]})
+    found = {}
+    for i in range(0, len(keys), 500):
+        chunk = keys[i : i + 500]
+        stmt = text("SELECT trace_id, span_id, kind, service, start_ns, status FROM spans "
+                    "WHERE trace_id IN :t AND span_id IN :s").bindparams(bindparam("t", expanding=True),
+                                                                         bindparam("s", expanding=True))
+        for tid, sid, kind, service, start, status in conn.execute(
+                stmt, {"t": sorted({t for t, _ in chunk}), "s": sorted({s for _, s in chunk})}):
+            found[(tid, sid)] = (kind, service, start, status)
+    for service, end, status, targets in wanted.values():
+        best = None
+        for t, s in targets:
+            p = found.get((t, s))
+            if p is not None and p[0] == 4 and (best is None or (p[2], t, s) < best[0]):
+                best = ((p[2], t, s), p)
+        if best is not None and a <= best[1][2] < b:
+            _, pservice, pstart, pstatus = best[1]
+            out.append((pservice, service, max(0, end - pstart), 2 if 2 in (pstatus, status) else 0))
+    return out
 
 
 def _cache_hit(value) -> bool | None:

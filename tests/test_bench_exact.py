@@ -1,11 +1,12 @@
 """The benchmark's exact answers come from the raw spans alone (bench/dashboard_bench.py):
-its input-type and cache.hit rules, re-stated from DESIGN.md, must agree with the settler's,
-its per-input-type counts with the traces the settler wrote, and its cache answer with the
-cache view's."""
+its input-type, pair and cache.hit rules must agree with the settler's, its per-input-type
+counts with the traces the settler wrote, its pairs with the pair rollups, and its cache
+answer with the cache view's."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import sys
 import time
@@ -17,6 +18,7 @@ from sqlalchemy import func, select
 from modalscope.app.params import Window
 from modalscope.ingest import demo
 from modalscope.ingest.records import SpanRecord
+from modalscope.ingest.signals import span_signals
 from modalscope.ingest.settle import settle
 from modalscope.ingest.traces import input_type_of
 from modalscope.models import Trace
@@ -47,27 +49,44 @@ def _attrs(draw_counts, draw_name, prompt, gen_ai):
     if prompt:
         a["mm.prompt_chars"] = 10
     if gen_ai:
+        a["gen_ai.operation.name"] = "chat"
         a["gen_ai.request.model"] = "m"
     return a
 
 
+PARTS = st.sampled_from([None, '[{"parts":[{"modality":"image"}]}]',
+                         '[{"parts":[{"modality":"image"},{"modality":"image"}]}]',
+                         '[{"parts":[{"modality":"audio"}]}]', '[{"parts":[{"type":"text"}]}]'])
+
+
 @settings(max_examples=400, deadline=None)
 @given(root=st.none() | st.tuples(st.tuples(COUNTS, COUNTS), NAMES, st.booleans(), st.booleans()),
-       others=st.lists(st.tuples(st.integers(0, 5), NAMES), max_size=4))
-def test_the_benchs_input_type_rule_agrees_with_the_settlers(root, others):
+       others=st.lists(st.tuples(st.integers(0, 5), NAMES, PARTS, st.tuples(COUNTS, COUNTS), st.booleans()),
+                       max_size=4),
+       stored=st.booleans())
+def test_the_benchs_input_type_rule_agrees_with_the_settlers(root, others, stored):
+    """Any span may say the input type (explicit names, counts, a model request's parts);
+    spans stored with signals or before signals were (read from their attributes)."""
     tid = "ab" * 16
-    spans, named = [], []
+    spans = []
     if root is not None:
-        attrs = _attrs(*root)
-        spans.append(SpanRecord(tid, "0" * 15 + "1", None, "gw", "POST", 2, 100, 900, 0, attributes=attrs))
-    for i, (start, name) in enumerate(others):
-        attrs = {} if name is None else {"mm.input_type": name}
-        spans.append(SpanRecord(tid, f"{i + 2:016x}", "0" * 15 + "1", "svc", "op", 1, 100 + start, 500, 0,
+        spans.append(SpanRecord(tid, "0" * 15 + "1", None, "gw", "POST", 2, 100, 900, 0, attributes=_attrs(*root)))
+    for i, (start, name, parts, counts, call) in enumerate(others):
+        attrs = _attrs(counts, name, False, call)
+        if parts is not None:
+            attrs.update({"gen_ai.operation.name": "chat", "gen_ai.input.messages": parts})
+        spans.append(SpanRecord(tid, f"{i + 2:016x}", "0" * 15 + "1", "svc", "op", 3, 100 + start, 500, 0,
                                 attributes=attrs))
-        if "mm.input_type" in attrs:
-            named.append((100 + start, attrs))
-    root_attrs = spans[0].attributes if root is not None else None
-    assert BENCH.input_type_from_spans(root_attrs, named) == input_type_of(spans)
+    rows = []
+    for s in spans:
+        sig = span_signals(s)
+        if stored:
+            s.signals = sig
+        rows.append((s, json.dumps(sig) if stored and sig else None, None if stored else json.dumps(s.attributes)))
+    root_sig = BENCH.span_signals_of(rows[0][1], rows[0][2]) if root is not None else None
+    others_in = [(s.start_ns, s.span_id, BENCH.span_signals_of(sig, attrs)) for s, sig, attrs in rows
+                 if root is None or s is not spans[0]]
+    assert BENCH.input_type_from_signals(root_sig, others_in) == input_type_of(spans)
 
 
 def test_exact_input_types_from_raw_spans_count_the_settled_traces(engine):
@@ -81,6 +100,30 @@ def test_exact_input_types_from_raw_spans_count_the_settled_traces(engine):
             Trace.start_ns >= window.start_ns, Trace.start_ns < window.end_ns).group_by(Trace.input_type)).all())
     assert {k[0]: v["count"] for k, v in exact.items()} == want
     assert len(want) >= 3
+
+
+def test_exact_pairs_from_raw_spans_are_the_settled_pairs(engine):
+    """Demo traffic (model calls with and without an instrumented server, transport spans
+    under them, uninstrumented databases and object stores named by address and URL, queue
+    hand-offs in linked traces): the bench's pairs from the raw spans are the rollups'
+    pairs, with the same counts and error rates and percentiles within the sketch's error."""
+    from modalscope.app import queries
+    from modalscope.models.reader import StoreReader
+
+    config = demo.DemoConfig(now_ns=(time.time_ns() // MIN - 5) * MIN, seed=7, hours=0.25, rate=1.0)
+    demo.fill(engine, config)
+    settle(engine, force=True)
+    window = Window(config.start_ns + 3 * MIN, config.end_ns - 2 * MIN)
+    exact = BENCH.exact_pairs(engine, window)
+    ours = {(r["caller"], r["callee"]): r for r in queries.pairs(StoreReader(engine), window)}
+    assert {k: v["count"] for k, v in exact.items()} == {k: v["count"] for k, v in ours.items()}
+    for key, want in exact.items():
+        assert ours[key]["error_rate"] == round(want["error_rate"], 6)
+        for name in ("p50_ms", "p99_ms"):
+            assert abs(ours[key][name] - want[name]) <= 0.05 * want[name] + 0.01, (key, name)
+    callees = {k[1] for k in exact}
+    assert {"gemini", "llm", "metering"} <= callees  # a provider, a model server, a hand-off
+    assert any(c.endswith(":5432") for c in callees) and any(c.endswith(":9000") for c in callees)
 
 
 HITS = st.sampled_from([True, False, 0, 1, 2, -1, 0.0, 0.5, math.inf, float("nan"), "true", " HIT ", "yes", "1",

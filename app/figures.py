@@ -655,3 +655,34 @@ def evidence_figure(rows: Sequence[dict], start: datetime | None, end: datetime 
         layout["shapes"] = [{"type": "rect", "x0": start, "x1": end, "xref": "x", "y0": 0, "y1": 1,
                              "yref": "y domain", "fillcolor": DANGER, "opacity": 0.12, "line": {"width": 0}}]
     return dict_figure(data, layout, height=height)
+
+
+# -- tokens ------------------------------------------------------------------------------
+TOKEN_COLORS = {True: "#f59e0b", False: "#3b82f6"}  # with image tokens / without
+
+
+def tokens_latency_scatter(points: Sequence[dict]) -> go.Figure:
+    """Model calls' duration against their input tokens (``tokens.scatter_points``), one
+    colour for calls with image tokens and one for calls without."""
+    if not points:
+        return empty_figure("No model calls with token usage for this selection in this window.")
+    div, unit = time_unit(max(p["y"] for p in points))
+    fig = go.Figure()
+    for image in (False, True):
+        sub = [p for p in points if p["image"] is image]
+        if not sub:
+            continue
+        name = "with image tokens" if image else "no image tokens"
+        fig.add_trace(go.Scatter(
+            x=[p["x"] for p in sub], y=[p["y"] / div for p in sub], mode="markers", name=name,
+            marker=dict(color=TOKEN_COLORS[image], size=5, opacity=0.6),
+            customdata=[p["trace_id"] for p in sub],
+            text=[f"{plot_text(p['model'] or 'model')} · {p['x']:,} tokens in"
+                  + (f" ({p['image_tokens']:,} image)" if image else "") + f" · {fmt_ms(p['y'])}" for p in sub],
+            hovertemplate="%{text}<extra></extra>",
+        ))
+    base_layout(fig, height=340)
+    fig.update_xaxes(title_text="input tokens", rangemode="tozero", separatethousands=True)
+    fig.update_yaxes(title_text=f"model call duration ({unit})", rangemode="tozero")
+    fig.update_layout(hovermode="closest")
+    return fig

@@ -24,6 +24,12 @@ from ..models.dialect import contains_text_in
 from ..models.reader import Filters, RollupGroup, RollupQuery, StoreReader
 from .params import Window
 
+# Component ids of the token panels (the overview's table, the drilldown's scatter).
+OV_TOKENS = "overview-tokens"
+OV_TOKENS_TABLE = "overview-tokens-table"
+DD_TOKENS = "drilldown-tokens"
+DD_TOKENS_NOTE = "drilldown-tokens-note"
+
 MODALITIES = ("text", "image", "audio", "video")
 INPUT_KEYS = TOKEN_KEYS  # the modalities, then "total"
 OUTPUT_KEY = "output"
@@ -138,20 +144,25 @@ def _slices(start_ns: int, end_ns: int, n: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(edges, edges[1:]) if b > a]
 
 
-def sample_model_calls(reader: StoreReader, window: Window, filters: Filters = Filters(),
-                       limit: int = SAMPLE_LIMIT, slices: int = SAMPLE_SLICES) -> list[dict]:
+def sample_model_calls(reader: StoreReader, window: Window, filters: Filters = Filters(), *,
+                       model: str | None = None, limit: int = SAMPLE_LIMIT,
+                       slices: int = SAMPLE_SLICES) -> list[dict]:
     """Up to ``limit`` model-call spans with token usage starting in the window, the first
     ``limit / slices`` of each of ``slices`` equal time slices (so the sample covers the
     window; each slice is one walk of the ``start_ns`` index that stops at its quota).
 
-    A row: ``trace_id``, ``span_id``, ``service``, ``name``, ``start_ns``, ``duration_ns``,
-    ``signals`` (parsed). Spans of kind SERVER/CONSUMER are the serving side, not calls.
+    A row: ``trace_id``, ``span_id``, ``parent_span_id``, ``service``, ``name``,
+    ``start_ns``, ``duration_ns``, ``signals`` (parsed). Spans of kind SERVER/CONSUMER are
+    the serving side, not calls; a model call wrapping another sampled one is left out
+    (``drop_wrappers``).
     ``filters``: ``service`` (the calling service or the call's callee), ``caller`` (the
     calling service), ``callee`` (the pair a settled CLIENT call counts in, else the
-    provider), ``stage`` (the span's) and ``input_type`` (its trace's, once settled).
+    provider), ``stage`` (the span's) and ``input_type`` (its trace's, once settled);
+    ``model`` the requested model.
     """
     if window.end_ns <= window.start_ns or limit <= 0:
         return []
+    model = model or getattr(filters, "model", None)  # the drilldown's model facet, where Filters has it
     per_slice = max(1, -(-limit // max(1, slices)))
     out: list[dict] = []
     with reader.engine.connect() as conn:
@@ -169,12 +180,16 @@ def sample_model_calls(reader: StoreReader, window: Window, filters: Filters = F
                              and_(pair_callee.is_(None), contains_text_in(dialect, Span.signals, provider))))
         if filters.stage:
             conds.append(Span.stage == filters.stage)
+        if model:
+            conds.append(contains_text_in(dialect, Span.signals, '"model":' + orjson.dumps(model).decode()))
         if filters.input_type:
             conds.append(select(Trace.input_type).where(Trace.trace_id == Span.trace_id).scalar_subquery()
                          == filters.input_type)
-        cols = (Span.trace_id, Span.span_id, Span.service, Span.name, Span.start_ns, Span.duration_ns, Span.signals,
-                pair_callee.label("pair_callee"))
+        cols = (Span.trace_id, Span.span_id, Span.parent_span_id, Span.service, Span.name, Span.start_ns,
+                Span.duration_ns, Span.signals, pair_callee.label("pair_callee"))
         for a, b in _slices(window.start_ns, window.end_ns, slices):
+            if len(out) >= limit:
+                break
             stmt = (select(*cols).where(Span.start_ns >= a, Span.start_ns < b, *conds)
                     .order_by(Span.start_ns).limit(per_slice))
             for r in conn.execute(stmt):
@@ -183,11 +198,32 @@ def sample_model_calls(reader: StoreReader, window: Window, filters: Filters = F
                     continue
                 if filters.callee and r.pair_callee is None and sig.get("provider") != filters.callee.lower():
                     continue
-                out.append({"trace_id": r.trace_id, "span_id": r.span_id, "service": r.service, "name": r.name,
-                            "start_ns": r.start_ns, "duration_ns": r.duration_ns, "signals": sig})
-                if len(out) >= limit:
-                    return out
-    return out
+                if model and sig.get("model") != model:
+                    continue
+                out.append({"trace_id": r.trace_id, "span_id": r.span_id, "parent_span_id": r.parent_span_id,
+                            "service": r.service, "name": r.name, "start_ns": r.start_ns,
+                            "duration_ns": r.duration_ns, "signals": sig})
+    return drop_wrappers(out[:limit])
+
+
+def drop_wrappers(rows: list[dict]) -> list[dict]:
+    """Pure: the rows without model calls that wrap another sampled row of their trace and
+    service (two instrumentations of one call, ``traces.trace_calls``): parents are
+    followed through the sampled rows only, so a wrapper whose inner span fell outside the
+    sample stays."""
+    by_id = {(r["trace_id"], r["span_id"]): r for r in rows}
+    outer: set[tuple[str, str]] = set()
+    for r in rows:
+        seen = {r["span_id"]}
+        pid = r.get("parent_span_id")
+        while pid and pid not in seen:
+            parent = by_id.get((r["trace_id"], pid))
+            if parent is None or parent["service"] != r["service"]:
+                break
+            outer.add((r["trace_id"], pid))
+            seen.add(pid)
+            pid = parent.get("parent_span_id")
+    return [r for r in rows if (r["trace_id"], r["span_id"]) not in outer] if outer else rows
 
 
 def _parsed(raw: str | None) -> dict | None:

@@ -1,5 +1,6 @@
 """Overview (``/``): the seed's input-type table computed live against a baseline, request
-rate and P99 over time, and room for the top findings.
+rate and P99 over time, room for the top findings, and tokens per request by input type
+and model.
 
 URL state: the window and filters, ``baseline=text:320:410,image:1300:2100,...`` (P50 and
 P95 in ms per input type; unnamed types keep the seed's figures) and ``margin`` (percent
@@ -12,7 +13,7 @@ import dash
 from dash import Input, Output, State, dcc, html
 
 from modalscope.app import components as c
-from modalscope.app import figures, ids, links, queries
+from modalscope.app import figures, ids, links, queries, tokens
 from modalscope.app import state as st
 from modalscope.app.panels import baseline_status
 from modalscope.app.units import fmt_count, fmt_ms, fmt_pct
@@ -39,6 +40,8 @@ def layout(**query):
             c.panel("Top findings", c.loading(html.Div(id=ids.OV_FINDINGS)),
                     actions=dcc.Link("all findings", href=st.to_href("/anomalies", st.carried(state)))),
         ]),
+        c.panel("Tokens per request by input type and model", c.loading(html.Div(id=tokens.OV_TOKENS)),
+                actions=html.Span("mean tokens a model call, from the calls' reported usage", className="ms-note")),
     ])
 
 
@@ -112,6 +115,26 @@ def _fill(state):
     else:
         table = html.Div([*notes, overview_table(rows, state, margin)])
     return table, figures.traffic_figure(traffic)
+
+
+def tokens_table(rows: list[dict]) -> html.Table:
+    """Per input type and model: model calls that reported usage, mean input tokens a call
+    per modality and mean output tokens a call (``tokens.model_tokens`` rows)."""
+    return c.text_table(tokens.table_columns(rows), [tokens.table_cells(r) for r in rows], id=tokens.OV_TOKENS_TABLE)
+
+
+@dash.callback(
+    Output(tokens.OV_TOKENS, "children"),
+    Input(ids.OV_STATE, "data"),
+)
+def _tokens(state):
+    res = st.resolve(state or {})
+    rows = tokens.model_tokens(c.reader(), res.window, res.filters)
+    if not rows:
+        return c.empty_state("No token usage in this window.",
+                             "Model calls report it as gen_ai.usage.* (OTel GenAI) or llm.token_count.* "
+                             "(OpenInference) attributes.")
+    return tokens_table(rows)
 
 
 @dash.callback(

@@ -1362,10 +1362,63 @@ def expected_traces(config: DemoConfig) -> int:
     return sum(n + g for n, g in _Schedule(config, plan).counts())
 
 
-def fill(engine, config: DemoConfig, rules=None, progress: Callable[[int], Any] | None = None) -> FillResult:
+#: Fills at least this long generate in a child process while this one writes (generating
+#: is a tenth of a fill's time, and the writer leaves the second core idle).
+BACKGROUND_MIN_TRACES = 20_000
+_DONE = b""
+
+
+def _generate_to(queue, config: DemoConfig) -> None:
+    """A child process's work: the history window's requests onto ``queue``, then _DONE (or
+    the error's text, as a str)."""
+    try:
+        for item in _iter_blocks(config):
+            queue.put(item)
+        queue.put(_DONE)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
+        queue.put(f"{type(exc).__name__}: {exc}")
+
+
+def _generated(config: DemoConfig, background: bool | None) -> Iterator[tuple[bytes, int, int, int]]:
+    """``_iter_blocks(config)``, from a child process when ``background`` (None: for fills of
+    at least BACKGROUND_MIN_TRACES requests), the same items in the same order; in this
+    process otherwise or where no child can start."""
+    import multiprocessing
+
+    if background is None:
+        background = expected_traces(config) >= BACKGROUND_MIN_TRACES
+    if not background:
+        yield from _iter_blocks(config)
+        return
+    ctx = multiprocessing.get_context("spawn")  # no fork: the caller may hold threads and connections
+    queue = ctx.Queue(maxsize=8)
+    child = ctx.Process(target=_generate_to, args=(queue, config), name="modalscope-demo-generate", daemon=True)
+    try:
+        child.start()
+    except OSError:
+        yield from _iter_blocks(config)
+        return
+    try:
+        while True:
+            item = queue.get()
+            if item == _DONE:
+                break
+            if isinstance(item, str):
+                raise RuntimeError(f"demo traffic generation failed: {item}")
+            yield item
+        child.join()
+    finally:
+        if child.is_alive():
+            child.terminate()
+            child.join()
+
+
+def fill(engine, config: DemoConfig, rules=None, progress: Callable[[int], Any] | None = None,
+         background: bool | None = None) -> FillResult:
     """Generate the history window into ``engine``: decode -> tag -> write, request by
     request (as a receiver would). Settle afterwards (``settle(engine, force=True)``).
-    ``progress`` is called with the user requests each OTLP request held."""
+    ``progress`` is called with the user requests each OTLP request held; ``background``
+    generates in a child process (None: when the fill is large)."""
     from .otlp import decode_protobuf
     from .stages import default_rules
     from .writer import write_spans
@@ -1373,7 +1426,7 @@ def fill(engine, config: DemoConfig, rules=None, progress: Callable[[int], Any] 
     rules = rules or default_rules()
     result = FillResult()
     t0 = time.perf_counter()
-    for payload, n_traces, n_spans, n_requests in _iter_blocks(config):
+    for payload, n_traces, n_spans, n_requests in _generated(config, background):
         decoded = decode_protobuf(payload, source="otlp")
         rules.tag(decoded.spans)
         written = write_spans(engine, decoded.spans, now_ns=config.now_ns)

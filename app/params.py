@@ -19,7 +19,7 @@ DEFAULT_RANGE = "1h"
 _RANGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _HEX32 = re.compile(r"^[0-9a-fA-F]{32}$")
-FILTER_NAMES = ("service", "caller", "callee", "stage", "input_type")
+FILTER_NAMES = ("service", "caller", "callee", "stage", "input_type", "model")
 MAX_FILTER_LEN = 1024
 
 

@@ -32,19 +32,33 @@ def _ms(ns: float | None) -> float | None:
 
 
 def pairs(reader: StoreReader, window: Window, filters: Filters = Filters()) -> list[dict]:
-    """Service pairs: a call is the CLIENT span (its duration and status); busiest first."""
-    if filters.stage and filters.stage != "network":
-        return []  # calls are network-stage spans; any other stage has no pairs
-    groups = reader.rollups(RollupQuery("pair", window.start_ns, window.end_ns, filters, ("caller", "callee")))
-    out = []
+    """Service pairs (``traces.trace_calls``: CLIENT spans, model calls, queue hand-offs),
+    busiest first, each with the ``models`` its calls requested (sorted; [] for none).
+    A ``stage`` filter keeps the calls whose calling span is in that stage (a model call:
+    inference, or encoder for embeddings); ``model`` keeps that model's calls."""
+    groups = reader.rollups(RollupQuery("pair", window.start_ns, window.end_ns, filters,
+                                        ("caller", "callee", "name")))
+    merged: dict[tuple[str, str], list] = {}
     for g in groups:
         if g.count <= 0:
             continue
-        p50, p90, p99 = g.histogram.quantiles([0.5, 0.9, 0.99])
+        caller, callee, model = g.key
+        m = merged.get((caller, callee))
+        if m is None:
+            m = merged[(caller, callee)] = [0, 0, Histogram(), set()]
+        m[0] += g.count
+        m[1] += g.error_count
+        m[2].merge(g.histogram)
+        if model:
+            m[3].add(model)
+    out = []
+    for (caller, callee), (count, errors, hist, models) in merged.items():
+        p50, p90, p99 = hist.quantiles([0.5, 0.9, 0.99])
         out.append({
-            "caller": g.key[0], "callee": g.key[1], "count": g.count,
+            "caller": caller, "callee": callee, "count": count,
             "p50_ms": _ms(p50), "p90_ms": _ms(p90), "p99_ms": _ms(p99),
-            "error_rate": round(g.error_count / g.count, 6),
+            "error_rate": round(errors / count, 6),
+            "models": sorted(models),
         })
     out.sort(key=lambda r: (-r["count"], r["caller"], r["callee"]))
     return out
@@ -271,7 +285,8 @@ def subject_label(filters: Filters) -> str:
     subject = subject_of(filters)
     it = f" ({filters.input_type} requests)" if filters.input_type else ""
     if subject == "pair":
-        return f"calls {filters.caller or 'any'} → {filters.callee or 'any'}{it}"
+        model = f" of model {filters.model}" if filters.model else ""
+        return f"calls {filters.caller or 'any'} → {filters.callee or 'any'}{model}{it}"
     if subject == "stage":
         where = f" in {filters.service}" if filters.service else ""
         return f"{filters.stage} spans{where}{it}"
@@ -339,8 +354,6 @@ def percentile_series(reader: StoreReader, window: Window, filters: Filters = Fi
 def pair_heatmap(reader: StoreReader, window: Window, filters: Filters = Filters()) -> dict:
     """The service-pair heatmap: pairs ordered by call volume (quietest first, so the
     busiest sit on the right), latency bins of the calls, and P50/P90/P99 per pair."""
-    if filters.stage and filters.stage != "network":
-        return {"pairs": [], "bins": []}
     groups = [g for g in reader.rollups(RollupQuery("pair", window.start_ns, window.end_ns, filters,
                                                     ("caller", "callee"))) if g.count > 0]
     groups.sort(key=lambda g: (g.count, g.key))
@@ -364,6 +377,23 @@ def pair_heatmap(reader: StoreReader, window: Window, filters: Filters = Filters
         lo, hi = bin_band_ms(j)
         bins.append({"lo_ms": edges[j - first], "hi_ms": edges[j - first + 1], "min_ms": lo, "max_ms": hi})
     return {"pairs": pairs, "bins": bins}
+
+
+def pair_models(reader: StoreReader, window: Window, filters: Filters = Filters()) -> list[dict]:
+    """The models requested by the pair's calls (the series' ``name``), busiest first:
+    ``[{"model", "count", "p50_ms", "p99_ms", "error_rate"}]``; calls without a model are
+    left out. The ``model`` filter itself is ignored (every model of the pair is listed)."""
+    f = Filters(service=filters.service, caller=filters.caller, callee=filters.callee, stage=filters.stage,
+                input_type=filters.input_type)
+    out = []
+    for g in reader.rollups(RollupQuery("pair", window.start_ns, window.end_ns, f, ("name",))):
+        if g.count <= 0 or not g.key[0]:
+            continue
+        p50, p99 = g.histogram.quantiles([0.5, 0.99])
+        out.append({"model": g.key[0], "count": g.count, "p50_ms": _ms(p50), "p99_ms": _ms(p99),
+                    "error_rate": round(g.error_count / g.count, 6)})
+    out.sort(key=lambda r: (-r["count"], r["model"]))
+    return out
 
 
 def pair_table(reader: StoreReader, window: Window, filters: Filters = Filters()) -> list[dict]:

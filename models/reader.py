@@ -541,7 +541,7 @@ class StoreReader:
             # busy service's duration index would visit days of spans to fill one hour.
             conds.append(Span.service.concat("") == q.service)
         if q.stage:
-            conds.append(Span.stage == q.stage)
+            conds.append(_stage_is(q.stage))
         if q.may_call is not None:
             child = aliased(Span)
             # The callee's SERVER/CONSUMER spans starting around the window, read once (not
@@ -739,7 +739,7 @@ class StoreReader:
                 one_by_one.extend(tid for _, tid in known)
             if len(one_by_one) > max_traces:
                 return None
-            extra = ([Span.stage == stage] if stage else []) + ([self._of_model(model)] if model else [])
+            extra = ([_stage_is(stage)] if stage else []) + ([self._of_model(model)] if model else [])
             out = self._pending_calls_one_by_one(conn, sorted(one_by_one), start_ns, end_ns, services,
                                                  input_type=input_type, min_ns=min_ns, max_ns=max_ns, may_call=may_call,
                                                  extra=extra)
@@ -1402,6 +1402,13 @@ TRACE_WALK_SHARE = 24
 
 _CANDIDATE_COLUMNS = ("trace_id", "span_id", "parent_span_id", "service", "name", "kind", "stage",
                       "start_ns", "duration_ns", "status", "attributes", "signals")
+
+def _stage_is(stage: str):
+    """Spans of ``stage``; a span without one counts as ``other``, as settling counts it."""
+    if stage == "other":
+        return or_(Span.stage == stage, Span.stage.is_(None), Span.stage == "")
+    return Span.stage == stage
+
 
 # A callee named ``host:port`` (traces.address_callee); URL keys, whose host the settler
 # lower-cases; attribute key prefixes a model call's provider is read from.

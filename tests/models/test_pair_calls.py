@@ -386,3 +386,84 @@ def test_the_walk_finds_each_call_that_reading_every_pending_trace_finds(engine,
         llm_calls = conn.execute(select(Span.id).where(Span.trace_id.in_({s.trace_id for s in side}),
                                                        Span.name == "llm.Generate")).scalars().all()
     assert len(llm_calls) == 3 and set(llm_calls) <= set(gateway_llm)
+
+
+def _named_calls_traces(base: int) -> list[list[SpanRecord]]:
+    """Calls named by every rule settling has: an address with a port, a URL whose host is
+    written in capitals, a model provider (with a transport span under the model call, which
+    makes no call), a provider only the attributes name (a span stored before signals were)
+    and a model served by an instrumented service; two models."""
+    from modalscope.ingest.records import KIND_INTERNAL
+    from tests.factories import rules
+
+    out = []
+    for i in range(6):
+        tid, t0 = f"{i + 1:032x}", base + i * 2_000_000_000
+        sid = [f"{i * 16 + j + 1:016x}" for j in range(8)]
+        res = {"service.name": "gateway"}
+        model = ("gemini-2.0-flash", "gemini-1.5-pro")[i % 2]
+        spans = [
+            SpanRecord(tid, sid[0], None, "gateway", "POST /chat", KIND_SERVER, t0, t0 + 900 * MS, 0, resource=res),
+            SpanRecord(tid, sid[1], sid[0], "gateway", "SELECT usage", KIND_CLIENT, t0 + MS, t0 + (3 + i) * MS, 0,
+                       attributes={"db.system": "postgresql", "server.address": "usage-db", "server.port": 5432},
+                       resource=res),
+            SpanRecord(tid, sid[2], sid[0], "gateway", "GET", KIND_CLIENT, t0 + 5 * MS, t0 + (15 + i) * MS, 0,
+                       attributes={"http.request.method": "GET",
+                                   "url.full": "http://ObjStore.Internal:9000/a.jpg"}, resource=res),
+            SpanRecord(tid, sid[3], sid[0], "gateway", f"generate_content {model}", KIND_CLIENT, t0 + 20 * MS,
+                       t0 + (300 + 10 * i) * MS, 0,
+                       attributes={"gen_ai.operation.name": "generate_content", "gen_ai.provider.name": "Gemini",
+                                   "gen_ai.request.model": model,
+                                   "server.address": "generativelanguage.googleapis.com"}, resource=res),
+            SpanRecord(tid, sid[4], sid[3], "gateway", "POST", KIND_CLIENT, t0 + 21 * MS, t0 + (299 + 10 * i) * MS,
+                       0, attributes={"http.request.method": "POST",
+                                      "url.full": "https://generativelanguage.googleapis.com/v1/x"}, resource=res),
+            SpanRecord(tid, sid[5], sid[0], "gateway", "chat mm-llm-7b", KIND_INTERNAL, t0 + 400 * MS,
+                       t0 + (700 + i) * MS, 0,
+                       attributes={"gen_ai.operation.name": "chat", "gen_ai.provider.name": "vllm",
+                                   "gen_ai.request.model": "mm-llm-7b"}, resource=res),
+            SpanRecord(tid, sid[6], sid[5], "llm", "POST /v1/chat", KIND_SERVER, t0 + 401 * MS, t0 + 690 * MS, 0,
+                       resource={"service.name": "llm"}),
+        ]
+        if i % 3 != 2:
+            rules().tag(spans)  # the third of them as stored before signals: read from attributes
+        out.append(spans)
+    return out
+
+
+def test_exemplars_of_every_naming_rule_equal_the_raw_span_search(engine):
+    base = (time.time_ns() // MIN - 20) * MIN
+    traces = _named_calls_traces(base)
+    write_spans(engine, [s for t in traces for s in t])
+    settle(engine, force=True)
+    reader = StoreReader(engine)
+    window = Window(base - MIN, base + 5 * MIN)
+    pairs = {(p["caller"], p["callee"]): p for p in queries.pairs(reader, window, Filters())}
+    # (the HTTP request under a model call makes no call, but in spans stored before signals:
+    # nothing marked it as a transport span then)
+    assert {k: v["count"] for k, v in pairs.items()} == {
+        ("gateway", "usage-db:5432"): 6, ("gateway", "objstore.internal:9000"): 6, ("gateway", "gemini"): 6,
+        ("gateway", "llm"): 6, ("gateway", "generativelanguage.googleapis.com"): 2}
+    assert pairs[("gateway", "gemini")]["models"] == ["gemini-1.5-pro", "gemini-2.0-flash"]
+    assert pairs[("gateway", "llm")]["models"] == ["mm-llm-7b"]
+    assert pairs[("gateway", "usage-db:5432")]["models"] == []
+    by_model = queries.pairs(reader, window, Filters(model="gemini-1.5-pro"))
+    assert [(p["callee"], p["count"], p["models"]) for p in by_model] == [("gemini", 3, ["gemini-1.5-pro"])]
+    assert [(r["model"], r["count"]) for r in queries.pair_models(
+        reader, window, Filters(caller="gateway", callee="gemini", model="gemini-1.5-pro"))] == [
+        ("gemini-1.5-pro", 3), ("gemini-2.0-flash", 3)]
+    cases = [Filters(caller="gateway", callee=c) for _, c in sorted(pairs)] + [
+        Filters(caller="gateway"), Filters(callee="gemini", model="gemini-2.0-flash"),
+        Filters(caller="gateway", model="gemini-1.5-pro")]
+
+    def answers():
+        return [[(r["trace_id"], r["span_id"], r["span_ms"]) for r in
+                 queries.exemplar_traces(StoreReader(engine), window, f, limit=4)] for f in cases]
+
+    walked = answers()
+    _raw_span_search(engine)
+    assert answers() == walked
+    # every CLIENT pair has exemplars; the INTERNAL model call to llm has none (no pair_calls row)
+    assert [len(a) for a in walked] == [4, 2, 0, 4, 4, 4, 3, 3]
+    tagged = {t[4].span_id for i, t in enumerate(traces) if i % 3 != 2}
+    assert not tagged & {sid for a in walked for _, sid, _ in a}  # the model call's own HTTP request

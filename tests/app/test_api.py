@@ -293,3 +293,14 @@ def test_links_from_the_sdk_reach_the_api_through_the_receiver(engine, db_url, s
         assert kept["name"] == "ok" and kept["links"][0]["span_id"] == f"{produced.span_id:016x}"
     finally:
         app.extensions["modalscope"]["engine"].dispose()
+
+
+def test_the_model_filter_narrows_pairs_and_traces(stored):
+    client, _ = stored
+    rows = client.get("/api/v1/pairs?range=2h").get_json()
+    assert [r["models"] for r in rows] == [[]]  # the factory's calls request no model
+    assert client.get("/api/v1/pairs?range=2h&model=gemini-2.0-flash").get_json() == []
+    assert client.get("/api/v1/traces?range=2h&caller=gateway&model=gemini-2.0-flash").get_json() == []
+    assert client.get("/api/v1/traces?range=2h&caller=gateway").get_json()
+    r = client.get("/api/v1/pairs?range=2h&model=" + "m" * 2000)
+    assert r.status_code == 400 and "model" in r.get_json()["error"]

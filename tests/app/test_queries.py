@@ -234,3 +234,34 @@ def test_traces_api(store):
                        ("/api/v1/traces?limit=x", "limit"), ("/api/v1/traces?range=zz", "range")):
         resp = c.get(url)
         assert resp.status_code == 400 and resp.get_json()["parameter"] == param, url
+
+
+def test_a_stage_filter_keeps_the_pairs_whose_calling_span_is_in_it(store, engine):
+    """Pairs stored without a stage count as network; once a pair's series carries its
+    calling span's stage (a model call: inference), that stage finds it and network does not."""
+    from sqlalchemy import update
+
+    from modalscope.models import Series
+
+    def callees(stage):
+        got = {p["callee"] for p in queries.pairs(store.reader, store.window, Filters(stage=stage))}
+        assert got == {p["callee"] for p in queries.pair_heatmap(store.reader, store.window,
+                                                                 Filters(stage=stage))["pairs"]}
+        return got
+
+    assert callees("network") == {"vision-encoder", "userdb", "llm"}
+    assert callees("inference") == set()
+    with engine.begin() as conn:
+        conn.execute(update(Series).where(Series.kind == "pair", Series.callee == "llm").values(stage="inference"))
+    assert callees("inference") == {"llm"}
+    assert callees("network") == {"vision-encoder", "userdb"}
+    assert callees("encoder") == set()
+    rows = queries.exemplar_traces(store.reader, store.window, Filters(caller="gateway", stage="inference"), limit=50)
+    assert rows and {r["span_name"] for r in rows} == {"llm.Generate"}
+
+
+def test_pairs_list_no_models_for_calls_without_one(store):
+    rows = queries.pairs(store.reader, store.window)
+    assert rows and all(r["models"] == [] for r in rows)
+    assert queries.pairs(store.reader, store.window, Filters(model="mm-llm-7b")) == []
+    assert queries.exemplar_traces(store.reader, store.window, Filters(caller="gateway", model="mm-llm-7b")) == []

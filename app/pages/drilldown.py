@@ -117,7 +117,6 @@ def summary(dist: dict, state: dict, band) -> list:
     Output(ids.DD_HIST, "figure"),
     Output(ids.DD_TIME, "figure"),
     Output(ids.DD_EXEMPLARS, "children"),
-    Output(MODELS_ID, "children"),
     Input(ids.DD_STATE, "data"),
 )
 def _fill(state):
@@ -125,18 +124,11 @@ def _fill(state):
     res = st.resolve(state)
     reader = c.reader()
     band = st.band(state)
-    models = None
-    if queries.subject_of(res.filters) == "pair":
-        rows = queries.pair_models(reader, res.window, res.filters)
-        if rows:
-            models = c.panel("Models of this pair", models_table(rows, state),
-                             actions=html.Span("click a model: its calls only", className="ms-note"))
     dist = queries.latency_distribution(reader, res.window, res.filters)
     series = queries.percentile_series(reader, res.window, res.filters, st.step_minutes(res.window))
     if dist["count"] == 0:
         exemplars = c.no_data("samples for this selection")
-        return (summary(dist, state, band), figures.latency_histogram(dist), figures.percentile_timeseries(series),
-                exemplars, models)
+        return summary(dist, state, band), figures.latency_histogram(dist), figures.percentile_timeseries(series), exemplars
     rows = queries.exemplar_traces(reader, res.window, res.filters, band[0], band[1], limit=EXEMPLARS)
     if rows:
         exemplars = c.exemplar_table(rows, state)
@@ -148,7 +140,21 @@ def _fill(state):
         exemplars = c.empty_state("No stored traces for this selection.",
                                   "Raw spans may have passed retention (MODALSCOPE_RETENTION_DAYS).")
     return (summary(dist, state, band), figures.latency_histogram(dist, band),
-            figures.percentile_timeseries(series), exemplars, models)
+            figures.percentile_timeseries(series), exemplars)
+
+
+@dash.callback(Output(MODELS_ID, "children"), Input(ids.DD_STATE, "data"))
+def _models(state):
+    """A pair's models (none for other subjects, or a pair whose calls name no model)."""
+    state = state or {}
+    res = st.resolve(state)
+    if queries.subject_of(res.filters) != "pair":
+        return None
+    rows = queries.pair_models(c.reader(), res.window, res.filters)
+    if not rows:
+        return None
+    return c.panel("Models of this pair", models_table(rows, state),
+                   actions=html.Span("click a model: its calls only", className="ms-note"))
 
 
 @dash.callback(

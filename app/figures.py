@@ -447,68 +447,147 @@ def vit_layers_figure(rows: Sequence[dict]) -> go.Figure:
 
 
 # -- one trace -------------------------------------------------------------------------
-def waterfall(trace: dict, selected: str | None = None) -> go.Figure:
-    """Spans on a time axis (ms from the trace start), coloured by stage, indented by depth;
-    the critical path drawn as a dark bar inside the spans it runs through.
+WATERFALL_ROWS = 200  # spans drawn as rows; past this the rest collapse into one summary row
+ROW_PX = 18  # a row's height: room for an 11 px label, so every label fits
+BAR_WIDTH = 0.7  # of one row, set on every bar: Plotly would size a bar by the gap to its
+# trace's next bar, so a stage with rows far apart got bars several rows tall
+LABEL_PX = 320  # left margin holding the "service · span" labels
+SECONDS_FROM_MS = 10_000.0  # a trace this long reads in seconds, a shorter one in ms
+SELECTED_BAND = "rgba(37,99,235,0.12)"
+
+
+def waterfall_rows(spans: Sequence[dict], selected: str | None = None,
+                   max_rows: int = WATERFALL_ROWS) -> tuple[list[dict], list[dict]]:
+    """(shown, hidden): every span when ``max_rows`` hold them all; past that ``max_rows - 1``
+    rows (the last one counts the rest): the selected span, the slowest spans of the critical
+    path (up to 60 % of the rows), the slowest errors (up to 80 %), then the slowest of all,
+    each with its ancestors so a row keeps its place in the tree; in the spans' own order."""
+    spans = list(spans)
+    if len(spans) <= max_rows:
+        return spans, []
+    by_id = {s["span_id"]: s for s in spans}
+    budget = max(1, max_rows - 1)
+    keep: set[str] = set()
+
+    def take(s: dict) -> None:
+        chain: list[str] = []
+        cur: dict | None = s
+        while cur is not None and cur["span_id"] not in keep and cur["span_id"] not in chain:
+            chain.append(cur["span_id"])
+            cur = by_id.get(cur.get("parent_span_id") or "")
+        if len(keep) + len(chain) <= budget:
+            keep.update(chain)
+
+    slowest = sorted(spans, key=lambda s: -s["duration_ms"])
+    # Each kind up to a share of the rows, so a long critical path leaves room for errors
+    # and the slowest spans off the path; whatever is left goes to the slowest of all.
+    passes = (([by_id[selected]] if selected in by_id else [], 1.0),
+              ([s for s in slowest if s.get("critical")], 0.6),
+              ([s for s in slowest if s.get("status") == "ERROR"], 0.8),
+              (slowest, 1.0))
+    for group, share in passes:
+        cap = max(1, int(budget * share))
+        for s in group:
+            if len(keep) >= cap:
+                break
+            take(s)
+    return [s for s in spans if s["span_id"] in keep], [s for s in spans if s["span_id"] not in keep]
+
+
+def hidden_summary(hidden: Sequence[dict]) -> str:
+    """"… 1,800 more spans in 14 services (12 errors)" for the spans a waterfall leaves out."""
+    services = len({s["service"] for s in hidden})
+    errors = sum(1 for s in hidden if s.get("status") == "ERROR")
+    return (f"… {fmt_count(len(hidden))} more span{'' if len(hidden) == 1 else 's'} in {services} "
+            f"service{'' if services == 1 else 's'}" + (f" ({errors} error{'' if errors == 1 else 's'})" if errors else ""))
+
+
+def _row_label(s: dict, indent_px: int) -> str:
+    """``● service · name``: service muted, an error's name red, cut to fit the margin."""
+    room = max(16, int((LABEL_PX - 14 - indent_px) / 6.4))  # characters of 11 px text
+    service = plot_text(s["service"], min(22, room // 2))
+    name = plot_text(s["name"], max(8, room - len(html.unescape(service)) - 4))
+    mark = "● " if s.get("critical") else ""
+    if s.get("status") == "ERROR":
+        name = f'<span style="color:{DANGER}">{name}</span>'
+    return f'{mark}<span style="color:{MUTED}">{service}</span> · {name}'
+
+
+def waterfall(trace: dict, selected: str | None = None, max_rows: int = WATERFALL_ROWS) -> go.Figure:
+    """Spans on a time axis since the trace start (seconds from 10 s, else ms), one row
+    each labelled "service · span" and indented by depth, coloured by stage; the critical
+    path drawn as a dark bar inside the spans it runs through, error spans outlined in red
+    with a red mark at their end. Past ``max_rows`` spans, :func:`waterfall_rows` picks the
+    rows and a last row counts the rest.
 
     ``customdata[0]`` of every bar is the span id (a click selects the span)."""
     spans = trace.get("spans") or []
     if not spans:
         return empty_figure("This trace has no spans.")
+    shown, hidden = waterfall_rows(spans, selected, max_rows)
     t0 = min(s["start_unix_nano"] for s in spans)
-    n = len(spans)
-    y = list(range(n))
-    labels = []
-    for s in spans:
-        mark = "● " if s.get("critical") else ""
-        labels.append(f"{mark}{plot_text(s['name'], 48)}")
-    indent = n <= 400  # indented labels are annotations; past a few hundred spans, plain ticks
-    fig = go.Figure()
-    stages_seen = []
-    for s in spans:
-        if s["stage"] not in stages_seen:
-            stages_seen.append(s["stage"])
-    for st in stages_seen:
-        idx = [i for i, s in enumerate(spans) if s["stage"] == st]
-        fig.add_trace(go.Bar(
-            y=[y[i] for i in idx], x=[max(spans[i]["duration_ms"], 0.0005) for i in idx],
-            base=[(spans[i]["start_unix_nano"] - t0) / 1e6 for i in idx], orientation="h",
-            name=plot_text(st), marker=dict(color=stage_color(st), line=dict(width=0)),
-            customdata=[[spans[i]["span_id"]] for i in idx],
-            text=[_span_hover(spans[i]) for i in idx], hovertemplate="%{text}<extra></extra>", textposition="none",
-        ))
-    crit = [i for i, s in enumerate(spans) if s.get("critical")]
+    total_ms = max((s["start_unix_nano"] - t0) / 1e6 + s["duration_ms"] for s in spans)
+    div, unit = (1000.0, "s") if total_ms >= SECONDS_FROM_MS else (1.0, "ms")
+    row = {s["span_id"]: i for i, s in enumerate(shown)}
+    n_rows = len(shown) + (1 if hidden else 0)
+
+    def bars(group: Sequence[dict]) -> dict:
+        return {"y": [row[s["span_id"]] for s in group],
+                "x": [max(s["duration_ms"], 0.0005) / div for s in group],
+                "base": [(s["start_unix_nano"] - t0) / 1e6 / div for s in group],
+                "customdata": [[s["span_id"]] for s in group]}
+
+    data: list[dict] = []
+    chosen = [s for s in shown if s["span_id"] == selected]
+    if chosen:  # a pale band across the selected row, under everything
+        data.append({"type": "bar", "orientation": "h", "y": [row[selected]], "x": [total_ms / div * 1.02],
+                     "base": [0], "width": 1, "name": "selected row", "showlegend": False, "hoverinfo": "skip",
+                     "marker": {"color": SELECTED_BAND, "line": {"width": 0}}})
+    stages: dict[str, list[dict]] = {}
+    for s in shown:
+        stages.setdefault(s["stage"], []).append(s)
+    for stage, group in stages.items():
+        err = [s.get("status") == "ERROR" for s in group]
+        data.append({"type": "bar", "orientation": "h", **bars(group), "width": BAR_WIDTH, "name": plot_text(stage),
+                     "marker": {"color": stage_color(stage),
+                                "line": {"color": [DANGER if e else "rgba(0,0,0,0)" for e in err],
+                                         "width": [2 if e else 0 for e in err]}},
+                     "text": [_span_hover(s) for s in group], "hovertemplate": "%{text}<extra></extra>",
+                     "textposition": "none"})
+    crit = [s for s in shown if s.get("critical")]
     if crit:
-        fig.add_trace(go.Bar(
-            y=[y[i] for i in crit], x=[max(spans[i]["duration_ms"], 0.0005) for i in crit],
-            base=[(spans[i]["start_unix_nano"] - t0) / 1e6 for i in crit], orientation="h", width=0.18,
-            name="critical path", marker=dict(color=CRITICAL), customdata=[[spans[i]["span_id"]] for i in crit],
-            text=[_span_hover(spans[i]) for i in crit], hovertemplate="%{text}<extra>critical path</extra>",
-            textposition="none",
-        ))
-    chosen = [i for i, s in enumerate(spans) if s["span_id"] == selected]
+        data.append({"type": "bar", "orientation": "h", **bars(crit), "width": 0.18, "name": "critical path",
+                     "marker": {"color": CRITICAL}, "text": [_span_hover(s) for s in crit],
+                     "hovertemplate": "%{text}<extra>critical path</extra>", "textposition": "none"})
+    errors = [s for s in shown if s.get("status") == "ERROR"]
+    if errors:
+        b = bars(errors)
+        data.append({"type": "scatter", "mode": "markers", "y": b["y"], "customdata": b["customdata"],
+                     "x": [x + base for x, base in zip(b["x"], b["base"])], "name": "error",
+                     "marker": {"color": DANGER, "symbol": "x", "size": 8, "line": {"width": 1, "color": DANGER}},
+                     "text": [_span_hover(s) for s in errors], "hovertemplate": "%{text}<extra>error</extra>"})
     if chosen:
-        i = chosen[0]
-        fig.add_trace(go.Bar(
-            y=[y[i]], x=[max(spans[i]["duration_ms"], 0.0005)], base=[(spans[i]["start_unix_nano"] - t0) / 1e6],
-            orientation="h", name="selected", showlegend=False, hoverinfo="skip",
-            marker=dict(color="rgba(0,0,0,0)", line=dict(width=2.5, color=DANGER)),
-        ))
-    total = max((s["start_unix_nano"] - t0) / 1e6 + s["duration_ms"] for s in spans)
-    base_layout(fig, height=min(60 + 24 * n, 2400) + 60, barmode="overlay", margin=dict(l=260, r=24, t=36, b=44))
-    if indent:
-        # One layout update for all labels: add_annotation per span re-validates the whole
-        # annotation list each time (quadratic: ~800 ms for 60 spans).
-        fig.update_layout(annotations=[
-            dict(x=0, xref="paper", y=i, yref="y", xanchor="left", xshift=-250 + 12 * min(s.get("depth", 0), 16),
-                 text=labels[i], showarrow=False, align="left", font=dict(size=11, color=INK), captureevents=False)
-            for i, s in enumerate(spans)])
-        fig.update_yaxes(tickvals=y, showticklabels=False, autorange="reversed", showgrid=False)
-    else:
-        fig.update_yaxes(tickvals=y, ticktext=labels, autorange="reversed", showgrid=False, tickfont=dict(size=11))
-    fig.update_xaxes(title_text="ms since trace start", range=[0, total * 1.02])
-    fig.update_layout(clickmode="event", hovermode="closest", bargap=0.25)
-    return fig
+        data.append({"type": "bar", "orientation": "h", **bars(chosen), "width": BAR_WIDTH, "name": "selected",
+                     "showlegend": False, "hoverinfo": "skip",
+                     "marker": {"color": "rgba(0,0,0,0)", "line": {"width": 2.5, "color": ACCENT}}})
+    labels = [dict(x=0, xref="paper", y=i, yref="y", xanchor="left",
+                   xshift=-(LABEL_PX - 10) + 10 * min(s.get("depth", 0), 10), text=_row_label(s, 10 * min(s.get("depth", 0), 10)),
+                   showarrow=False, align="left", font=dict(size=11, color=INK), captureevents=False)
+              for i, s in enumerate(shown)]
+    if hidden:
+        labels.append(dict(x=0, xref="paper", y=len(shown), yref="y", xanchor="left", xshift=-(LABEL_PX - 10),
+                           text=f"<i>{hidden_summary(hidden)} · all in the Spans table</i>", showarrow=False,
+                           align="left", font=dict(size=11, color=MUTED), captureevents=False))
+    layout = {
+        "barmode": "overlay", "clickmode": "event", "hovermode": "closest", "annotations": labels,
+        "margin": dict(l=LABEL_PX, r=24, t=40, b=48),
+        "xaxis": {"title": {"text": f"{unit} since trace start"}, "range": [0, total_ms / div * 1.02],
+                  "ticksuffix": f" {unit}", "exponentformat": "none", "separatethousands": True},
+        # Rows are fixed, not autoranged: row i is y = i, top to bottom.
+        "yaxis": {"range": [n_rows - 0.5, -0.5], "showticklabels": False, "showgrid": False, "zeroline": False,
+                  "fixedrange": True},
+    }
+    return dict_figure(data, layout, height=max(220, 100 + ROW_PX * n_rows))
 
 
 def _span_hover(s: dict) -> str:

@@ -12,9 +12,11 @@ queue, and concurrent callers can receive each other's results. Here one thread 
 asyncio loop holding a ``kaleido.Kaleido``; callers hand it coroutines
 (``run_coroutine_threadsafe``) one at a time under a lock and wait with a timeout; a browser
 found dead before a picture is started afresh, one that dies during a picture is replaced
-and the picture tried once more. A browser that cannot start, a render that times out (the browser is killed and the next
-picture starts a new one) or a second crash is a :class:`RenderError`: the route answers 503
-with one line.
+and the picture tried once more. A browser that cannot start or a second crash is a
+:class:`RenderError`: the route answers 503 with one line. A picture not drawn within
+``render_timeout`` (or a caller that waited that long for the one browser) is a
+:class:`RenderTimeout`, an HTTP 504 of its own: the browser is killed and the next picture
+starts a new one, so the renderer stays usable.
 
 Kaleido's default page fetches MathJax from a CDN; ``mathjax=False`` keeps the renderer
 off the network (our figures have no LaTeX). plotly.js comes from the installed ``plotly``.
@@ -24,11 +26,15 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import json
 import logging
 import os
 import signal
 import threading
 from typing import Any
+
+from werkzeug.exceptions import GatewayTimeout
+from werkzeug.wrappers import Response
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +43,24 @@ START_TIMEOUT_S = 30.0
 
 
 class RenderError(RuntimeError):
-    """An image could not be drawn (no browser, a crash, a timeout); the message is one line."""
+    """An image could not be drawn (no browser, a crash); the message is one line."""
+
+
+class RenderTimeout(GatewayTimeout):
+    """A picture not drawn in time: a 504 with ``{"error": <one line>}``. A werkzeug
+    ``HTTPException`` (Flask answers it as is) rather than a :class:`RenderError`, which the
+    image route answers as 503 "no browser": a slow picture is not a missing Chromium."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(description=message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def get_response(self, environ=None, scope=None) -> Response:  # noqa: ARG002 - werkzeug's signature
+        return Response(json.dumps({"error": self.message}), 504, mimetype="application/json",
+                        headers={"Cache-Control": "no-store"})
 
 
 class Renderer:
@@ -57,26 +80,39 @@ class Renderer:
         """The figure as ``png`` or ``svg`` bytes, ``width`` x ``height`` CSS pixels (a PNG
         has ``scale`` device pixels per CSS pixel)."""
         opts = {"format": fmt, "width": int(width), "height": int(height), "scale": scale}
-        with self._lock:
-            for attempt in (1, 2):
-                try:
-                    self._ensure_started()
-                except Exception as exc:  # noqa: BLE001 - no browser, or it died at start-up
-                    self._stop()
-                    raise RenderError(f"the image renderer could not start a browser: {type(exc).__name__}: "
-                                      f"{_one_line(exc)}") from None
-                future = asyncio.run_coroutine_threadsafe(self._kaleido.calc_fig(figure, opts=opts), self._loop)
-                try:
-                    out = future.result(timeout=self.render_timeout + 5)
-                except Exception as exc:  # noqa: BLE001 - reported as RenderError below
-                    crashed = not self._alive()
-                    log.warning("render failed (%s: %s; browser %s); restarting the renderer", type(exc).__name__,
-                                _one_line(exc), "gone" if crashed else "still running")
-                    self._stop()  # dead or wedged: the next picture gets a fresh browser
-                    if crashed and attempt == 1:
-                        continue  # the browser died under this picture (a crash, an OOM kill): once more
-                    raise RenderError(f"the image could not be drawn: {type(exc).__name__}: {_one_line(exc)}") from None
-                return out.encode("utf-8") if isinstance(out, str) else out
+        # One picture at a time; a caller waits for the one ahead of it at most a render's time.
+        if not self._lock.acquire(timeout=self.render_timeout + 5):
+            raise RenderTimeout(f"the image renderer stayed busy for {self.render_timeout + 5:g} s with other "
+                                "pictures; try again shortly")
+        try:
+            return self._render(figure, opts)
+        finally:
+            self._lock.release()
+
+    def _render(self, figure: Any, opts: dict) -> bytes:
+        for attempt in (1, 2):
+            try:
+                self._ensure_started()
+            except Exception as exc:  # noqa: BLE001 - no browser, or it died at start-up
+                self._stop()
+                raise RenderError(f"the image renderer could not start a browser: {type(exc).__name__}: "
+                                  f"{_one_line(exc)}") from None
+            future = asyncio.run_coroutine_threadsafe(self._kaleido.calc_fig(figure, opts=opts), self._loop)
+            try:
+                out = future.result(timeout=self.render_timeout + 5)
+            except Exception as exc:  # noqa: BLE001 - reported as RenderError below
+                crashed = not self._alive()
+                log.warning("render failed (%s: %s; browser %s); restarting the renderer", type(exc).__name__,
+                            _one_line(exc), "gone" if crashed else "still running")
+                self._stop()  # dead or wedged: the next picture gets a fresh browser
+                if crashed and attempt == 1:
+                    continue  # the browser died under this picture (a crash, an OOM kill): once more
+                if isinstance(exc, TimeoutError):  # kaleido's wait_for, or ours: the same TimeoutError
+                    raise RenderTimeout(f"the image took longer than {self.render_timeout:g} s to draw and was "
+                                        "abandoned; a smaller width or height, or a shorter window, draws "
+                                        "faster") from None
+                raise RenderError(f"the image could not be drawn: {type(exc).__name__}: {_one_line(exc)}") from None
+            return out.encode("utf-8") if isinstance(out, str) else out
         raise AssertionError("unreachable")
 
     def warm(self) -> None:
@@ -182,4 +218,4 @@ def renderer() -> Renderer:
         return _renderer
 
 
-__all__ = ["RenderError", "Renderer", "renderer"]
+__all__ = ["RenderError", "RenderTimeout", "Renderer", "renderer"]

@@ -3,7 +3,12 @@ with the critical path; an icicle flame graph; each span's percentile rank again
 own operation in the window ("P97 for vit.forward", from the ``op`` rollups); the
 selected span's attributes as an escaped key/value table; a box to open any trace id.
 
-URL state: the window (for the ranks) and ``span`` (the selected span). Every piece of
+Big traces: the waterfall draws at most ``figures.WATERFALL_ROWS`` rows (the critical
+path, errors and the slowest spans, then a row counting the rest) and the spans table
+shows ``SPANS_PAGE`` spans a page, so a trace of thousands of spans opens in seconds.
+
+URL state: the window (for the ranks), ``span`` (the selected span) and ``page`` (the spans
+table's page; by default the one holding the selected span). Every piece of
 span text is a Dash text child or goes through ``figures.plot_text``. The selected span's
 links (OTLP span links: a batch consumer's producers, a follow-up's cause) lead to
 ``/trace/<linked trace id>`` with the linked span selected; those ids are the only span
@@ -28,10 +33,32 @@ dash.register_page(__name__, path="/trace", path_template="/trace/<trace_id>", n
                    title="modalscope · trace", order=3)
 
 PATH = "/trace"
+SPANS_PAGE = 200  # spans table rows a page: 2,000 rows of links took seconds to draw
+
+
+def page_number(raw) -> int | None:
+    """``page=`` as a page number from 1 (None: absent or not a positive whole number)."""
+    if isinstance(raw, (list, tuple)):
+        raw = raw[-1] if raw else None
+    try:
+        value = int(str(raw).strip())
+    except (TypeError, ValueError):
+        return None
+    return value if value >= 1 else None
+
+
+def trace_href(tid: str, state: dict, page: int | None = None) -> str:
+    """The trace page's link for ``state`` plus the spans table's ``page`` (trace-only state,
+    so it is added here rather than carried by every page)."""
+    href = st.to_href(f"{PATH}/{tid}", state)
+    if page:
+        href += ("&" if "?" in href else "?") + f"page={page}"
+    return href
 
 
 def layout(trace_id: str | None = None, **query):
     state = st.from_query(query)
+    page = page_number(query.get("page"))
     res = st.resolve(state)
     tid, error = None, None
     if trace_id and trace_id != "none":
@@ -41,7 +68,7 @@ def layout(trace_id: str | None = None, **query):
             error = f"{exc.message} — got {trace_id[:80]!r}"
     path = f"{PATH}/{tid}" if tid else PATH
     children = [
-        dcc.Store(id=ids.TR_STATE, data={"trace_id": tid, "state": state}),
+        dcc.Store(id=ids.TR_STATE, data={"trace_id": tid, "state": state, "page": page}),
         c.toolbar(path, state, show=(), error=res.error),
         html.Div(className="ms-open", children=[
             html.Label("Open a trace", htmlFor=ids.TR_OPEN_INPUT, className="ms-filter-label"),
@@ -64,7 +91,7 @@ def layout(trace_id: str | None = None, **query):
     children += [
         c.loading(html.Div(id=ids.TR_HEADER, className="ms-trace-header")),
         c.panel("Waterfall", c.loading(c.graph(ids.TR_WATERFALL)),
-                actions=[html.Span("● critical path · click a span for its attributes", className="ms-note"),
+                actions=[html.Span("● critical path · ✕ error · click a span for its attributes", className="ms-note"),
                          c.share_control("trace", state, trace_id=tid)]),
         html.Div(className="ms-grid-2", children=[
             c.panel("Selected span", c.loading(html.Div(id=ids.TR_DETAIL))),
@@ -170,15 +197,24 @@ def span_detail(trace: dict, span: dict, state: dict | None = None) -> html.Div:
     ])
 
 
-def spans_table(trace: dict, state: dict, selected: str | None) -> html.Table:
-    base = f"{PATH}/{trace['trace_id']}"
+def spans_table(trace: dict, state: dict, selected: str | None, page: int | None = None) -> html.Div:
+    """One page of the spans table (``SPANS_PAGE`` spans, tree order) with links to the
+    other pages; without ``page``, the page holding the selected span."""
+    tid = trace["trace_id"]
+    spans = trace["spans"]
+    pages = max(1, -(-len(spans) // SPANS_PAGE))
+    if page is None:
+        at = next((i for i, s in enumerate(spans) if s["span_id"] == selected), 0)
+        page = at // SPANS_PAGE + 1
+    page = min(page, pages)
+    first = (page - 1) * SPANS_PAGE
     rows = []
-    for s in trace["spans"]:
+    for s in spans[first:first + SPANS_PAGE]:
         indent = "\u2003" * min(s.get("depth", 0), 24)
         rows.append({
             "_id": s["span_id"],
             "name": [indent, dcc.Link(s["name"] if len(s["name"]) <= 120 else s["name"][:119] + "…",
-                                      href=st.to_href(base, st.with_(state, span=s["span_id"])),
+                                      href=trace_href(tid, st.with_(state, span=s["span_id"]), page),
                                       className="ms-span-link")],
             "service": s["service"], "stage": s["stage"], "kind": s["kind"],
             "duration": fmt_ms(s["duration_ms"]), "self": fmt_ms(s["self_ms"]),
@@ -188,8 +224,24 @@ def spans_table(trace: dict, state: dict, selected: str | None) -> html.Table:
         })
     cols = [("critical", ""), ("name", "span"), ("service", "service"), ("stage", "stage"), ("kind", "kind"),
             ("duration", "duration"), ("self", "self"), ("rank", "rank vs its operation"), ("status", "status")]
-    return c.text_table(cols, rows, id="trace-span-table",
-                        row_class=lambda r: "ms-row-selected" if r["_id"] == selected else None)
+    table = c.text_table(cols, rows, id="trace-span-table",
+                         row_class=lambda r: "ms-row-selected" if r["_id"] == selected else ("ms-row-error" if r["status"] else None))
+    if pages == 1:
+        return html.Div(table)
+
+    def to(p: int, text: str):
+        if p < 1 or p > pages or p == page:
+            return html.Span(text, className="ms-note")
+        return dcc.Link(text, href=trace_href(tid, state, p), className="ms-page-link")
+
+    pager = html.Div(id="trace-span-pager", className="ms-pager", children=[
+        html.Span(f"spans {fmt_count(first + 1)}–{fmt_count(first + len(rows))} of {fmt_count(len(spans))}",
+                  className="ms-note"), " · ",
+        to(1, "« first"), " · ", to(page - 1, "‹ previous"), " · ",
+        html.Span(f"page {page} of {pages}", className="ms-note"), " · ",
+        to(page + 1, "next ›"), " · ", to(pages, "last »"),
+    ])
+    return html.Div([pager, table])
 
 
 @dash.callback(
@@ -221,6 +273,7 @@ def _fill(data):
     selected = by_id.get(selected_id) or next((s for s in trace["spans"] if not s["parent_span_id"]),
                                               trace["spans"][0])
     errors = sum(1 for s in trace["spans"] if s["status"] == "ERROR")
+    hidden = figures.waterfall_rows(trace["spans"], selected["span_id"])[1]
     header = html.Div(children=[
         html.H1(["Trace ", html.Span(tid, className="ms-mono")], className="ms-title"),
         html.Div(className="ms-summary", children=[
@@ -235,9 +288,13 @@ def _fill(data):
                  "This trace started outside the selected window; ranks compare it with the window's spans.",
                  "info"),
         c.banner(None if trace["settled"] else "This trace has not settled yet (spans may still arrive).", "info"),
+        c.banner(None if not hidden else
+                 f"The waterfall shows {fmt_count(len(trace['spans']) - len(hidden))} of "
+                 f"{fmt_count(len(trace['spans']))} spans (the critical path, errors, the slowest); "
+                 f"{figures.hidden_summary(hidden)[2:]} are in the Spans table, {SPANS_PAGE} a page.", "info"),
     ])
     return (header, figures.waterfall(trace, selected["span_id"]), figures.icicle(trace),
-            spans_table(trace, state, selected["span_id"]), span_detail(trace, selected, state))
+            spans_table(trace, state, selected["span_id"], data.get("page")), span_detail(trace, selected, state))
 
 
 @dash.callback(

@@ -301,7 +301,7 @@ def narrow(path: str, state, selected, relayout):
     return no_update if href is None else href
 
 
-# -- findings (issue 5) ----------------------------------------------------------------
+# -- findings ----------------------------------------------------------------
 SEVERITY_ORDER = ("critical", "warning", "info")
 
 
@@ -396,7 +396,7 @@ def top_findings(found: list[dict], state: Mapping[str, str], n: int = 3) -> htm
     return html.Div([html.Ul(items, className="ms-finding-list", id="overview-findings-list"), more])
 
 
-# -- share control (issue 7) -----------------------------------------------------------
+# -- share control -----------------------------------------------------------
 SHARE_TTLS = ((0, "not signed"), (86400, "1 day"), (7 * 86400, "7 days"), (30 * 86400, "30 days"))
 
 

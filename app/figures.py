@@ -547,11 +547,8 @@ def waterfall(trace: dict, selected: str | None = None, max_rows: int = WATERFAL
     for s in shown:
         stages.setdefault(s["stage"], []).append(s)
     for stage, group in stages.items():
-        err = [s.get("status") == "ERROR" for s in group]
         data.append({"type": "bar", "orientation": "h", **bars(group), "width": BAR_WIDTH, "name": plot_text(stage),
-                     "marker": {"color": stage_color(stage),
-                                "line": {"color": [DANGER if e else "rgba(0,0,0,0)" for e in err],
-                                         "width": [2 if e else 0 for e in err]}},
+                     "marker": {"color": stage_color(stage), "line": {"width": 0}},
                      "text": [_span_hover(s) for s in group], "hovertemplate": "%{text}<extra></extra>",
                      "textposition": "none"})
     crit = [s for s in shown if s.get("critical")]
@@ -560,8 +557,11 @@ def waterfall(trace: dict, selected: str | None = None, max_rows: int = WATERFAL
                      "marker": {"color": CRITICAL}, "text": [_span_hover(s) for s in crit],
                      "hovertemplate": "%{text}<extra>critical path</extra>", "textposition": "none"})
     errors = [s for s in shown if s.get("status") == "ERROR"]
-    if errors:
+    if errors:  # a red outline (its own trace: the stage legend keeps plain swatches) and a mark
         b = bars(errors)
+        data.append({"type": "bar", "orientation": "h", **b, "width": BAR_WIDTH, "name": "error outline",
+                     "showlegend": False, "hoverinfo": "skip",
+                     "marker": {"color": "rgba(0,0,0,0)", "line": {"width": 2, "color": DANGER}}})
         data.append({"type": "scatter", "mode": "markers", "y": b["y"], "customdata": b["customdata"],
                      "x": [x + base for x, base in zip(b["x"], b["base"])], "name": "error",
                      "marker": {"color": DANGER, "symbol": "x", "size": 8, "line": {"width": 1, "color": DANGER}},
@@ -638,7 +638,7 @@ def icicle(trace: dict) -> go.Figure:
     return fig
 
 
-# -- cache, compare, findings (issue 5) ------------------------------------------------
+# -- cache, compare, findings ------------------------------------------------
 GROUP_COLORS = ("#2563eb", "#f59e0b", "#10b981", "#ef4444", "#8b5cf6", "#14b8a6", "#ec4899", "#84cc16",
                 "#6b7280", "#0ea5e9")
 

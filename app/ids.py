@@ -92,7 +92,7 @@ CMP_ATTRS = "compare-attributes"
 OV_COMPARE = "overview-compare-link"
 DD_COMPARE = "drilldown-compare-link"
 
-# share control (issue 7): one per panel, pattern-matching ids {"type": <below>, "panel": <panel name>}
+# share control: one per panel, pattern-matching ids {"type": <below>, "panel": <panel name>}
 SHARE = "share"  # the <details> holding the popover
 SHARE_QUERY = "share-query"  # dcc.Store {"panel", "params"}: what the control shares
 SHARE_TTL = "share-ttl"  # radio: 0 (unsigned) or the signed link's lifetime in seconds

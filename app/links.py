@@ -140,7 +140,7 @@ def open_href(value: str | None, state: dict) -> tuple[str | None, str]:
     return st.to_href(f"{TRACE_PATH}/{tid}", keep), ""
 
 
-# -- compare and findings (issue 5) ----------------------------------------------------
+# -- compare and findings ----------------------------------------------------
 COMPARE_PATH = "/compare"
 ANOMALIES_PATH = "/anomalies"
 CACHE_PATH = "/cache"

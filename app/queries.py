@@ -91,7 +91,7 @@ def input_types(reader: StoreReader, window: Window, filters: Filters = Filters(
                     "p99_ms": _ms(p99), "bottleneck_stage": bottleneck,
                     "error_rate": round(g.error_count / g.count, 6),
                     "tokens": per_request(token_sums.get(it, {}), g.count)})
-    order = {t: i for i, t in enumerate(("text", "image", "multi_image", "audio", "unknown"))}
+    order = {t: i for i, t in enumerate(INPUT_TYPE_ORDER)}
     out.sort(key=lambda r: (order.get(r["input_type"], 99), r["input_type"]))
     return out
 
@@ -138,14 +138,7 @@ def trace_detail(reader: StoreReader, trace_id: str) -> dict | None:
     rows = reader.trace_spans(trace_id)
     if not rows:
         return None
-    records = []
-    for r in rows:
-        records.append(SpanRecord(
-            trace_id=r["trace_id"], span_id=r["span_id"], parent_span_id=r["parent_span_id"],
-            service=r["service"], name=r["name"], kind=r["kind"], start_ns=r["start_ns"],
-            end_ns=r["start_ns"] + r["duration_ns"], status=r["status"],
-            attributes=json.loads(r["attributes"]) if r["attributes"] else {}, stage=r["stage"],
-        ))
+    records = _records(rows, with_attributes=True)  # with signals: the settler's input type
     selfs = self_times(records)
     trace_row = reader.trace_row(trace_id)
     settled = trace_row is not None and not trace_row["pending"] and trace_row["settled_ns"] is not None
@@ -188,12 +181,12 @@ def trace_detail(reader: StoreReader, trace_id: str) -> dict | None:
 
 
 # ======================================================================================
-# Dashboard queries (issue 4): the pages and /api/v1 call these same functions.
+# Dashboard queries: the pages and /api/v1 call these same functions.
 # ======================================================================================
 
 
 BINS_PER_DECADE = 10
-INPUT_TYPE_ORDER = ("text", "image", "multi_image", "audio", "unknown")
+INPUT_TYPE_ORDER = ("text", "image", "multi_image", "audio", "video", "unknown")
 # The seed document's table: P50 / P95 per input type, in milliseconds.
 SEED_BASELINE: dict[str, tuple[float, float]] = {
     "text": (320.0, 410.0),
@@ -866,7 +859,7 @@ def filter_options(reader: StoreReader) -> dict[str, list]:
 
 
 # ======================================================================================
-# Cache analytics and triage compare (issue 5): /api/v1/cache, /api/v1/compare, pages.
+# Cache analytics and triage compare: /api/v1/cache, /api/v1/compare, pages.
 # ======================================================================================
 
 import re as _re

@@ -16,12 +16,12 @@ from typing import Any, Mapping
 from urllib.parse import quote, urlencode
 
 from ..models.reader import Filters
-from .params import DEFAULT_RANGE, ParamError, Window, parse_filters, parse_window
+from .params import DEFAULT_RANGE, FILTER_NAMES, ParamError, Window, parse_filters, parse_window
 
 PRESETS = ("15m", "1h", "6h", "24h", "7d")
 DEFAULT_RANGE_LABEL = DEFAULT_RANGE
 TIME_KEYS = ("range", "start", "end")
-FILTER_KEYS = ("service", "caller", "callee", "stage", "input_type")
+FILTER_KEYS = FILTER_NAMES
 # Page-specific selection: latency band, selected span, table sort, baseline.
 EXTRA_KEYS = ("min_ms", "max_ms", "span", "sort", "baseline", "margin", "group_by", "cache",
               "baseline_start", "baseline_end")

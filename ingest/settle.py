@@ -173,7 +173,8 @@ def summarize_trace(trace_id: str, spans: list[SpanRecord],
             ))
     for call in trace_calls(spans, linked).values():
         contribs.append((
-            series_key("pair", name=call.model, input_type=input_type, caller=call.caller, callee=call.callee),
+            series_key("pair", name=call.model, stage=call.stage, input_type=input_type, caller=call.caller,
+                       callee=call.callee),
             call.start_ns // NS_PER_MINUTE, call.duration_ns, int(call.error),
         ))
     trace_minute = (root.start_ns if root is not None else start_ns) // NS_PER_MINUTE
@@ -386,11 +387,12 @@ def load_link_targets(conn: Connection, rows: Sequence[tuple]) -> dict[tuple[str
     for i in range(0, len(keys), 200):
         chunk = keys[i : i + 200]
         stmt = select(Span.trace_id, Span.span_id, Span.parent_span_id, Span.service, Span.name, Span.kind,
-                      Span.start_ns, Span.duration_ns, Span.status).where(
+                      Span.start_ns, Span.duration_ns, Span.status, Span.stage).where(
             Span.kind == KIND_PRODUCER,
             or_(*[and_(Span.trace_id == t, Span.span_id == sp) for t, sp in chunk]))
-        for tid, sid, parent, service, name, kind, start, dur, status in conn.execute(stmt):
-            out[(tid, sid)] = SpanRecord(tid, sid, parent, service, name, kind, start, start + max(dur, 0), status)
+        for tid, sid, parent, service, name, kind, start, dur, status, stage in conn.execute(stmt):
+            out[(tid, sid)] = SpanRecord(tid, sid, parent, service, name, kind, start, start + max(dur, 0), status,
+                                         stage=stage)
     return out
 
 

@@ -366,7 +366,8 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
 
     # Calls (traces.trace_calls): model calls (any kind), CLIENT spans, CONSUMER hand-offs.
     call_i: list[int] = []
-    call_pair: list[tuple[str, str, str]] = []  # (caller, callee, model)
+    call_pair: list[tuple[str, str, str, str]] = []  # (caller, callee, model, calling stage)
+    stage_col = cols[STAGE]
     call_st: list[int] = []
     call_du: list[int] = []
     call_er: list[int] = []
@@ -391,7 +392,7 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
         callee = callee_ladder(i, _text_value(sig, "provider"))
         if callee:
             call_i.append(i)
-            call_pair.append((services[i], callee, _text_value(sig, "model")))
+            call_pair.append((services[i], callee, _text_value(sig, "model"), stage_col[i] or "other"))
             call_st.append(int(start[i]))
             call_du.append(int(dur[i]))
             call_er.append(int(status[i] == STATUS_ERROR))
@@ -408,7 +409,7 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
         callee = callee_ladder(i, "")
         if callee:
             call_i.append(i)
-            call_pair.append((services[i], callee, ""))
+            call_pair.append((services[i], callee, "", stage_col[i] or "other"))
             call_st.append(int(start[i]))
             call_du.append(int(dur[i]))
             call_er.append(int(status[i] == STATUS_ERROR))
@@ -420,9 +421,9 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
             if i in model_set:
                 continue
             p = int(parent_idx[i])
-            prod: tuple | None = None  # (service, start, status)
+            prod: tuple | None = None  # (service, start, status, stage)
             if p >= 0 and kind[p] == KIND_PRODUCER:
-                prod = (services[p], int(start[p]), int(status[p]))
+                prod = (services[p], int(start[p]), int(status[p]), stage_col[p] or "other")
             elif links_raw is not None and links_raw[i]:
                 if code_of is None:
                     code_of = {tid: c for c, tid in enumerate(t_uniques)}
@@ -434,10 +435,14 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
                     code = code_of.get(tid)
                     j = index.get((code, sid)) if code is not None else None
                     if j is not None:
-                        cand = (services[j], int(start[j]), int(status[j])) if kind[j] == KIND_PRODUCER else None
+                        # another trace's producer counts with its stored stage, as the
+                        # reference path sees it (that trace's own correction is its business)
+                        j_stage = stage_col[j] if t_codes[j] == t_codes[i] else stages_in[j]
+                        cand = (services[j], int(start[j]), int(status[j]), j_stage or "other") \
+                            if kind[j] == KIND_PRODUCER else None
                     else:
                         rec = linked.get((tid, sid)) if linked else None
-                        cand = (rec.service, rec.start_ns, rec.status) \
+                        cand = (rec.service, rec.start_ns, rec.status, rec.stage or "other") \
                             if rec is not None and rec.kind == KIND_PRODUCER else None
                     if cand is not None and (best is None or (cand[1], tid, sid) < best[0]):
                         best = ((cand[1], tid, sid), cand)
@@ -445,7 +450,7 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
                     prod = best[1]
             if prod is not None:
                 call_i.append(i)
-                call_pair.append((prod[0], services[i], ""))
+                call_pair.append((prod[0], services[i], "", prod[3]))
                 call_st.append(prod[1])
                 call_du.append(max(0, int(end[i]) - prod[1]))
                 call_er.append(int(prod[2] == STATUS_ERROR or status[i] == STATUS_ERROR))
@@ -510,8 +515,8 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
     calls = {}
     if call_i:
         idx = np.array(call_i, dtype=np.int64)
-        pair_keys = np.array([key_id(("pair", "", model, "", input_type[t_codes[i]], caller, callee))
-                              for i, (caller, callee, model) in zip(call_i, call_pair)], dtype=np.int64)
+        pair_keys = np.array([key_id(("pair", "", model, stage, input_type[t_codes[i]], caller, callee))
+                              for i, (caller, callee, model, stage) in zip(call_i, call_pair)], dtype=np.int64)
         c_start = np.array(call_st, dtype=np.int64)
         c_dur = np.array(call_du, dtype=np.int64)
         parts_t.append(t_codes[idx])

@@ -351,6 +351,7 @@ class Call:
     start_ns: int
     duration_ns: int
     error: bool
+    stage: str = "other"  # the calling span's (a hand-off's: the producer's), after inheritance
 
 
 def _text_value(sig: dict[str, Any], key: str) -> str:
@@ -446,7 +447,9 @@ def trace_calls(spans: Iterable[SpanRecord],
        service, callee the consumer's; the call runs from the producer's start to the
        consumer's end; it fails when either span does.
 
-    Calls other than hand-offs take the span's own start, duration and status.
+    Calls other than hand-offs take the span's own start, duration, status and stage (a
+    hand-off the producer's stage): the pair series' stage, so a stage filter on pairs keeps
+    the calls made from that stage (a model call's is inference).
     Cloud Trace RPC_CLIENT / RPC_SERVER spans arrive as CLIENT / SERVER and pair the same way.
 
     One call, one pair: a model call that wraps another model call of its own service (the
@@ -463,7 +466,13 @@ def trace_calls(spans: Iterable[SpanRecord],
     for span in spans:
         if span.kind in _CALLEE_KINDS and span.parent_span_id and span.parent_span_id != span.span_id:
             servers.setdefault(span.parent_span_id, []).append(span)
-    inherited = {k for k, (_, inh) in resolve_stages(spans).items() if inh}
+    resolved = resolve_stages(spans)
+    inherited = {k for k, (_, inh) in resolved.items() if inh}
+
+    def stage_of(sp: SpanRecord) -> str:
+        hit = resolved.get(sp.span_id)
+        return (hit[0] if hit is not None else sp.stage) or "other"
+
     outer = _outer_model_calls(spans, by_id, _model_callers(spans))
     calls: dict[str, Call] = {}
     for span in spans:
@@ -481,14 +490,16 @@ def trace_calls(spans: Iterable[SpanRecord],
             if producer is not None:
                 calls[span.span_id] = Call(producer.service, span.service, "", producer.start_ns,
                                            max(0, _end(span) - producer.start_ns),
-                                           producer.status == STATUS_ERROR or span.status == STATUS_ERROR)
+                                           producer.status == STATUS_ERROR or span.status == STATUS_ERROR,
+                                           stage_of(producer))
             continue
         if kind == KIND_CLIENT and not model_call and span.span_id in inherited:
             continue
         callee = _callee_of(span, servers.get(span.span_id, ()), _text_value(sig, "provider") if model_call else "")
         if callee:
             calls[span.span_id] = Call(span.service, callee, _text_value(sig, "model") if model_call else "",
-                                       span.start_ns, span.duration_ns, span.status == STATUS_ERROR)
+                                       span.start_ns, span.duration_ns, span.status == STATUS_ERROR,
+                                       stage_of(span))
     return calls
 
 

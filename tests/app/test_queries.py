@@ -42,7 +42,10 @@ def test_pair_heatmap_orders_by_volume_and_counts_every_call(store):
     assert llm["p99_ms"] == pytest.approx(np.percentile(_ms(store.spans("llm.Generate")), 99), rel=REL)
     # Filters narrow it; a non-network stage has no pairs.
     assert [p["callee"] for p in queries.pair_heatmap(store.reader, store.window, Filters(callee="llm"))["pairs"]] == ["llm"]
-    assert queries.pair_heatmap(store.reader, store.window, Filters(stage="encoder")) == {"pairs": [], "bins": []}
+    # a pair's stage is its calling span's: the gateway's vision.Encode call is encoder time
+    encoder = queries.pair_heatmap(store.reader, store.window, Filters(stage="encoder"))["pairs"]
+    assert [(p["caller"], p["callee"]) for p in encoder] == [("gateway", "vision-encoder")]
+    assert queries.pair_heatmap(store.reader, store.window, Filters(stage="fusion")) == {"pairs": [], "bins": []}
 
 
 def test_heatmap_cells_and_exemplar_bands_agree_exactly(store):
@@ -237,8 +240,8 @@ def test_traces_api(store):
 
 
 def test_a_stage_filter_keeps_the_pairs_whose_calling_span_is_in_it(store, engine):
-    """Pairs stored without a stage count as network; once a pair's series carries its
-    calling span's stage (a model call: inference), that stage finds it and network does not."""
+    """A pair's series carries its calling span's stage (a model call or a call named for
+    generation: inference); pairs stored before it (stage '') count as network."""
     from sqlalchemy import update
 
     from modalscope.models import Series
@@ -249,15 +252,16 @@ def test_a_stage_filter_keeps_the_pairs_whose_calling_span_is_in_it(store, engin
                                                                  Filters(stage=stage))["pairs"]}
         return got
 
-    assert callees("network") == {"vision-encoder", "userdb", "llm"}
-    assert callees("inference") == set()
-    with engine.begin() as conn:
-        conn.execute(update(Series).where(Series.kind == "pair", Series.callee == "llm").values(stage="inference"))
+    assert callees("network") == {"userdb"}
     assert callees("inference") == {"llm"}
-    assert callees("network") == {"vision-encoder", "userdb"}
-    assert callees("encoder") == set()
+    assert callees("encoder") == {"vision-encoder"}
+    assert callees("fusion") == set()
     rows = queries.exemplar_traces(store.reader, store.window, Filters(caller="gateway", stage="inference"), limit=50)
     assert rows and {r["span_name"] for r in rows} == {"llm.Generate"}
+    with engine.begin() as conn:
+        conn.execute(update(Series).where(Series.kind == "pair").values(stage=""))
+    assert callees("network") == {"vision-encoder", "userdb", "llm"}
+    assert callees("inference") == set()
 
 
 def test_pairs_list_no_models_for_calls_without_one(store):

@@ -79,6 +79,9 @@ _TRIGGERS = frozenset((
     "openinference.span.kind", "llm.request.type",
 ))
 
+_MM_COUNTS = frozenset(key for key, _ in _MM_COUNT_KEYS)
+_MM_KEYS = _MM_COUNTS | {"mm.input_type", "mm.prompt_chars"}
+
 # gen_ai.operation.name values that are not a call to a model.
 _NOT_MODEL_OPS = frozenset((
     "execute_tool", "invoke_agent", "create_agent", "invoke_workflow", "retrieval",
@@ -164,20 +167,27 @@ def span_signals(span: SpanRecord) -> dict[str, Any] | None:
     else:
         attributes = {}
     out: dict[str, Any] = {}
-    explicit = attributes.get("mm.input_type")
-    if isinstance(explicit, str):
-        explicit = explicit.strip().lower()
-        if explicit in _INPUT_TYPE_SET and explicit != "unknown":
-            out["it"] = explicit
-    counts = {}
-    for key, media in _MM_COUNT_KEYS:
-        n = _count(attributes.get(key))
-        if n is not None:
-            counts[media] = n
-    if counts:
-        out["mm"] = counts
-    if "mm.prompt_chars" in attributes:
+    hits = _TRIGGERS.intersection(attributes)
+    if "mm.input_type" in hits:
+        explicit = attributes["mm.input_type"]
+        if isinstance(explicit, str):
+            explicit = explicit.strip().lower()
+            if explicit in _INPUT_TYPE_SET and explicit != "unknown":
+                out["it"] = explicit
+    if not _MM_COUNTS.isdisjoint(hits):
+        counts = {}
+        for key, media in _MM_COUNT_KEYS:
+            if key in hits:
+                value = attributes[key]
+                n = value if type(value) is int else _count(value)
+                if n is not None:
+                    counts[media] = n
+        if counts:
+            out["mm"] = counts
+    if "mm.prompt_chars" in hits:
         out["text"] = 1
+    if hits <= _MM_KEYS and not events:  # the multimodal extras alone: no model call here
+        return out or None
     _model_call(attributes, out)
     parts = _request_parts(attributes, events, "call" in out)
     if parts:

@@ -1362,9 +1362,6 @@ def expected_traces(config: DemoConfig) -> int:
     return sum(n + g for n, g in _Schedule(config, plan).counts())
 
 
-#: Fills at least this long generate in a child process while this one writes (generating
-#: is a tenth of a fill's time, and the writer leaves the second core idle).
-BACKGROUND_MIN_TRACES = 20_000
 _DONE = b""
 
 
@@ -1379,32 +1376,42 @@ def _generate_to(queue, config: DemoConfig) -> None:
         queue.put(f"{type(exc).__name__}: {exc}")
 
 
-def _generated(config: DemoConfig, background: bool | None) -> Iterator[tuple[bytes, int, int, int]]:
-    """``_iter_blocks(config)``, from a child process when ``background`` (None: for fills of
-    at least BACKGROUND_MIN_TRACES requests), the same items in the same order; in this
-    process otherwise or where no child can start."""
+def _generated(config: DemoConfig, background: bool) -> Iterator[tuple[bytes, int, int, int]]:
+    """``_iter_blocks(config)``, from a child process when ``background`` (generating is a
+    tenth of a fill's time, and the writer leaves a second core idle): the same items in the
+    same order. Where no child starts, or it dies, this process generates the rest."""
+    import itertools
     import multiprocessing
+    import queue as queues
 
-    if background is None:
-        background = expected_traces(config) >= BACKGROUND_MIN_TRACES
     if not background:
         yield from _iter_blocks(config)
         return
     ctx = multiprocessing.get_context("spawn")  # no fork: the caller may hold threads and connections
-    queue = ctx.Queue(maxsize=8)
-    child = ctx.Process(target=_generate_to, args=(queue, config), name="modalscope-demo-generate", daemon=True)
+    q = ctx.Queue(maxsize=8)
+    child = ctx.Process(target=_generate_to, args=(q, config), name="modalscope-demo-generate", daemon=True)
+    received = 0
     try:
-        child.start()
-    except OSError:
-        yield from _iter_blocks(config)
-        return
-    try:
+        try:
+            child.start()
+        except (OSError, RuntimeError):  # RuntimeError: a __main__ that spawn cannot re-import
+            yield from _iter_blocks(config)
+            return
         while True:
-            item = queue.get()
+            try:
+                item = q.get(timeout=1.0)
+            except queues.Empty:
+                if child.is_alive():
+                    continue
+                # Died without a word (killed, or its start failed): deterministic, so
+                # generate what it did not send.
+                yield from itertools.islice(_iter_blocks(config), received, None)
+                return
             if item == _DONE:
                 break
             if isinstance(item, str):
                 raise RuntimeError(f"demo traffic generation failed: {item}")
+            received += 1
             yield item
         child.join()
     finally:
@@ -1414,11 +1421,11 @@ def _generated(config: DemoConfig, background: bool | None) -> Iterator[tuple[by
 
 
 def fill(engine, config: DemoConfig, rules=None, progress: Callable[[int], Any] | None = None,
-         background: bool | None = None) -> FillResult:
+         background: bool = False) -> FillResult:
     """Generate the history window into ``engine``: decode -> tag -> write, request by
     request (as a receiver would). Settle afterwards (``settle(engine, force=True)``).
     ``progress`` is called with the user requests each OTLP request held; ``background``
-    generates in a child process (None: when the fill is large)."""
+    generates in a child process (spawned: call it from a guarded ``__main__``)."""
     from .otlp import decode_protobuf
     from .stages import default_rules
     from .writer import write_spans

@@ -128,7 +128,8 @@ def _fill(engine, settings, rules, config) -> None:
     t0 = time.monotonic()
     bar = _progress(demo.expected_traces(config), "generating", unit=" requests")
     try:
-        result = demo.fill(engine, config, rules, progress=bar.update)
+        # (generating in a child process: the writer leaves the second core idle)
+        result = demo.fill(engine, config, rules, progress=bar.update, background=True)
     except KeyboardInterrupt:
         bar.close()
         print(f"interrupted: {url} is only partly filled; delete it for a complete demo", file=sys.stderr)

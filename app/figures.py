@@ -599,11 +599,39 @@ def _span_hover(s: dict) -> str:
             f"{rank_text}{err}")
 
 
-def icicle(trace: dict) -> go.Figure:
-    """Flame graph (icicle) of the trace: a span's width is its duration."""
+def _merged_spans(spans: Sequence[dict]) -> list[dict]:
+    """Siblings of the same service and name as one node (a flame graph's stacks): a node's
+    duration is their sum, ``count`` how many; parents before children as in ``spans``."""
+    ids = {s["span_id"] for s in spans}
+    key: dict[str, str] = {}
+    nodes: dict[str, dict] = {}
+    for s in spans:  # depth-first order: a parent's key is known before its children's
+        p = s["parent_span_id"]
+        parent = key.get(p, "") if p in ids and p != s["span_id"] else ""
+        k = key[s["span_id"]] = f"{parent}/{len(parent)}:{s['service']}\x00{s['name']}"
+        node = nodes.get(k)
+        if node is None:
+            nodes[k] = {**s, "span_id": k, "parent_span_id": parent or None, "count": 1,
+                        "error_count": int(s.get("status") == "ERROR")}
+        else:
+            node["duration_ms"] += s["duration_ms"]
+            node["self_ms"] += s["self_ms"]
+            node["count"] += 1
+            node["rank"] = None  # a rank belongs to one span, not to a sum
+            node["error_count"] += int(s.get("status") == "ERROR")
+    return list(nodes.values())
+
+
+def icicle(trace: dict, max_nodes: int = WATERFALL_ROWS) -> go.Figure:
+    """Flame graph (icicle) of the trace: a span's width is its duration. Past ``max_nodes``
+    spans, siblings of the same service and name merge into one node (their summed time),
+    so a trace of thousands of spans draws as its few dozen distinct call stacks."""
     spans = trace.get("spans") or []
     if not spans:
         return empty_figure("This trace has no spans.")
+    merged = len(spans) > max_nodes
+    if merged:
+        spans = _merged_spans(spans)
     ids = {s["span_id"] for s in spans}
     # Children can outlast a parent (clock skew): icicle "total" values need parent >= sum of
     # children, so values are widened bottom-up where necessary.
@@ -626,12 +654,17 @@ def icicle(trace: dict) -> go.Figure:
         values=[value[s["span_id"]] for s in spans],
         branchvalues="total",
         marker=dict(colors=[stage_color(s["stage"]) for s in spans], line=dict(color="white", width=1)),
-        text=[_span_hover(s) for s in spans], hovertemplate="%{text}<extra></extra>",
+        text=[_span_hover(s) + (f"<br>{s['count']} spans merged ({s['error_count']} errors)" if merged else "")
+              for s in spans], hovertemplate="%{text}<extra></extra>",
         texttemplate="%{label}", tiling=dict(orientation="v"), root=dict(color="white"),
         sort=False,
     ))
     base_layout(fig, height=140 + 34 * min(max(s.get("depth", 0) for s in spans) + 1, 30),
-                margin=dict(l=8, r=8, t=8, b=8))
+                margin=dict(l=8, r=8, t=28 if merged else 8, b=8))
+    if merged:
+        fig.add_annotation(text=f"{fmt_count(len(trace['spans']))} spans as {fmt_count(len(spans))} call stacks "
+                                "(same-name siblings merged)", x=0, y=1, xref="paper", yref="paper", showarrow=False,
+                           xanchor="left", yanchor="bottom", font=dict(color=MUTED))
     if len(roots) > 1:
         fig.add_annotation(text=f"{len(roots)} roots", x=1, y=1, xref="paper", yref="paper", showarrow=False,
                            font=dict(color=MUTED))

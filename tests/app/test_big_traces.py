@@ -196,10 +196,9 @@ def test_error_spans_stand_out(big, n):
     marks = next(d for d in fig.data if d.name == "error")
     assert marks.type == "scatter" and marks.marker.color == figures.DANGER and marks.showlegend is not False
     assert set(marks.y) == failed
-    for d in fig.data:
-        if d.type == "bar" and d.name not in ("critical path", "selected", "selected row"):
-            for y, colour, width in zip(d.y, d.marker.line.color, d.marker.line.width):
-                assert (colour == figures.DANGER and width > 0) == (y in failed), (d.name, y)
+    outline = next(d for d in fig.data if d.name == "error outline")
+    assert set(outline.y) == failed and outline.marker.line.color == figures.DANGER and outline.marker.line.width > 0
+    assert outline.width == figures.BAR_WIDTH and outline.showlegend is False
     for y in failed:
         assert figures.DANGER in fig.layout.annotations[y].text
 
@@ -230,6 +229,24 @@ def test_the_waterfall_validates_as_plotly_would_build_it(big, monkeypatch):
     monkeypatch.setattr(figures, "VALIDATE", True)
     slow = figures.waterfall(big.traces[500], big.traces[500]["spans"][3]["span_id"]).to_plotly_json()
     assert json.dumps(fast, sort_keys=True, default=str) == json.dumps(slow, sort_keys=True, default=str)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_the_flame_graph_merges_same_name_siblings_of_big_traces(big, n):
+    trace = big.traces[n]
+    ic = figures.icicle(trace).data[0]
+    if n <= figures.WATERFALL_ROWS:
+        assert sorted(ic.ids) == sorted(s["span_id"] for s in trace["spans"])
+        return
+    assert len(ic.ids) < figures.WATERFALL_ROWS
+    counts = [int(t.split("<br>")[-1].split(" spans merged")[0]) for t in ic.text]
+    assert sum(counts) == n  # every span is in exactly one node
+    parents = set(ic.parents) - {""}
+    assert parents <= set(ic.ids)
+    values = dict(zip(ic.ids, ic.values))
+    for node, parent in zip(ic.ids, ic.parents):
+        if parent:
+            assert values[parent] >= values[node]
 
 
 # -- images ---------------------------------------------------------------------------------------
@@ -312,15 +329,16 @@ def test_a_2000_span_trace_page_draws_its_rows(big, big_site):
     assert "The waterfall shows 199 of 2,000 spans" in site.text(f"#{ids.TR_HEADER}")
     table = site.driver.find_elements(By.CSS_SELECTOR, "#trace-span-table tbody tr")
     assert len(table) == trace_page.SPANS_PAGE
-    assert "spans 1–200 of 2,000" in site.text("#trace-span-pager")
+    assert f"spans 1–{trace_page.SPANS_PAGE} of 2,000" in site.text("#trace-span-pager")
     assert site.severe() == []
     # The rest is a page away, in the URL; a span picked there gets its row in the waterfall.
     site.driver.find_element(By.LINK_TEXT, "next ›").click()
     site.wait_url(lambda u: "page=2" in u)
     site.wait("#trace-span-pager")
-    assert "spans 201–400 of 2,000" in site.text("#trace-span-pager")
-    want = big.traces[2000]["spans"][333]
-    link = site.driver.find_elements(By.CSS_SELECTOR, "#trace-span-table a.ms-span-link")[133]
+    page = trace_page.SPANS_PAGE
+    assert f"spans {page + 1}–{2 * page} of 2,000" in site.text("#trace-span-pager")
+    want = big.traces[2000]["spans"][page + 33]
+    link = site.driver.find_elements(By.CSS_SELECTOR, "#trace-span-table a.ms-span-link")[33]
     link.click()
     url = site.wait_url(lambda u: f"span={want['span_id']}" in u)
     assert "page=2" in url

@@ -145,7 +145,12 @@ _BLOB_RUN = re.compile(r"[A-Za-z0-9+/_-]{2048,}={0,2}")
 
 
 def _elide_blob(m: re.Match) -> str:
-    return f"[{len(m.group(0))} base64 characters elided]"
+    run = m.group(0)
+    # Encoded bytes mix cases and digits within any 2 KiB; a run of letters alone is text.
+    head = run[:4096]
+    if head.isalpha() or head.isdigit() or head.islower() or head.isupper():
+        return run
+    return f"[{len(run)} base64 characters elided]"
 
 
 def _bound_str(s: str) -> str:

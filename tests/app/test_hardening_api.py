@@ -55,6 +55,7 @@ ENDPOINTS = {
     "/api/v1/stages": ("group_by",),
     "/api/v1/traces": ("min_ms", "max_ms", "limit"),
     "/api/v1/anomalies": (),
+    "/api/v1/incidents": (),
     "/api/v1/cache": ("group_by", "cache"),
     "/api/v1/compare": ("baseline_start", "baseline_end"),
     "/api/v1/share": ("panel", "ttl"),

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 import numpy as np
 import orjson as _orjson
 
-from ..ingest.records import KIND_CLIENT, KIND_NAMES, STAGES, STATUS_NAMES, SpanRecord
+from ..ingest.records import KIND_CLIENT, KIND_PRODUCER, KIND_NAMES, STAGES, STATUS_NAMES, SpanRecord
 from ..ingest.traces import (Call, critical_path, find_root, input_type_of, self_times, trace_calls,
                               trace_duration_ns)
 from ..models import sketch
@@ -841,10 +841,55 @@ def trace_view(reader: StoreReader, trace_id: str, window: Window) -> dict | Non
         stack.extend(sorted(children.get(s["span_id"], []), key=lambda c: (c["start_unix_nano"], c["span_id"]),
                             reverse=True))
     ordered.extend(s for s in spans if s["span_id"] not in seen)  # cycles: shown, unindented
+    _mark_queue_waits(reader, trace_id, spans)
     detail["spans"] = ordered
     detail["start_unix_nano"] = min(s["start_unix_nano"] for s in spans)
     detail["in_window"] = window.start_ns <= detail["start_unix_nano"] < window.end_ns
     return detail
+
+
+MAX_LINKED_LOOKUPS = 64  # consumers whose linked producers a trace page looks up
+
+
+def _mark_queue_waits(reader: StoreReader, trace_id: str, spans: list[dict]) -> None:
+    """Each CONSUMER span's hand-off: ``queued_ms`` (its start minus the end of the PRODUCER
+    span it came from: its parent, else the earliest producer its links name, in any trace)
+    and ``producer_service``; the pair's latency includes this wait."""
+    by_id = {s["span_id"]: s for s in spans}
+    consumers = [s for s in spans if s["kind"] == "CONSUMER"]
+    wanted: set[tuple[str, str]] = set()
+    for s in consumers[:MAX_LINKED_LOOKUPS]:
+        for ln in s.get("links") or []:
+            if isinstance(ln, dict) and isinstance(ln.get("trace_id"), str) and isinstance(ln.get("span_id"), str):
+                if ln["trace_id"] != trace_id:
+                    wanted.add((ln["trace_id"], ln["span_id"]))
+    linked = {(r["trace_id"], r["span_id"]): r for r in reader.spans_by_id(wanted)} if wanted else {}
+    for s in consumers:
+        producer = None  # (service, end_ns)
+        parent = by_id.get(s["parent_span_id"] or "")
+        if parent is not None and parent["kind"] == "PRODUCER":
+            producer = (parent["service"], parent["start_unix_nano"] + int(round(parent["duration_ms"] * 1e6)))
+        else:
+            best = None
+            for ln in s.get("links") or []:
+                if not isinstance(ln, dict):
+                    continue
+                key = (ln.get("trace_id"), ln.get("span_id"))
+                if key[0] == trace_id:
+                    p = by_id.get(key[1])
+                    cand = (p["start_unix_nano"], p["service"], p["start_unix_nano"] + int(round(p["duration_ms"] * 1e6))) \
+                        if p is not None and p["kind"] == "PRODUCER" else None
+                else:
+                    r = linked.get(key)
+                    cand = (r["start_ns"], r["service"], r["start_ns"] + r["duration_ns"]) \
+                        if r is not None and r["kind"] == KIND_PRODUCER else None
+                if cand is not None and (best is None or cand[0] < best[0]):
+                    best = cand
+            if best is not None:
+                producer = (best[1], best[2])
+        if producer is not None:
+            s["producer_service"] = producer[0]
+            s["queued_ms"] = _ms(max(0, s["start_unix_nano"] - producer[1]))
 
 
 def filter_options(reader: StoreReader) -> dict[str, list]:

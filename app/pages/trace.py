@@ -169,6 +169,8 @@ def span_detail(trace: dict, span: dict, state: dict | None = None) -> html.Div:
         ("starts at", f"+{fmt_ms((span['start_unix_nano'] - t0) / 1e6)}"),
         ("duration", fmt_ms(span["duration_ms"])), ("self time", fmt_ms(span["self_ms"])),
         ("rank", rank_text(span)), ("critical path", "yes" if span.get("critical") else "no"),
+        *([("queued", f"{fmt_ms(span['queued_ms'])} after {span['producer_service']} published it "
+                      "(part of the hand-off's latency)")] if span.get("queued_ms") is not None else []),
         ("status", span["status"] + (f": {span['status_message']}" if span.get("status_message") else "")),
         ("instance", span.get("instance") or "—"), ("source", span["source"]),
     ]

@@ -269,3 +269,50 @@ def test_pairs_list_no_models_for_calls_without_one(store):
     assert rows and all(r["models"] == [] for r in rows)
     assert queries.pairs(store.reader, store.window, Filters(model="mm-llm-7b")) == []
     assert queries.exemplar_traces(store.reader, store.window, Filters(caller="gateway", model="mm-llm-7b")) == []
+
+
+def test_trace_view_shows_a_consumers_wait_in_the_queue(engine):
+    """A CONSUMER span's queue wait: from its PRODUCER parent's end, or from the producer its
+    span link names in another trace, to its own start."""
+    import time
+
+    from modalscope.ingest.records import KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, SpanRecord
+    from modalscope.models.reader import StoreReader
+
+    base = (time.time_ns() // MIN - 10) * MIN
+    pub_trace, sub_trace = "a1" * 16, "b2" * 16
+    spans = [
+        SpanRecord(pub_trace, "1" * 16, None, "gateway", "POST /v1/chat", KIND_SERVER, base, base + 900 * MS),
+        SpanRecord(pub_trace, "2" * 16, "1" * 16, "gateway", "send usage", KIND_PRODUCER, base + 800 * MS,
+                   base + 810 * MS),
+        # a consumer in the same trace (parented), 40 ms after the publish ended
+        SpanRecord(pub_trace, "3" * 16, "2" * 16, "audit", "process usage", KIND_CONSUMER, base + 850 * MS,
+                   base + 860 * MS),
+        # a consumer in its own trace, linked to the producer, 65 ms after it ended
+        SpanRecord(sub_trace, "4" * 16, None, "metering", "process usage", KIND_CONSUMER, base + 875 * MS,
+                   base + 900 * MS, links=[{"trace_id": pub_trace, "span_id": "2" * 16, "attributes": {}}]),
+        SpanRecord(sub_trace, "5" * 16, None, "metering", "orphan", KIND_CONSUMER, base + 880 * MS,
+                   base + 890 * MS, links=[{"trace_id": "c3" * 16, "span_id": "6" * 16, "attributes": {}}]),
+    ]
+    write_spans(engine, spans)
+    reader = StoreReader(engine)
+    window = Window(base - MIN, base + 2 * MIN)
+    pub = {s["span_id"]: s for s in queries.trace_view(reader, pub_trace, window)["spans"]}
+    assert pub["3" * 16]["queued_ms"] == 40.0 and pub["3" * 16]["producer_service"] == "gateway"
+    assert "queued_ms" not in pub["1" * 16] and "queued_ms" not in pub["2" * 16]
+    sub = {s["span_id"]: s for s in queries.trace_view(reader, sub_trace, window)["spans"]}
+    assert sub["4" * 16]["queued_ms"] == 65.0 and sub["4" * 16]["producer_service"] == "gateway"
+    assert "queued_ms" not in sub["5" * 16]  # its producer was never stored
+    # and the trace page says it, in the span's facts
+    from modalscope.app import create_app
+    from modalscope.settings import Settings
+
+    app = create_app(Settings(database_url=str(engine.url.render_as_string(hide_password=False))))
+    try:
+        from modalscope.app.pages import trace as trace_page
+
+        view = queries.trace_view(reader, sub_trace, window)
+        detail = trace_page.span_detail(view, next(s for s in view["spans"] if s["span_id"] == "4" * 16), {})
+        assert "65 ms after gateway published it" in str(detail)
+    finally:
+        app.extensions["modalscope"]["engine"].dispose()

@@ -249,13 +249,13 @@ def test_subject_spans_sample_spreads_over_the_window_and_reads_only_long_enough
 def test_stage_subject_spans_walk_the_stages_services_and_match_a_plain_scan(spike, engine, monkeypatch,
                                                                               walk_services):
     """A stage without a service: its spans read through the span index of each service that
-    has the stage (two here; with more than ``STAGE_WALK_SERVICES``, through start_ns), the
+    has the stage (three here; with more than ``STAGE_WALK_SERVICES``, through start_ns), the
     same rows a scan of the window filtered by stage gives: all of them, only the long ones,
-    and a sample spread over the window from both services."""
+    and a sample spread over the window from every one of those services."""
     from sqlalchemy import select
 
     from modalscope.models import Span, reader as reader_module
-    from modalscope.models.reader import StoreReader
+    from modalscope.models.reader import Filters, StoreReader
 
     monkeypatch.setattr(reader_module, "STAGE_WALK_SERVICES", walk_services)
 
@@ -277,7 +277,13 @@ def test_stage_subject_spans_walk_the_stages_services_and_match_a_plain_scan(spi
     with engine.connect() as conn:
         scan = conn.execute(select(Span.trace_id, Span.service, Span.start_ns, Span.duration_ns).where(
             Span.start_ns >= base, Span.start_ns < end, Span.stage == "encoder")).all()
-    assert {r.service for r in scan} == {"vision-encoder", "audio-encoder"}
+    # The gateway's CLIENT span "vision.Encode" is encoder time (span-name patterns come
+    # before CLIENT -> network), so the gateway is one of the stage's services too.
+    stage_services = {"gateway", "vision-encoder", "audio-encoder"}
+    assert {r.service for r in scan} == stage_services
+    # The walk takes the services of the stage's op series: all three, so walk_services=8
+    # walks their span indexes and walk_services=1 falls back to the scan.
+    assert reader.services_of("op", Filters(stage="encoder")) == sorted(stage_services)
 
     every = reader.subject_spans(base, end, stage="encoder", limit=100_000)
     assert sorted((r["trace_id"], r["start_ns"]) for r in every) == sorted((r.trace_id, r.start_ns) for r in scan)
@@ -288,8 +294,9 @@ def test_stage_subject_spans_walk_the_stages_services_and_match_a_plain_scan(spi
         sorted((r.trace_id, r.start_ns) for r in scan if r.duration_ns >= slow_ns)
     sample = reader.subject_spans(base, end, stage="encoder", limit=120, expected=len(scan))
     assert 60 <= len(sample) <= 120
-    services = {r.trace_id: r.service for r in scan}
-    assert {services[r["trace_id"]] for r in sample} == {"vision-encoder", "audio-encoder"}
+    # (a vision trace has two encoder spans, the gateway's and the encoder's: keyed by start too)
+    services = {(r.trace_id, r.start_ns): r.service for r in scan}
+    assert {services[r["trace_id"], r["start_ns"]] for r in sample} == stage_services
     assert len({(r["start_ns"] - base) // (5 * MIN) for r in sample}) == 12  # every 5 minutes of the hour
     assert reader.subject_spans(base, end, stage="fusion") == []  # no service has the stage
 

@@ -139,9 +139,13 @@ def test_vit_layers_figure():
 
 def test_waterfall_indents_colours_and_highlights_the_critical_path():
     fig = figures.waterfall(_trace(), selected="b")
-    stage_bars = [d for d in fig.data if d.name not in ("critical path", "selected")]
+    # The selection is a pale band across its row plus an outline: neither is a stage.
+    stage_bars = [d for d in fig.data if d.name not in ("critical path", "selected", "selected row")]
+    band = [d for d in fig.data if d.name == "selected row"][0]
+    assert list(band.y) == [1] and band.showlegend is False
     chosen = [d for d in fig.data if d.name == "selected"][0]
-    assert list(chosen.y) == [1] and chosen.marker.line.color == figures.DANGER and chosen.showlegend is False
+    # Accent, not red: a red outline marks an error span.
+    assert list(chosen.y) == [1] and chosen.marker.line.color == figures.ACCENT and chosen.showlegend is False
     crit = [d for d in fig.data if d.name == "critical path"][0]
     assert {d.name for d in stage_bars} == {"other", "encoder", "preprocessing", "inference"}
     assert list(crit.y) == [0, 1, 3] and list(crit.base)[1] == pytest.approx(5.0)
@@ -149,8 +153,10 @@ def test_waterfall_indents_colours_and_highlights_the_critical_path():
     assert enc.marker.color == figures.STAGE_COLORS["encoder"]
     assert list(enc.customdata[0]) == ["b"]
     notes = fig.layout.annotations
-    assert [a.xshift for a in notes] == [-250, -238, -238, -226]  # indented by depth
-    assert notes[1].text == "● &lt;img src=x onerror=alert(1)&gt;"
+    # From the 320 px label margin's left edge (+10 px), 10 px a level of depth.
+    assert [a.xshift for a in notes] == [-310, -300, -300, -290]
+    # "● service · name": critical mark, the service muted, the untrusted name escaped.
+    assert notes[1].text == '● <span style="color:#6b7280">svc</span> · &lt;img src=x onerror=alert(1)&gt;'
     assert HOSTILE not in _all_text(fig)
     assert "P97 for" in enc.text[0]
 

@@ -14,6 +14,7 @@ import pytest
 from modalscope.app import figures, panels, queries, signing
 from modalscope.app import state as st
 from modalscope.app.params import ParamError, Window
+from modalscope.ingest.records import STATUS_ERROR
 from modalscope.models.reader import Filters
 from tests.demo_stores import PATTERNS
 
@@ -264,5 +265,12 @@ def test_panels_build_on_sqlite_and_postgresql(store):
     tid = store.images[0][0].trace_id
     trace = panels.build("trace", store.reader, {**args, "trace_id": tid})
     assert len(trace.figure.to_plotly_json()["data"][0]["y"]) >= 1
-    assert sum(len(t.y) for t in trace.figure.data if t.name != "critical path" and t.name != "selected") == \
-        len(store.images[0])
+    # Every span is one bar of its stage's trace; the critical path, the error outline and
+    # mark (this trace's root is an error) and a selection are overlays on those bars.
+    stage_bars = [t for t in trace.figure.data if t.name in figures.STAGE_COLORS]
+    assert sorted(cd[0] for t in stage_bars for cd in t.customdata) == sorted(s.span_id for s in store.images[0])
+    assert {t.name for t in trace.figure.data} - set(figures.STAGE_COLORS) == {"critical path", "error outline",
+                                                                                "error"}
+    errors = sorted(s.span_id for s in store.images[0] if s.status == STATUS_ERROR)
+    assert errors and all(sorted(cd[0] for cd in t.customdata) == errors
+                          for t in trace.figure.data if t.name in ("error outline", "error"))

@@ -7,6 +7,8 @@ import math
 
 from flask import Blueprint, current_app, jsonify, request
 from sqlalchemy import text
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
+from werkzeug.routing import Map
 
 from .. import __version__
 from . import queries
@@ -211,22 +213,78 @@ def trace(trace_id: str):
     return jsonify(detail)
 
 
+# -- unknown paths and methods: always a JSON error, never Dash's page -------------------
+# Dash serves its index for any GET path (``/<path:path>``), so an unknown ``/api/...`` GET
+# would answer 200 with HTML. These catch-alls are ordinary views: the access gate (a
+# before_request hook) runs first, so without credentials every API path answers 401 alike.
+_ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+_CATCH_ALL = "unknown_path"
+
+
+def _known_methods(path: str) -> list[str]:
+    """The methods an API route takes at ``path`` (empty: no API route has that path)."""
+    app = current_app._get_current_object()  # noqa: SLF001 - the map is per app
+    cache = app.extensions["modalscope"]
+    api_map = cache.get("api_routes")
+    if api_map is None:
+        rules = [r.empty() for r in app.url_map.iter_rules()
+                 if r.endpoint.startswith(f"{bp.name}.") and r.endpoint != f"{bp.name}.{_CATCH_ALL}"]
+        api_map = cache["api_routes"] = Map(rules)
+    adapter = api_map.bind("localhost")
+    try:
+        adapter.match(path, method="__none__")
+    except MethodNotAllowed as exc:
+        return sorted(exc.valid_methods or [])
+    except HTTPException:  # NotFound, or a redirect for a missing slash
+        return []
+    return []
+
+
+def _not_found_json():
+    resp = jsonify({"error": f"no such API endpoint: {request.path}", "path": request.path})
+    resp.status_code = 404
+    return resp
+
+
+def _not_allowed_json(allowed: list[str]):
+    resp = jsonify({"error": f"{request.method} is not allowed on {request.path}; allowed: {', '.join(allowed)}",
+                    "path": request.path, "allowed": allowed})
+    resp.status_code = 405
+    resp.headers["Allow"] = ", ".join(allowed)
+    return resp
+
+
+@bp.route("/", methods=_ANY_METHOD, endpoint=_CATCH_ALL, strict_slashes=False, provide_automatic_options=False)
+@bp.route("/<path:rest>", methods=_ANY_METHOD, endpoint=_CATCH_ALL, provide_automatic_options=False)
+def _unknown_path(rest: str = ""):
+    allowed = _known_methods(request.path)
+    return _not_allowed_json(allowed) if allowed else _not_found_json()
+
+
+@bp.record_once
+def _claim_api_prefix(state) -> None:
+    # ``/api`` and ``/api/<anything>`` outside ``/api/v1``: a JSON 404 too, not Dash's page.
+    for rule in ("/api", "/api/<path:rest>"):
+        state.app.add_url_rule(rule, f"{bp.name}_outside", _unknown_path, methods=_ANY_METHOD,
+                               strict_slashes=False, provide_automatic_options=False)
+
+
 @bp.app_errorhandler(404)
 def _not_found(exc):
-    if request.path.startswith("/api/"):
-        return jsonify({"error": "not found"}), 404
+    if request.path.startswith("/api/") or request.path == "/api":
+        return _not_found_json()
     return exc
 
 
 @bp.app_errorhandler(405)
 def _not_allowed(exc):
     if request.path.startswith("/api/"):
-        return jsonify({"error": "method not allowed"}), 405
+        return _not_allowed_json(sorted(getattr(exc, "valid_methods", None) or []))
     return exc
 
 
 @bp.app_errorhandler(500)
 def _server_error(exc):
     if request.path.startswith("/api/"):
-        return jsonify({"error": "internal error; see the server log"}), 500
+        return jsonify({"error": "internal error; see the server log", "path": request.path}), 500
     return exc

@@ -575,9 +575,10 @@ HINTS = {
     "cache_penetration": "The hit rate of {key}={value} collapsed while {dominant} dominates the volume: the "
                          "cache key ignores {key}, so {dominant} entries evict the others. Put {key} into the "
                          "cache key, or partition the cache by it.",
-    "fusion_sync_wait": "Encoders finish out of step (the seed: ~12 ms apart for 2 modalities, ~29 ms for 3), "
-                        "so fusion blocks on the slowest one. Launch the faster encoders just in time (or give "
-                        "them less parallel hardware), or let fusion start on partial inputs.",
+    "fusion_sync_wait": "Encoders finish out of step (the multimodal inference latency study measured "
+                        "~12 ms apart for 2 modalities, ~29 ms for 3), so fusion blocks on the slowest one. "
+                        "Launch the faster encoders just in time (or give them less parallel hardware), or let "
+                        "fusion start on partial inputs.",
     "preprocessing_bound": "Preprocessing's share of end-to-end latency grew: CPU-bound work (image decode, "
                            "resize) is not asynchronous. Move it off the request path (async workers, a decode "
                            "pool, GPU decoding) and check CPU saturation on the instances of the exemplars.",

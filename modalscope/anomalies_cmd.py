@@ -1,4 +1,5 @@
-"""`modalscope anomalies [--since 1h] [--json]`: the anomaly catalog's findings, most severe first."""
+"""`modalscope anomalies [--since 1h | --range 1h] [--json]`: the anomaly catalog's findings, most
+severe first."""
 
 from __future__ import annotations
 
@@ -8,8 +9,13 @@ import sys
 
 def add_anomalies_parser(sub) -> None:
     """Register `modalscope anomalies` on the CLI's subparsers."""
-    p = sub.add_parser("anomalies", help="named anomaly findings in the last --since (most severe first)")
-    p.add_argument("--since", default="1h", help="how far back to look: 15m, 1h, 2h, 24h, 7d (default 1h)")
+    p = sub.add_parser(
+        "anomalies", help="named anomaly findings in the last --since (most severe first)",
+        description="Run the anomaly catalog's detectors over the store (MODALSCOPE_DATABASE_URL) for the "
+                    "last --since (or --range, as the API calls it) and print each finding: severity, kind, "
+                    "subject, window, evidence, hint and exemplar traces, most severe first.")
+    p.add_argument("--since", default=None, help="how far back to look: 15m, 1h, 2h, 24h, 7d (default 1h)")
+    p.add_argument("--range", default=None, help="the same as --since (the API's name for it)")
     p.add_argument("--json", action="store_true", help="print the findings as /api/v1/anomalies does")
     p.set_defaults(func=cmd_anomalies)
 
@@ -37,13 +43,17 @@ def cmd_anomalies(args) -> int:
     from .models.schema import ensure_schema
     from .settings import Settings
 
+    if args.since and args.range:
+        raise CommandError("give either --since or --range, not both")
+    flag = "--range" if args.range else "--since"
+    since = args.range or args.since or "1h"
     settings = Settings.from_env()
     try:
-        window = parse_window({"range": args.since})
+        window = parse_window({"range": since})
     except ParamError as exc:
-        raise CommandError(f"--since: {exc.message.replace('range', '--since')}") from None
+        raise CommandError(f"{flag}: {exc.message.replace('range', flag)}") from None
     if window.seconds > MAX_WINDOW_S:
-        raise CommandError(f"--since: at most {MAX_WINDOW_S // 86400}d (the detectors judge minute by minute)")
+        raise CommandError(f"{flag}: at most {MAX_WINDOW_S // 86400}d (the detectors judge minute by minute)")
     thresholds = Thresholds.from_env()
     ensure_schema(settings.database_url, create=False)
     engine = make_engine(settings.database_url)
@@ -56,7 +66,7 @@ def cmd_anomalies(args) -> int:
         print()
         return 0
     if not found:
-        print(f"no findings in the last {args.since}")
+        print(f"no findings in the last {since}")
         return 0
     for f in found:
         print(format_finding(f))

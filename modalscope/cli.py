@@ -244,9 +244,15 @@ def cmd_serve(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="modalscope", description="Trace explorer for multimodal inference latency.")
-    p.add_argument("--version", action="version", version=f"modalscope {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = argparse.ArgumentParser(
+        prog="modalscope",
+        description="Trace explorer for multimodal inference latency: receive or pull spans, tag each with "
+                    "its pipeline stage, and explore them in the dashboard, the JSON API or these commands. "
+                    "Settings come from the environment (MODALSCOPE_DATABASE_URL and friends; see the README).")
+    p.add_argument("--version", action="version", version=f"modalscope {__version__}",
+                   help="print the version and exit")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                           help="what to do (modalscope COMMAND --help describes each)")
 
     from .anomalies_cmd import add_anomalies_parser
     from .cloud_cmd import add_cloud_parsers
@@ -257,34 +263,78 @@ def build_parser() -> argparse.ArgumentParser:
     add_anomalies_parser(sub)
     add_incidents_parser(sub)
 
-    s = sub.add_parser("serve", help="the dashboard and /api/v1 (development server)")
-    s.add_argument("--port", type=int, default=None, help="default: MODALSCOPE_PORT (8050)")
+    s = sub.add_parser(
+        "serve", help="the dashboard and /api/v1 (development server)",
+        description="Serve the Dash dashboard and the /api/v1 JSON API from the store "
+                    "(MODALSCOPE_DATABASE_URL) with the development server. In production run gunicorn "
+                    "'modalscope.app:create_app()' instead. Ctrl-C stops.")
+    s.add_argument("--port", type=int, default=None, help="port to listen on (default: MODALSCOPE_PORT, 8050)")
     s.set_defaults(func=cmd_serve)
 
-    s = sub.add_parser("ingest", help="receive or pull spans")
-    isub = s.add_subparsers(dest="source", required=True, metavar="SOURCE")
-    o = isub.add_parser("otlp", help="OTLP/HTTP (:4318) and OTLP/gRPC (:4317) receivers")
+    s = sub.add_parser("ingest", help="receive or pull spans",
+                       description="Receive spans from OpenTelemetry exporters (otlp) or pull them from "
+                                   "Google Cloud Trace (cloud-trace), tag their stages and store them.")
+    isub = s.add_subparsers(dest="source", required=True, metavar="SOURCE",
+                            help="where the spans come from (modalscope ingest SOURCE --help describes each)")
+    o = isub.add_parser(
+        "otlp", help="OTLP/HTTP (:4318) and OTLP/gRPC (:4317) receivers",
+        description="Receive OTLP trace exports: POST /v1/traces on MODALSCOPE_OTLP_HTTP_PORT (4318, protobuf "
+                    "or JSON, gzip or not) and TraceService/Export on MODALSCOPE_OTLP_GRPC_PORT (4317). With "
+                    "MODALSCOPE_INGEST_TOKEN set both need Authorization: Bearer <token>. Ctrl-C writes what "
+                    "was received, then stops.")
     o.add_argument("--processes", type=int, default=1, metavar="N",
                    help="receiver processes sharing both ports (SO_REUSEPORT): one decodes on one core; "
                         "default 1")
     o.set_defaults(func=cmd_ingest_otlp)
     add_cloud_parsers(sub, isub)
 
-    s = sub.add_parser("import", help="import OTLP JSON / JSON lines / protobuf files")
-    s.add_argument("files", nargs="+", metavar="FILE")
+    s = sub.add_parser(
+        "import", help="import OTLP JSON / JSON lines / protobuf files",
+        description="Import OTLP trace files: OTLP JSON (one request a file, or JSON lines as the Collector's "
+                    "file exporter writes them) and OTLP protobuf. Each request is all or nothing; a bad one "
+                    "is reported as FILE:LINE: reason and skipped. The exit status is 1 when anything was "
+                    "skipped.")
+    s.add_argument("files", nargs="+", metavar="FILE",
+                   help="an OTLP JSON, JSON lines or protobuf file (ExportTraceServiceRequest)")
     s.set_defaults(func=cmd_import)
 
-    s = sub.add_parser("retag", help="re-apply the stage rules to stored spans and rebuild the rollups")
+    s = sub.add_parser(
+        "retag", help="re-apply the stage rules to stored spans and rebuild the rollups",
+        description="Tag every stored span again with the current stage rules (MODALSCOPE_RULES, else the "
+                    "built-in defaults) and re-settle the traces whose stages changed. A rules file that is "
+                    "not valid TOML stops it before anything changes.")
     s.set_defaults(func=cmd_retag)
 
-    s = sub.add_parser("db", help="database maintenance")
-    dsub = s.add_subparsers(dest="db_command", required=True, metavar="ACTION")
-    u = dsub.add_parser("upgrade", help="migrate the database to the current schema")
+    s = sub.add_parser("db", help="database maintenance",
+                       description="Maintain the store (MODALSCOPE_DATABASE_URL): migrate its schema, or "
+                                   "prune data past its retention.")
+    dsub = s.add_subparsers(dest="db_command", required=True, metavar="ACTION",
+                            help="the maintenance to run (modalscope db ACTION --help describes each)")
+    u = dsub.add_parser("upgrade", help="migrate the database to the current schema",
+                        description="Migrate the store to this release's schema, one revision at a time, "
+                                    "printing each step as it ends. An empty database gets the whole schema.")
     u.set_defaults(func=cmd_db_upgrade)
     pr = dsub.add_parser("prune", help="delete spans and rollups past their retention now (the settler "
-                         "also does it every 10 minutes)")
+                         "also does it every 10 minutes)",
+                         description="Delete spans, traces and rollup rows older than their retention "
+                                     "(MODALSCOPE_RETENTION_DAYS and the rollup tiers' own limits) now, "
+                                     "rather than waiting for the settler's next pass.")
     pr.set_defaults(func=cmd_db_prune)
+    _describe_all(p)
     return p
+
+
+def _describe_all(parser: argparse.ArgumentParser) -> None:
+    """A subcommand registered without a description gets its one-line help as one, so every
+    ``--help`` says what the command does."""
+    for action in parser._actions:  # noqa: SLF001 - argparse keeps subparsers only here
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            helps = {a.dest: a.help for a in action._choices_actions}  # noqa: SLF001
+            for name, child in action.choices.items():
+                if not child.description and helps.get(name):
+                    text = helps[name]
+                    child.description = text[0].upper() + text[1:] + ("" if text.endswith(".") else ".")
+                _describe_all(child)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -69,11 +69,20 @@ def input_types():
 
 @bp.get("/stages")
 def stages():
+    """Span-duration percentiles per stage; with ``at=p99`` (p50 … p99) the mean stage self
+    time of the traces at or above that end-to-end percentile. ``X-Modalscope-Measure``
+    says which of the two the answer is."""
     group_by = request.args.get("group_by", "input_type") or None
     if group_by not in (None, "input_type", "none"):
         raise ParamError("group_by", "group_by must be input_type or none")
-    return jsonify(queries.stages(_reader(), parse_window(request.args), parse_filters(request.args),
-                                  group_by=None if group_by == "none" else group_by))
+    at = request.args.get("at") or None
+    if at is not None and at not in queries.AT_QUANTILES:
+        raise ParamError("at", f"at must be one of {', '.join(queries.AT_QUANTILES)}")
+    resp = jsonify(queries.stages(_reader(), parse_window(request.args), parse_filters(request.args),
+                                  group_by=None if group_by == "none" else group_by, at=at))
+    resp.headers["X-Modalscope-Measure"] = (queries.MEASURE_SPAN_PERCENTILES if at is None
+                                            else queries.MEASURE_AT_PERCENTILE)
+    return resp
 
 
 #: Longest window /anomalies scans (the Anomalies page's longest range is 7 days).

@@ -355,36 +355,62 @@ def traffic_figure(rows: Sequence[dict]) -> go.Figure:
 
 
 # -- stages ----------------------------------------------------------------------------
-def stage_stack(breakdown: dict) -> go.Figure:
-    """Per input type, stacked per-trace stage time at P50 (left) and P99 (right), with
-    the end-to-end P50/P99 of the traces as a marker. Two x axes side by side sharing one
-    y axis (laid out as ``make_subplots(1, 2, shared_yaxes=True)`` would, ~10× cheaper)."""
+def stage_stack(breakdown: dict, tail: dict | None = None) -> go.Figure:
+    """Per input type, stacked per-trace stage time: left, each stage's own P50; right, with
+    ``tail`` (``queries.stage_time_at``) the mean stage self time of the traces at or above
+    the end-to-end percentile, which adds up to those traces' mean duration (the marker and
+    the number above it), else each stage's own P99. Per-stage percentiles do not add up to
+    the trace's percentile: their end-to-end marker shows how far apart they are. Two x axes
+    side by side sharing one y axis (laid out as ``make_subplots(1, 2, shared_yaxes=True)``
+    would, ~10× cheaper)."""
     rows = breakdown.get("stages") or []
-    if not rows:
+    tail_rows = (tail or {}).get("stages") or []
+    if not rows and not tail_rows:
         return empty_figure("No settled traces in this window — stage times appear once traces settle.")
-    stages = _ordered({r["stage"] for r in rows}, STAGE_COLORS)
-    types = _ordered({r["input_type"] for r in rows}, INPUT_TYPE_COLORS)
+    stages = _ordered({r["stage"] for r in rows} | {r["stage"] for r in tail_rows}, STAGE_COLORS)
+    types = _ordered({r["input_type"] for r in rows} | {r["input_type"] for r in tail_rows}, INPUT_TYPE_COLORS)
     by_cell = {(r["input_type"], r["stage"]): r for r in rows}
-    peak = max((r["p99_ms"] or 0) for r in rows)
     e2e = breakdown.get("traces") or {}
-    peak = max([peak] + [v.get("p99_ms") or 0 for v in e2e.values()])
+    totals = (tail or {}).get("traces") or {}
+    at = str((tail or {}).get("at") or "p99").upper()
+    peak = max([r["p99_ms"] or 0 for r in rows] + [v.get("p99_ms") or 0 for v in e2e.values()]
+               + [v.get("mean_ms") or 0 for v in totals.values()])
     div, unit = time_unit(peak * 2)
     xs = [plot_text(t) for t in types]
     data: list[dict] = []
-    for col, key in ((1, "p50_ms"), (2, "p99_ms")):
-        axes = dict(xaxis="x", yaxis="y") if col == 1 else dict(xaxis="x2", yaxis="y2")
+    shown: set[str] = set()
+
+    def bars(cells: dict, key: str, axes: dict, what: str) -> None:
         for st in stages:
-            vals = [((by_cell[(it, st)][key] or 0) / div if (it, st) in by_cell else 0) for it in types]
+            vals = [((cells[(it, st)][key] or 0) / div if (it, st) in cells else 0) for it in types]
             name = plot_text(st)
-            data.append(dict(type="bar", x=xs, y=vals, name=name, legendgroup=st, showlegend=col == 1,
+            data.append(dict(type="bar", x=xs, y=vals, name=name, legendgroup=st, showlegend=st not in shown,
                              marker=dict(color=stage_color(st)), text=[fmt_ms(v * div) for v in vals],
-                             textposition="none", hovertemplate=name + ": %{text}<extra>%{x}</extra>", **axes))
-        ys = [((e2e.get(it) or {}).get(key) or 0) / div for it in types]
-        data.append(dict(type="scatter", x=xs, y=ys, mode="markers", name="end-to-end", legendgroup="e2e",
-                         showlegend=col == 1,
+                             textposition="none", hovertemplate=name + " " + what + ": %{text}<extra>%{x}</extra>",
+                             **axes))
+            shown.add(st)
+
+    def marker(ys: list[float], label: str, axes: dict, first: bool, with_text: bool = False) -> None:
+        text = [fmt_ms(y * div) for y in ys]
+        extra = dict(mode="markers+text", textposition="top center", textfont=dict(size=12, color=CRITICAL)) \
+            if with_text else dict(mode="markers")
+        data.append(dict(type="scatter", x=xs, y=ys, name="end-to-end", legendgroup="e2e", showlegend=first,
                          marker=dict(symbol="line-ew-open", size=36, color=CRITICAL, line=dict(width=2.5)),
-                         text=[fmt_ms(y * div) for y in ys],
-                         hovertemplate="end-to-end " + key[:3].upper() + ": %{text}<extra>%{x}</extra>", **axes))
+                         text=text, hovertemplate=label + ": %{text}<extra>%{x}</extra>", **extra, **axes))
+
+    left, right = dict(xaxis="x", yaxis="y"), dict(xaxis="x2", yaxis="y2")
+    bars(by_cell, "p50_ms", left, "P50 alone")
+    marker([((e2e.get(it) or {}).get("p50_ms") or 0) / div for it in types], "end-to-end P50", left, True)
+    if tail is not None:
+        bars({(r["input_type"], r["stage"]): r for r in tail_rows}, "self_ms", right,
+             f"mean self time, traces ≥ {at}")
+        marker([((totals.get(it) or {}).get("mean_ms") or 0) / div for it in types],
+               f"mean end-to-end of traces ≥ {at}", right, False, with_text=True)
+        right_title = f"Where the {at} time goes (traces ≥ {at}, mean)"
+    else:
+        bars(by_cell, "p99_ms", right, "P99 alone")
+        marker([((e2e.get(it) or {}).get("p99_ms") or 0) / div for it in types], "end-to-end P99", right, False)
+        right_title = "P99 of each stage alone (not additive)"
     title = dict(font=dict(size=16), showarrow=False, xanchor="center", xref="paper", y=1.0, yanchor="bottom",
                  yref="paper")
     layout = dict(
@@ -394,8 +420,8 @@ def stage_stack(breakdown: dict) -> go.Figure:
         yaxis=dict(anchor="x", domain=[0.0, 1.0], title=dict(text=f"time per trace ({unit})")),
         xaxis2=dict(anchor="y2", domain=[0.52, 1.0]),
         yaxis2=dict(anchor="x2", domain=[0.0, 1.0], matches="y", showticklabels=False),
-        annotations=[dict(title, text="P50 per stage", x=0.24),
-                     dict(title, text="P99 per stage (where does the P99 time go?)", x=0.76)],
+        annotations=[dict(title, text="P50 of each stage alone (not additive)", x=0.24),
+                     dict(title, text=right_title, x=0.76)],
     )
     return dict_figure(data, layout, height=420, axes=("xaxis", "yaxis", "xaxis2", "yaxis2"))
 

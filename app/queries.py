@@ -96,8 +96,13 @@ def input_types(reader: StoreReader, window: Window, filters: Filters = Filters(
     return out
 
 
-def stages(reader: StoreReader, window: Window, filters: Filters = Filters(), group_by: str | None = "input_type") -> list[dict]:
-    """Per (input type,) stage: span count and duration percentiles, and the stage's share of self time."""
+def stages(reader: StoreReader, window: Window, filters: Filters = Filters(), group_by: str | None = "input_type",
+           at: str | None = None) -> list[dict]:
+    """Per (input type,) stage: span count and span-duration percentiles, and the stage's
+    share of self time; with ``at`` (``p50`` … ``p99``) the mean stage self time of the
+    traces at or above that end-to-end percentile instead (``stage_time_at``)."""
+    if at is not None:
+        return stage_time_at(reader, window, filters, at, group_by)["stages"]
     dims = ("input_type", "stage") if group_by == "input_type" else ("stage",)
     groups = reader.rollups(RollupQuery("op", window.start_ns, window.end_ns, filters, dims))
     time_groups = reader.rollups(RollupQuery("tstage", window.start_ns, window.end_ns,
@@ -120,6 +125,136 @@ def stages(reader: StoreReader, window: Window, filters: Filters = Filters(), gr
     order = {s: i for i, s in enumerate(STAGES)}
     out.sort(key=lambda r: (r.get("input_type", ""), order.get(r["stage"], 99)))
     return out
+
+
+# -- stage time of the traces at or above a percentile (``/stages?at=``) ----------------
+#: ``at=`` values and the quantile each names.
+AT_QUANTILES = {"p50": 0.5, "p75": 0.75, "p90": 0.9, "p95": 0.95, "p99": 0.99}
+#: What a ``/stages`` answer measures (its ``X-Modalscope-Measure`` header).
+MEASURE_SPAN_PERCENTILES = "span-duration-percentiles"
+MEASURE_AT_PERCENTILE = "trace-self-time-at-percentile"
+
+
+def _tstage_of_series(reader: StoreReader) -> dict[int, str]:
+    """tstage series id -> stage: what a trace's ``contributions`` records name."""
+    from sqlalchemy import select
+
+    from ..models import Series
+
+    with reader.engine.connect() as conn:
+        return {int(i): s or "other" for i, s in conn.execute(select(Series.id, Series.stage)
+                                                                .where(Series.kind == "tstage"))}
+
+
+def _band(conn, lo_ns: int, hi_ns: int, filters: Filters, input_type: str | None,
+          min_ns: int) -> list[tuple[str, int]]:
+    """``(trace_id, duration_ns)`` of the traces the rollups count (those holding
+    contributions) starting in [lo_ns, hi_ns), at least ``min_ns`` long."""
+    from sqlalchemy import select
+
+    from ..models import Trace
+
+    conds = [Trace.start_ns >= lo_ns, Trace.start_ns < hi_ns, Trace.contributions.is_not(None)]
+    if min_ns > 0:
+        conds.append(Trace.duration_ns >= min_ns)
+    if input_type is not None:
+        conds.append(Trace.input_type == input_type)
+    if filters.service:
+        conds.append(Trace.root_service == filters.service)  # the trace series' service
+    return [(t, int(d)) for t, d in conn.execute(select(Trace.trace_id, Trace.duration_ns).where(*conds))]
+
+
+def _tail_of(durations: np.ndarray, n: int, q: float) -> tuple[float, np.ndarray] | None:
+    """The exact ``q`` quantile (numpy's linear definition, as the rollup histograms'
+    estimate) of ``n`` durations of which ``durations`` are the largest, ascending, and the
+    mask of those at or above it; None when the band does not reach the order statistics."""
+    h = q * (n - 1)
+    lo = math.floor(h)
+    hi = min(lo + 1, n - 1)
+    offset = n - len(durations)  # durations below the band
+    if lo < offset or hi - offset >= len(durations):
+        return None
+    x_lo, x_hi = float(durations[lo - offset]), float(durations[hi - offset])
+    at = x_lo + (h - lo) * (x_hi - x_lo)
+    return at, durations >= at
+
+
+def stage_time_at(reader: StoreReader, window: Window, filters: Filters = Filters(), at: str = "p99",
+                  group_by: str | None = "input_type") -> dict:
+    """Where the ``at`` (e.g. P99) time goes: per (input type,) stage, the mean self time of
+    the traces at or above that percentile of end-to-end latency in the window. Stage times
+    of a trace add up to its duration, so a group's ``self_ms`` add up to the mean duration
+    of its tail traces (``traces[group]["mean_ms"]``).
+
+    The rollups hold histograms, so the tail is found in the ``traces`` table: the trace
+    rollup gives each group's count and the histogram bucket of the order statistic, which
+    bounds a band of the slowest traces (about ``(1 - q)`` of them plus one bucket's width);
+    the exact percentile is read from that band, and each tail trace's stage self times from
+    its settled ``contributions`` (the exact ``tstage`` records the rollups were given). If
+    the table and the rollups disagree (pruned raw traces, a re-settle in flight) every
+    trace of the window is read instead.
+
+    Returns ``{"at", "stages": [{"input_type", "stage", "self_ms", "share"}], "traces": {group:
+    {"count", "traces", "at_ms", "mean_ms"}}}`` (group: the input type, or "" ungrouped)."""
+    from sqlalchemy import select
+
+    from ..ingest.settle import _unpack
+    from ..models import Trace
+    from ..models.reader import NS_PER_MINUTE, minute_range
+
+    q = AT_QUANTILES[at]
+    dims = ("input_type",) if group_by == "input_type" else ()
+    rollup_filters = Filters(service=filters.service, input_type=filters.input_type)
+    groups = [g for g in reader.rollups(RollupQuery("trace", window.start_ns, window.end_ns, rollup_filters, dims))
+              if g.count > 0]
+    first, last = minute_range(window.start_ns, window.end_ns)
+    lo_ns, hi_ns = first * NS_PER_MINUTE, last * NS_PER_MINUTE  # the minutes the rollups count
+    tails: dict[str, tuple[float, list[str], int]] = {}
+    with reader.engine.connect() as conn:
+        for g in groups:
+            it = g.key[0] if dims else filters.input_type
+            n = int(g.histogram.counts.sum())
+            cum = np.cumsum(g.histogram.counts)
+            k_lo = int(np.searchsorted(cum, math.floor(q * (n - 1)), side="right"))
+            # Just below the order statistic's bucket (its lower edge, less float slack).
+            min_ns = max(int(sketch.bucket_upper(k_lo - 1) * (1 - 1e-9)) - 1, 0) if k_lo > 1 else 0
+            band = _band(conn, lo_ns, hi_ns, filters, it, min_ns)
+            band.sort(key=lambda r: r[1])
+            found = _tail_of(np.array([d for _, d in band], dtype=np.int64), n, q)
+            if found is None:  # the table does not hold what the rollups count
+                band = sorted(_band(conn, lo_ns, hi_ns, filters, it, 0), key=lambda r: r[1])
+                if not band:
+                    continue
+                found = _tail_of(np.array([d for _, d in band], dtype=np.int64), len(band), q)
+                n = len(band)
+            value, mask = found  # type: ignore[misc]  # (a band of every trace always holds them)
+            tails[g.key[0] if dims else ""] = (value, [t for (t, _), keep in zip(band, mask.tolist()) if keep], n)
+        stage_of = _tstage_of_series(reader) if tails else {}
+        sids = np.array(sorted(stage_of), dtype=np.int64)
+        out: list[dict] = []
+        meta: dict[str, dict] = {}
+        for key, (value, ids_, n) in tails.items():
+            per_stage: dict[str, int] = {}
+            total = 0
+            for i in range(0, len(ids_), 500):
+                for tid, dur, blob in conn.execute(select(Trace.trace_id, Trace.duration_ns, Trace.contributions)
+                                                   .where(Trace.trace_id.in_(ids_[i : i + 500]))):
+                    rec = _unpack(blob)
+                    rec = rec[np.isin(rec["series"], sids)]
+                    for sid, v in zip(rec["series"].tolist(), rec["value"].tolist()):
+                        per_stage[stage_of[sid]] = per_stage.get(stage_of[sid], 0) + v
+                    total += int(dur)
+            count = len(ids_)
+            stage_sum = sum(per_stage.values())
+            meta[key] = {"count": count, "traces": n, "at_ms": _ms(value), "mean_ms": _ms(total / count)}
+            for stage, v in per_stage.items():
+                if filters.stage and stage != filters.stage:
+                    continue
+                row = {"stage": stage, "self_ms": _ms(v / count), "share": round(v / stage_sum, 6) if stage_sum else 0.0}
+                out.append({"input_type": key, **row} if dims else row)
+    order = {s: i for i, s in enumerate(STAGES)}
+    out.sort(key=lambda r: (r.get("input_type", ""), order.get(r["stage"], 99), r["stage"]))
+    return {"at": at, "stages": out, "traces": meta}
 
 
 def _json_safe(value: Any) -> Any:

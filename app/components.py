@@ -506,3 +506,96 @@ def register_share_callback() -> None:
         if values is None:
             return "", "", "", "", note
         return values["link"], values["embed_url"], values["iframe"], values["image_url"], note
+
+
+# -- incidents -----------------------------------------------------------------
+# (observed, baseline, how to show them): the first pair a finding's evidence holds is its
+# measure, e.g. "P99 11.4 s vs 2.79 s".
+MEASURES = (
+    ("p99_ms", "baseline_p99_ms", "P99", "ms"),
+    ("p95_ms", "baseline_p95_ms", "P95", "ms"),
+    ("first_median_ms", "steady_median_ms", "first requests' median", "ms"),
+    ("median_spread_ms", "baseline_spread_ms", "median sync wait", "ms"),
+    ("max_duration_ms", "band_ms", "longest", "ms"),
+    ("share", "baseline_share", "share of time", "pct"),
+    ("hit_rate", "baseline_hit_rate", "hit rate", "pct"),
+    ("batch_one_share", "baseline_batch_one_share", "batches of one", "pct"),
+    ("fallback_share", "baseline_fallback_share", "CUDA graph fallbacks", "pct"),
+)
+
+
+def kind_text(kind: Any) -> str:
+    """A finding kind as words: ``cold_start`` → "cold start"."""
+    return str(kind or "").replace("_", " ")
+
+
+def finding_measure(f: Mapping[str, Any]) -> str:
+    """The finding's headline number against its baseline, in human units ('' when none)."""
+    from .units import fmt_pct
+
+    ev = f.get("evidence") if isinstance(f.get("evidence"), Mapping) else {}
+    for obs, base, label, unit in MEASURES:
+        o, b = ev.get(obs), ev.get(base)
+        if isinstance(o, (int, float)) and not isinstance(o, bool):
+            fmt = fmt_ms if unit == "ms" else fmt_pct
+            vs = f" vs {fmt(b)}" if isinstance(b, (int, float)) and not isinstance(b, bool) else ""
+            return f"{label} {fmt(o)}{vs}"
+    return ""
+
+
+def incident_headline(i: Mapping[str, Any]) -> list:
+    """Severity badge, the headline finding's kind and subject, and its measure."""
+    head = i.get("headline") if isinstance(i.get("headline"), Mapping) else {}
+    sev = str(i.get("severity", "info"))
+    measure = finding_measure(head)
+    return [html.Span(sev, className=f"ms-severity ms-severity-{sev}"), " ",
+            html.Strong(kind_text(head.get("kind"))), " — ", html.Span(subject_text(head.get("subject") or {})),
+            *([html.Span(f" · {measure}", className="ms-incident-measure")] if measure else [])]
+
+
+def span_text(start: Any, end: Any) -> str:
+    """An incident's span as "2025-11-30 10:30 → 10:35 UTC" (the date once when it is one day)."""
+    s, e = str(start or ""), str(end or "")
+    if len(s) < 16 or len(e) < 16:
+        return f"{s} → {e}"
+    e_short = e[11:16] if s[:10] == e[:10] else e[:16].replace("T", " ")
+    return f"{s[:16].replace('T', ' ')} → {e_short} UTC"
+
+
+def incident_cause(i: Mapping[str, Any]) -> html.Div:
+    """"Cause: <headline kind>" when a mechanism was found, else Compare's suspects."""
+    if i.get("cause_known"):
+        head = i.get("headline") or {}
+        return html.Div(["Likely cause: ", html.Strong(kind_text(head.get("kind"))), " on ",
+                         subject_text(head.get("subject") or {})], className="ms-incident-cause")
+    parts = []
+    for s in i.get("suspects") or []:
+        if "stage" in s:
+            parts.append(f"stage {s['stage']} ({fmt_pct_safe(s.get('added_share'))} of the added time)")
+        else:
+            parts.append(f"{s.get('key')}={s.get('value')} (×{float(s.get('lift') or 0):.2g})")
+    text = "; ".join(str(p) for p in parts[:3]) or "none found"
+    return html.Div(["Cause unknown — suspects: ", text], className="ms-incident-cause")
+
+
+def fmt_pct_safe(v: Any) -> str:
+    from .units import fmt_pct
+
+    return fmt_pct(float(v), 0) if isinstance(v, (int, float)) and not isinstance(v, bool) else "—"
+
+
+def incident_card(i: Mapping[str, Any], href: str) -> html.Li:
+    """The overview's card of one incident: badge, headline, span, "+N related findings",
+    cause or suspects, and ``href`` (the incident on the Anomalies page)."""
+    related = max(len(i.get("findings") or []) - 1, 0)
+    sev = str(i.get("severity", "info"))
+    return html.Li(className=f"ms-finding ms-incident ms-finding-{sev}", id=f"overview-incident-{i.get('id', '')}",
+                   children=[
+        html.Div(incident_headline(i), className="ms-finding-title"),
+        html.Div([span_text(i.get("start"), i.get("end")),
+                  f" · +{related} related finding{'' if related == 1 else 's'}" if related else ""],
+                 className="ms-note"),
+        incident_cause(i),
+        html.Div(dcc.Link("open incident →", href=href, className="ms-finding-link ms-incident-link"),
+                 className="ms-finding-links"),
+    ])

@@ -34,6 +34,8 @@ OV_STATE = "overview-state"
 OV_TABLE = "overview-table"
 OV_TRAFFIC = "overview-traffic"
 OV_FINDINGS = "overview-findings"
+OV_INCIDENTS = "overview-incidents"  # the top incidents panel
+OV_INCIDENT_LIST = "overview-incidents-list"
 
 # service pairs
 PAIRS_STATE = "pairs-state"
@@ -80,6 +82,9 @@ AN_STATE = "anomalies-state"
 AN_LIST = "anomalies-list"
 AN_CHART = "anomalies-chart"  # {"type": AN_CHART, "index": n} per finding
 AN_CHART_SPEC = "anomalies-chart-spec"  # its store: the finding's window and subject
+AN_INCIDENTS = "anomalies-incidents"  # the incident sections (each id "incident-<id>")
+AN_KIND_FILTER = "anomalies-kind-filter"  # links: all kinds, then each kind found
+AN_SEVERITY_FILTER = "anomalies-severity-filter"
 
 # compare
 CMP_STATE = "compare-state"

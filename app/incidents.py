@@ -209,10 +209,36 @@ def finding_href(f: Mapping) -> str:
     return st.to_href(links.ANOMALIES_PATH, {**links.finding_window(f), **links.finding_filters(f)})
 
 
-def caused_hint(symptom: Mapping, cause: Mapping, prefix: str = "") -> str:
-    """A folded symptom's hint: it names the cause and links to it, then the symptom's own."""
+def caused_hint(symptom: Mapping, cause: Mapping, prefix: str = "", incident: str | None = None) -> str:
+    """A folded symptom's hint: it names the cause and links to it (to its incident on the
+    Anomalies page when ``incident`` names one), then the symptom's own."""
+    href = finding_href(cause) if incident is None else incident_page_href(incident, {
+        **links.finding_window(cause), **links.finding_filters(cause)})
     return (f"Likely caused by {cause['kind']} ({subject_text(cause['subject'])}) from {cause['start']}: "
-            f"see {prefix}{finding_href(cause)}. {symptom.get('hint') or ''}").strip()
+            f"see {prefix}{href}. {symptom.get('hint') or ''}").strip()
+
+
+#: The Anomalies page's own URL keys (not in ``state.KEYS``: only that page reads them).
+PAGE_KEYS = ("kind", "severity", "incident")
+#: A section's element id on the Anomalies page is this and the incident's id.
+ANCHOR_PREFIX = "incident-"
+
+
+def incident_page_href(incident_id: str, state: Mapping[str, str], **page: str | None) -> str:
+    """The Anomalies page opened at one incident: ``state``'s window and filters, ``page``'s
+    ``kind``/``severity``, ``incident=<id>`` and the section's anchor."""
+    return page_href(state, incident=incident_id, **page) + "#" + ANCHOR_PREFIX + incident_id
+
+
+def page_href(state: Mapping[str, str], **page: str | None) -> str:
+    """The Anomalies page with ``state``'s window and filters and the page's own keys."""
+    from urllib.parse import quote, urlencode
+
+    base = st.to_href(links.ANOMALIES_PATH, st.carried(state))
+    extra = [(k, str(page[k])) for k in PAGE_KEYS if page.get(k)]
+    if not extra:
+        return base
+    return base + ("&" if "?" in base else "?") + urlencode(extra, quote_via=quote, safe=":,")
 
 
 def incident_links(headline: Mapping, start_ns: int, end_ns: int, exemplars: list[str],
@@ -235,10 +261,11 @@ def build(members: list[dict], suspects: list[dict] | None = None, prefix: str =
     spans = [span_ns(f) for f in members]
     start, end = min(s for s, _ in spans), max(e for _, e in spans)
     out_findings = []
+    iid = incident_id(head)
     for f in members:
         f = dict(f)
         if cause_known and not is_cause(f):
-            f["hint"] = caused_hint(f, head, prefix)
+            f["hint"] = caused_hint(f, head, prefix, iid)
         out_findings.append(f)
     exemplars: list[str] = []
     for f in members:
@@ -246,7 +273,7 @@ def build(members: list[dict], suspects: list[dict] | None = None, prefix: str =
             if t not in exemplars and len(exemplars) < 5:
                 exemplars.append(t)
     severity = min((f["severity"] for f in members), key=lambda s: SEVERITY_ORDER.get(s, 9))
-    return {"id": incident_id(head), "severity": severity, "start": rfc3339_s(start), "end": rfc3339_s(end),
+    return {"id": iid, "severity": severity, "start": rfc3339_s(start), "end": rfc3339_s(end),
             "headline": out_findings[0], "cause_known": cause_known, "findings": out_findings,
             "suspects": [] if cause_known else list(suspects or []),
             "links": incident_links(head, start, end, exemplars, prefix)}
@@ -401,3 +428,52 @@ def incidents(reader: StoreReader, window: Window, finder: Finder, filters: Filt
     out = [build(m, None if is_cause(m[0]) else suspects(reader, m), prefix)
            for m in kept if matches_any(m, filters)]
     return sort_incidents(out)
+
+
+# -- for the pages ---------------------------------------------------------------------
+class NotJudged(LookupError):
+    """An incident's own span has no stored evaluation yet (``cached_finder``)."""
+
+
+def cached_finder(reader: StoreReader, th) -> Finder:
+    """A finder answering only from stored evaluations of absolute windows (what earlier
+    ``incidents`` runs stored); raises ``NotJudged`` where the catalog would have to run."""
+    from . import evaluations
+
+    def finder(w: Window) -> list[dict]:
+        hit = evaluations.cached_absolute(reader.engine, w, th)
+        if hit is None:
+            raise NotJudged(w)
+        return hit.findings
+
+    return finder
+
+
+def window_incidents(reader: StoreReader, window: Window, found: list[dict], filters: Filters = Filters(),
+                     prefix: str = "", suspects_for: int = 3) -> list[dict]:
+    """The incidents of ``window`` judged over the window only (``group`` and ``build`` on its
+    findings, no catalog rerun per incident): a fast stand-in for ``incidents`` whose
+    severities are the window's. Suspects are looked up for the first ``suspects_for`` only."""
+    out = sort_incidents([build(m, None, prefix) for m in group(found, topology(reader, window))
+                          if matches_any(m, filters)])
+    for i in out[:suspects_for]:
+        if not i["cause_known"]:
+            i["suspects"] = suspects(reader, i["findings"])
+    return out
+
+
+def find_incident(incidents_: list[dict], wanted: str | None, groups: Callable[[], list[list[dict]]]) -> dict | None:
+    """The incident ``wanted`` names: by id, else (an id from ``window_incidents``, whose
+    headline a rerun may have changed) the incident holding that group's headline finding.
+    ``groups``: the window's ``group`` result, asked for only when the id is not found."""
+    if not wanted:
+        return None
+    for i in incidents_:
+        if i["id"] == wanted:
+            return i
+    for g in groups():
+        if incident_id(g[0]) == wanted:
+            for i in incidents_:
+                if pick([i["findings"]], g[0]) is not None:
+                    return i
+    return None

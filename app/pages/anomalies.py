@@ -1,8 +1,13 @@
-"""Anomalies (``/anomalies``): the anomaly catalog's findings in the window, most severe
-first (the same ``app.findings.find`` as ``/api/v1/anomalies``), each with its evidence
-numbers, the hint, a small chart of its subject's P50/P99 with the finding's window
-shaded, and links to the drilldown, Compare and its exemplar traces. URL state: window
-and filters (a filter keeps the findings whose subject names it).
+"""Anomalies (``/anomalies``): the anomaly catalog's findings in the window (the same as
+``/api/v1/anomalies``) grouped by incident (``/api/v1/incidents``): a section per incident,
+most severe first, headed by its likely cause (or its leading symptom and Compare's
+suspects), with the window's findings it folds under it. Each finding card has its evidence
+numbers, the hint (a folded symptom's links to its incident), a small chart of its
+subject's P50/P99 with the finding's window shaded, and links to the drilldown, Compare and
+its exemplar traces. Findings the incidents judged over their own spans leave out are
+listed last. URL state: window and filters (a filter keeps the incidents one of whose
+findings names it), ``kind=`` (incidents with a finding of that kind), ``severity=`` and
+``incident=<id>`` (that incident first, marked; its section's anchor is ``#incident-<id>``).
 
 The list comes first and each chart after it, in its own request (a pattern-matching
 callback per card, as a dashboard loads its panels): a dozen charts over a day took half of
@@ -13,11 +18,14 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+import re
+
 import dash
 from dash import MATCH, Input, Output, dcc, html
 
 from modalscope.app import components as c
-from modalscope.app import figures, findings, ids, links, queries
+from modalscope.app import evaluations, figures, findings, ids, links, queries
+from modalscope.app import incidents as inc
 from modalscope.app import state as st
 from modalscope.app.params import ParamError, Window, parse_time
 from modalscope.models.reader import Filters
@@ -86,13 +94,16 @@ def _chart_or_blank(f: dict, i: int, chart: bool):
     return html.Div() if out is None else out
 
 
-def finding_card(f: dict, i: int, state: dict, chart: bool) -> html.Article:
+def finding_card(f: dict, i: int, state: dict, chart: bool, hint=None, role: str = "") -> html.Article:
+    """One finding: ``hint`` replaces its hint text (a folded symptom's, with the link to its
+    incident); ``role`` is an extra class (``ms-incident-head``, ``ms-incident-folded``)."""
     evidence = f.get("evidence") or {}
     ev_rows = [{"name": str(k), "value": c.evidence_text(v)} for k, v in evidence.items()]
-    return html.Article(className=f"ms-panel ms-finding-card ms-finding-{f.get('severity', 'info')}", children=[
+    cls = f"ms-panel ms-finding-card ms-finding-{f.get('severity', 'info')} {role}".strip()
+    return html.Article(className=cls, children=[
         html.Div(c.finding_title(f), className="ms-finding-title"),
         html.Div(f"{f.get('start', '')} → {f.get('end', '')}", className="ms-note"),
-        html.P(str(f.get("hint") or ""), className="ms-finding-hint"),
+        html.P(hint if hint is not None else str(f.get("hint") or ""), className="ms-finding-hint"),
         html.Div(className="ms-grid-2", children=[
             c.text_table([("name", "evidence"), ("value", "value")], ev_rows, className="ms-table ms-evidence"),
             _chart_or_blank(f, i, chart),
@@ -101,15 +112,116 @@ def finding_card(f: dict, i: int, state: dict, chart: bool) -> html.Article:
     ])
 
 
+KIND_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
+ID_RE = re.compile(r"[0-9a-f]{16}")
+
+
+def page_keys(query) -> tuple[dict[str, str], list[str]]:
+    """``kind``, ``severity`` and ``incident`` from the URL, checked: (kept, what was wrong)."""
+    out, errors = {}, []
+    checks = {"kind": KIND_RE.fullmatch, "severity": lambda v: v in c.SEVERITY_ORDER, "incident": ID_RE.fullmatch}
+    for key, ok in checks.items():
+        value = (query or {}).get(key)
+        if isinstance(value, (list, tuple)):
+            value = value[-1] if value else None
+        if value in (None, ""):
+            continue
+        value = str(value).strip()[:64]
+        if ok(value):
+            out[key] = value
+        else:
+            errors.append(f"{key}: {value!r} is not " + {"kind": "a finding kind",
+                                                         "severity": "critical, warning or info",
+                                                         "incident": "an incident id (16 hex digits)"}[key])
+    return out, errors
+
+
 def layout(**query):
     state = st.from_query(query)
     res = st.resolve(state)
     return html.Div(className="ms-page", children=[
-        dcc.Store(id=ids.AN_STATE, data=state),
+        dcc.Store(id=ids.AN_STATE, data={**state, **{k: v for k, v in query.items() if k in inc.PAGE_KEYS}}),
         c.toolbar(PATH, state, error=res.error),
         html.Div(c.share_control("anomalies", state), className="ms-share-bar"),
         c.loading(html.Div(id=ids.AN_LIST)),
     ])
+
+
+def _filter_links(state: dict, page: dict, kinds: list[str]) -> html.Div:
+    """The kind and severity filters: links (the URL is the state), the current one marked."""
+    def chips(key: str, values: list[str], label: str, cid: str):
+        items = [html.Span(label, className="ms-filter-label")]
+        for v in [None, *values]:
+            href = inc.page_href(state, **{**page, key: v, "incident": None})
+            active = page.get(key) == v
+            items.append(dcc.Link(c.kind_text(v) if v else "all", href=href,
+                                  className="ms-chip active" if active else "ms-chip",
+                                  title=f"{label}: {'current' if active else 'show'}"))
+        return html.Div(items, id=cid, className="ms-incident-filter")
+
+    return html.Div([chips("severity", list(c.SEVERITY_ORDER), "Severity", ids.AN_SEVERITY_FILTER),
+                     chips("kind", kinds, "Kind", ids.AN_KIND_FILTER)], className="ms-incident-filters")
+
+
+def folded_hint(f: dict, incident: dict, href: str):
+    """A folded symptom's hint with the URL in its text turned into a link to its incident."""
+    hint = str(f.get("hint") or "")
+    head = incident["headline"]
+    url = inc.incident_page_href(incident["id"], {**links.finding_window(head), **links.finding_filters(head)})
+    before, sep, after = hint.partition(f"see {url}.")
+    if not sep:
+        return [hint, " ", dcc.Link("see the incident", href=href, className="ms-finding-link")]
+    return [before, dcc.Link("see the incident", href=href, className="ms-finding-link ms-incident-hint-link"),
+            "." + after]
+
+
+def incident_section(i: dict, members: list[tuple[int, dict]], state: dict, page: dict,
+                     selected: bool) -> html.Section:
+    """One incident: its headline card (the window's finding, or the incident's own when the
+    window's is cut differently), then the window's findings it folds, then its links."""
+    href = inc.incident_page_href(i["id"], state, **{k: page.get(k) for k in ("kind", "severity")})
+    mine = {id(f): m for m in i["findings"] for _, f in members if inc.pick([[m]], f) is not None}
+    cards = []
+    head_shown = False
+    for n, f in members:
+        m = mine.get(id(f), f)
+        is_head = not head_shown and inc.pick([[i["headline"]]], f) is not None
+        head_shown = head_shown or is_head
+        folded = not is_head and i["cause_known"] and not inc.is_cause(m)
+        cards.append((not is_head, finding_card(
+            f, n, state, n < MAX_CHARTS, hint=folded_hint(m, i, href) if folded else None,
+            role="ms-incident-head" if is_head else "ms-incident-folded")))
+    cards.sort(key=lambda x: x[0])  # the headline first
+    cls = "ms-incident-section" + (" ms-incident-selected" if selected else "")
+    related = len(i["findings"]) - 1
+    return html.Section(id=inc.ANCHOR_PREFIX + i["id"], className=cls, **{"data-incident": i["id"]}, children=[
+        html.Div(className=f"ms-panel ms-incident ms-finding-{i['severity']}", children=[
+            html.H2(c.incident_headline(i), className="ms-incident-title"),
+            html.Div([c.span_text(i["start"], i["end"]),
+                      f" · +{related} related finding{'' if related == 1 else 's'}" if related else "",
+                      " · ", dcc.Link("link to this incident", href=href, className="ms-finding-link")],
+                     className="ms-note"),
+            c.incident_cause(i),
+            html.Div([dcc.Link("compare", href=i["links"]["compare"], className="ms-finding-link"),
+                      dcc.Link("drilldown", href=i["links"]["drilldown"], className="ms-finding-link")],
+                     className="ms-finding-links"),
+        ]),
+        html.Div([card for _, card in cards], className="ms-incident-findings",
+                 style={"marginLeft": "1.25rem"}),
+    ])
+
+
+def page_incidents(res, state: dict) -> tuple[evaluations.Evaluation, list[dict]]:
+    """The window's findings (as ``/api/v1/anomalies``) and incidents (as ``/api/v1/incidents``)."""
+    from modalscope.models.reader import Filters
+
+    reader, th = c.reader(), c.thresholds()
+    ev = evaluations.find_for(reader, res.window, Filters(), th, relative=evaluations.ends_now(state))
+
+    def finder(w):  # an incident's own span: an absolute window, stored once evaluated
+        return evaluations.find_for(reader, w, Filters(), th, relative=False).findings
+
+    return ev, inc.incidents(reader, res.window, finder, res.filters, found=ev.findings)
 
 
 @dash.callback(
@@ -118,15 +230,52 @@ def layout(**query):
 )
 def _fill(state):
     state = state or {}
+    page, errors = page_keys(state)
+    state = st.from_query(state)
     res = st.resolve(state)
-    ev = c.find_findings(res, state)
-    found = ev.findings
-    if not found:
-        return c.empty_state("No findings in this window.",
+    ev, all_incidents = page_incidents(res, state)
+    found = [f for f in ev.findings if findings.matches(f, res.filters)]
+    notes = [c.banner(e) for e in errors]
+    if not found and not all_incidents:
+        return html.Div([*notes, c.empty_state("No findings in this window.",
                              "Nothing in the anomaly catalog fired. Widen the time range, clear filters, or ",
-                             *c.EMPTY_HINT)
-    counts = {s: sum(1 for f in found if f.get("severity") == s) for s in c.SEVERITY_ORDER}
-    head = html.Div([html.Span(" · ".join(f"{n} {s}" for s, n in counts.items() if n), id="anomalies-counts"),
+                             *c.EMPTY_HINT)])
+    kinds = sorted({f["kind"] for i in all_incidents for f in i["findings"]} | {f["kind"] for f in found})
+    shown = [i for i in all_incidents
+             if (not page.get("kind") or any(f["kind"] == page["kind"] for f in i["findings"]))
+             and (not page.get("severity") or i["severity"] == page["severity"])]
+    chosen = inc.find_incident(all_incidents, page.get("incident"),
+                               lambda: inc.group(ev.findings, inc.topology(c.reader(), res.window)))
+    if page.get("incident") and chosen is None:
+        notes.append(c.banner("That incident is not in this window; widen the time range.", "info"))
+    if chosen is not None:
+        shown = [chosen, *(i for i in shown if i is not chosen)]
+    # Each of the window's findings is shown once, under the first incident holding it.
+    owner: dict[int, int] = {}
+    for n, f in enumerate(found):
+        for k, i in enumerate(all_incidents):
+            if inc.pick([i["findings"]], f) is not None:
+                owner[n] = k
+                break
+    by_incident: dict[int, list[tuple[int, dict]]] = {}
+    for n, k in owner.items():
+        by_incident.setdefault(k, []).append((n, found[n]))
+    index = {id(i): k for k, i in enumerate(all_incidents)}
+    sections = [incident_section(i, by_incident.get(index[id(i)], []), state, page, i is chosen) for i in shown]
+    loose = [(n, f) for n, f in enumerate(found) if n not in owner
+             and (not page.get("kind") or f["kind"] == page["kind"])
+             and (not page.get("severity") or f["severity"] == page["severity"])]
+    if loose:
+        sections.append(html.Section(id="anomalies-other-findings", className="ms-incident-section", children=[
+            html.H2("Findings in no incident", className="ms-panel-title"),
+            html.Div("The incidents, judged over their own spans, do not hold these.", className="ms-note"),
+            *(finding_card(f, n, state, n < MAX_CHARTS) for n, f in loose)]))
+    if not sections:
+        sections = [c.empty_state("No incident matches these filters.", "Clear the kind or severity filter.")]
+    counts = {s: sum(1 for i in all_incidents if i["severity"] == s) for s in c.SEVERITY_ORDER}
+    head = html.Div([html.Span(f"{len(all_incidents)} incidents ("
+                               + " · ".join(f"{n} {s}" for s, n in counts.items() if n) + f"), {len(found)} findings",
+                               id="anomalies-counts"),
                      html.Span(" — " + c.evaluation_note(ev), id="anomalies-evaluated")], className="ms-note")
-    return html.Div([head, html.Div([finding_card(f, i, state, i < MAX_CHARTS) for i, f in enumerate(found)],
-                                    id="anomalies-findings")])
+    return html.Div([*notes, head, _filter_links(state, page, kinds),
+                     html.Div(sections, id=ids.AN_INCIDENTS)])

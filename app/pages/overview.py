@@ -1,6 +1,12 @@
-"""Overview (``/``): the seed's input-type table computed live against a baseline, request
-rate and P99 over time, room for the top findings, and tokens per request by input type
-and model.
+"""Overview (``/``): the top incidents (findings grouped under their likely cause), the
+seed's input-type table computed live against a baseline, request rate and P99 over time,
+the top findings, and tokens per request by input type and model.
+
+The incidents must not slow the page: ``incidents.incidents`` judges each incident again
+over its own span (a catalog run per incident, seconds on a cold store). The overview
+takes those judgements only from stored evaluations (``incidents.cached_finder``: what the
+Anomalies page or ``/api/v1/incidents`` computed before); when one is missing it groups the
+window's own findings without reruns (``incidents.window_incidents``) and says so.
 
 URL state: the window and filters, ``baseline=text:320:410,image:1300:2100,...`` (P50 and
 P95 in ms per input type; unnamed types keep the seed's figures) and ``margin`` (percent
@@ -29,6 +35,8 @@ def layout(**query):
     return html.Div(className="ms-page", children=[
         dcc.Store(id=ids.OV_STATE, data=state),
         c.toolbar(PATH, state, show=("service", "input_type"), error=res.error),
+        c.panel("Top incidents", c.loading(html.Div(id=ids.OV_INCIDENTS)),
+                actions=dcc.Link("all incidents", href=st.to_href("/anomalies", st.carried(state)))),
         c.panel("Input types vs baseline", c.loading(html.Div(id=ids.OV_TABLE)),
                 actions=[html.Span("baseline: the seed's P50/P95 unless the URL sets baseline=", className="ms-note"),
                          c.share_control("input-types", state)]),
@@ -163,3 +171,53 @@ def _findings(state):
         logging.getLogger(__name__).exception("overview: findings failed")
         return c.banner("The anomaly catalog failed for this window; see the server log.")
     return c.top_findings(found, state, n=3)
+
+
+def incidents_for(res, state) -> tuple[list[dict], bool]:
+    """The window's incidents, most severe first, and whether each was judged over its own
+    span (from stored evaluations) rather than over the window only (see the module doc)."""
+    from modalscope.app import evaluations
+    from modalscope.app import incidents as inc
+    from modalscope.models.reader import Filters
+
+    reader, th = c.reader(), c.thresholds()
+    ev = evaluations.find_for(reader, res.window, Filters(), th, relative=evaluations.ends_now(state))
+    try:
+        return inc.incidents(reader, res.window, inc.cached_finder(reader, th), res.filters, found=ev.findings), True
+    except inc.NotJudged:
+        return inc.window_incidents(reader, res.window, ev.findings, res.filters, suspects_for=TOP_INCIDENTS), False
+
+
+TOP_INCIDENTS = 3
+
+
+def top_incidents(found: list[dict], state, judged: bool, n: int = TOP_INCIDENTS) -> html.Div:
+    """The overview's panel: the ``n`` most severe incidents, each linking to its section on
+    the Anomalies page."""
+    from modalscope.app import incidents as inc
+
+    if not found:
+        return c.empty_state("No incidents in this window.",
+                             "The anomaly catalog found nothing that needs attention.")
+    cards = [c.incident_card(i, inc.incident_page_href(i["id"], state)) for i in found[:n]]
+    note = [] if judged else [html.Div("Judged over this window only; the Anomalies page judges each incident "
+                                       "over its own span.", className="ms-note", id="overview-incidents-note")]
+    more = dcc.Link(f"all {len(found)} incidents →", href=inc.page_href(state), id="overview-all-incidents")
+    return html.Div([html.Ul(cards, className="ms-finding-list", id=ids.OV_INCIDENT_LIST), *note, more])
+
+
+@dash.callback(
+    Output(ids.OV_INCIDENTS, "children"),
+    Input(ids.OV_STATE, "data"),
+)
+def _incidents(state):
+    state = state or {}
+    res = st.resolve(state)
+    try:
+        found, judged = incidents_for(res, state)
+    except Exception:  # noqa: BLE001 - the overview stands without its incidents panel
+        import logging
+
+        logging.getLogger(__name__).exception("overview: incidents failed")
+        return c.banner("The anomaly catalog failed for this window; see the server log.")
+    return top_incidents(found, state, judged)

@@ -218,9 +218,15 @@ def stage_time_at(reader: StoreReader, window: Window, filters: Filters = Filter
             k_lo = int(np.searchsorted(cum, math.floor(q * (n - 1)), side="right"))
             # Just below the order statistic's bucket (its lower edge, less float slack).
             min_ns = max(int(sketch.bucket_upper(k_lo - 1) * (1 - 1e-9)) - 1, 0) if k_lo > 1 else 0
-            band = _band(conn, lo_ns, hi_ns, filters, it, min_ns)
-            band.sort(key=lambda r: r[1])
-            found = _tail_of(np.array([d for _, d in band], dtype=np.int64), n, q)
+            band = sorted(_band(conn, lo_ns, hi_ns, filters, it, min_ns), key=lambda r: r[1])
+            durations = np.array([d for _, d in band], dtype=np.int64)
+            keys = sketch.keys_of(durations)
+            band = [r for r, k in zip(band, keys.tolist()) if k >= k_lo]
+            durations = durations[keys >= k_lo]
+            # The band must hold exactly the traces the histogram has from that bucket up.
+            same = np.array_equal(np.bincount(keys[keys >= k_lo] - k_lo, minlength=len(cum) - k_lo),
+                                  g.histogram.counts[k_lo:])
+            found = _tail_of(durations, n, q) if same else None
             if found is None:  # the table does not hold what the rollups count
                 band = sorted(_band(conn, lo_ns, hi_ns, filters, it, 0), key=lambda r: r[1])
                 if not band:

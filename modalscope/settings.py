@@ -48,7 +48,7 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "MODALSCOPE_DETECT_BAND_MIN_OUTLIERS": ("3", "`p99_band_break`: calls past the threshold a block needs (one outlier is not a band break)."),
     "MODALSCOPE_DETECT_CACHE_DROP": ("0.5", "`cache_penetration`: a tag value's hit rate below (1 - this) times the dominant value's."),
     "MODALSCOPE_DETECT_CACHE_DOMINANT_SHARE": ("0.5", "`cache_penetration`: the dominant tag value's least share of the lookups."),
-    "MODALSCOPE_DETECT_SYNC_SPREAD_MS": ("50", "`fusion_sync_wait`: median spread between first and last encoder end, in ms (the seed: ~12 ms for 2 modalities, ~29 ms for 3)."),
+    "MODALSCOPE_DETECT_SYNC_SPREAD_MS": ("50", "`fusion_sync_wait`: median spread between first and last encoder end, in ms (the reference latency study measured ~12 ms for 2 modalities, ~29 ms for 3)."),
     "MODALSCOPE_DETECT_PREPROCESS_RATIO": ("1.4", "`preprocessing_bound`: preprocessing share at least this times its median share."),
     "MODALSCOPE_DETECT_PREPROCESS_MIN_SHARE": ("0.25", "`preprocessing_bound`: and at least this share of end-to-end latency."),
     "MODALSCOPE_DETECT_BATCH_STUCK_SHARE": ("0.8", "`batching_failure`: share of a service's batched spans with `batch.size` 1."),
@@ -60,7 +60,7 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "MODALSCOPE_DETECT_COLD_FACTOR": ("3.0", "`cold_start`: a new instance's first requests at least this times slower (median) than steady state."),
     "MODALSCOPE_DETECT_COLD_WARMUP_S": ("120", "`cold_start`: how long after an instance's first span its requests count as \"first\"."),
     "MODALSCOPE_DETECT_BASELINE_MARGIN": ("0.10", "`baseline_regression`: P95 over its baseline by more than this fraction."),
-    "MODALSCOPE_DETECT_BASELINE": ("", "`baseline_regression` baseline, `input_type:p50_ms:p95_ms,...`; unset: the seed's table (text 320/410, image 1300/2100, multi_image 3700/6400)."),
+    "MODALSCOPE_DETECT_BASELINE": ("", "`baseline_regression` baseline, `input_type:p50_ms:p95_ms,...`; unset: the reference latency table (text 320/410, image 1300/2100, multi_image 3700/6400)."),
     "MODALSCOPE_DETECT_MAX_SPANS": ("400000", "Raw spans the cold-start detector reads at most around one new instance (every other detector reads rollups)."),
 }
 

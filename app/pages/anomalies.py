@@ -156,8 +156,9 @@ def _filter_links(state: dict, page: dict, kinds: list[str]) -> html.Div:
             active = page.get(key) == v
             items.append(dcc.Link(c.kind_text(v) if v else "all", href=href,
                                   className="ms-chip active" if active else "ms-chip",
+                                  style={"marginLeft": "0.6em", "fontWeight": 600 if active else None},
                                   title=f"{label}: {'current' if active else 'show'}"))
-        return html.Div(items, id=cid, className="ms-incident-filter")
+        return html.Div(items, id=cid, className="ms-incident-filter", style={"margin": "0.2em 0"})
 
     return html.Div([chips("severity", list(c.SEVERITY_ORDER), "Severity", ids.AN_SEVERITY_FILTER),
                      chips("kind", kinds, "Kind", ids.AN_KIND_FILTER)], className="ms-incident-filters")
@@ -171,7 +172,7 @@ def folded_hint(f: dict, incident: dict, href: str):
     before, sep, after = hint.partition(f"see {url}.")
     if not sep:
         return [hint, " ", dcc.Link("see the incident", href=href, className="ms-finding-link")]
-    return [before, dcc.Link("see the incident", href=href, className="ms-finding-link ms-incident-hint-link"),
+    return [before, dcc.Link("see the incident", href=href, className="ms-incident-hint-link"),
             "." + after]
 
 
@@ -196,7 +197,8 @@ def incident_section(i: dict, members: list[tuple[int, dict]], state: dict, page
     related = len(i["findings"]) - 1
     return html.Section(id=inc.ANCHOR_PREFIX + i["id"], className=cls, **{"data-incident": i["id"]}, children=[
         html.Div(className=f"ms-panel ms-incident ms-finding-{i['severity']}", children=[
-            html.H2(c.incident_headline(i), className="ms-incident-title"),
+            html.H2(c.incident_headline(i), className="ms-incident-title",
+                    style={"fontSize": "1.1rem", "margin": "0 0 0.3em"}),
             html.Div([c.span_text(i["start"], i["end"]),
                       f" · +{related} related finding{'' if related == 1 else 's'}" if related else "",
                       " · ", dcc.Link("link to this incident", href=href, className="ms-finding-link")],
@@ -277,5 +279,5 @@ def _fill(state):
                                + " · ".join(f"{n} {s}" for s, n in counts.items() if n) + f"), {len(found)} findings",
                                id="anomalies-counts"),
                      html.Span(" — " + c.evaluation_note(ev), id="anomalies-evaluated")], className="ms-note")
-    return html.Div([*notes, head, _filter_links(state, page, kinds),
+    return html.Div([*notes, head, _filter_links(state, page, kinds), html.Div(style={"height": "0.6em"}),
                      html.Div(sections, id=ids.AN_INCIDENTS)])

@@ -339,3 +339,123 @@ def test_critical_path_segments_tile_the_realistic_trace():
     assert segments[0][1] == 0 and segments[-1][2] == 1000 * MS
     assert all(a[2] == b[1] for a, b in zip(segments, segments[1:]))  # no gaps, no overlap
     assert "l2" in critical_path(spans)
+
+
+# -- critical path under clock skew and overlapping hand-offs ----------------------------
+
+
+def tiles(spans, total_ms: float = 100) -> list[tuple[str, int, int]]:
+    """The segments, checked to tile the root exactly (no gap, no overlap)."""
+    segments = critical_path_segments(spans)
+    assert segments[0][1] == 0 and segments[-1][2] == int(total_ms * MS)
+    assert all(a[2] == b[1] for a, b in zip(segments, segments[1:]))
+    assert sum(e - s for _, s, e in segments) == int(total_ms * MS)
+    return segments
+
+
+def test_a_child_ending_3ms_after_the_next_step_starts_is_still_waited_for():
+    spans = [
+        sp("r", None, 0, 100),
+        sp("enc", "r", 10, 60),
+        sp("enc1", "enc", 11, 59.5),  # the callee's span, past the resume point too
+        sp("fusion", "r", 57, 90),  # its host's clock runs 3 ms early
+    ]
+    assert critical_path(spans) == ["r", "enc", "enc1", "fusion"]
+    segments = tiles(spans)
+    # The overlap stays with the step after it: enc is cut at fusion's start.
+    assert segments == [("r", 0, 10 * MS), ("enc", 10 * MS, 11 * MS), ("enc1", 11 * MS, 57 * MS),
+                        ("fusion", 57 * MS, 90 * MS), ("r", 90 * MS, 100 * MS)]
+
+
+def test_a_child_ending_well_before_the_next_step_keeps_the_usual_path():
+    spans = [sp("r", None, 0, 100), sp("enc", "r", 10, 40), sp("fusion", "r", 57, 90)]
+    assert critical_path(spans) == ["r", "enc", "fusion"]
+    assert tiles(spans) == [("r", 0, 10 * MS), ("enc", 10 * MS, 40 * MS), ("r", 40 * MS, 57 * MS),
+                            ("fusion", 57 * MS, 90 * MS), ("r", 90 * MS, 100 * MS)]
+
+
+@pytest.mark.parametrize("fusion_start", [57, 49])  # clock skew; fusion launched as text returns
+def test_parallel_encoders_the_slower_one_is_critical(fusion_start):
+    spans = [
+        sp("r", None, 0, 100),
+        sp("vision", "r", 10, 60),
+        sp("text", "r", 10, 48),
+        sp("fusion", "r", fusion_start, 80),
+    ]
+    path = critical_path(spans)
+    assert path == ["r", "vision", "fusion"] and "text" not in path
+    segments = tiles(spans)
+    assert ("vision", 10 * MS, fusion_start * MS) in segments
+    # Launched before text returned, the faster encoder stays off the path too.
+    spans[2] = sp("text", "r", 12, 48)
+    assert "text" not in critical_path(spans)
+
+
+def test_a_sibling_running_alongside_is_not_taken_for_the_one_waited_for():
+    # text started first and ran mostly beside vision: vision did not wait for it.
+    spans = [sp("r", None, 0, 100), sp("text", "r", 5, 30), sp("vision", "r", 10, 60)]
+    assert critical_path(spans) == ["r", "vision"]
+    assert tiles(spans) == [("r", 0, 10 * MS), ("vision", 10 * MS, 60 * MS), ("r", 60 * MS, 100 * MS)]
+
+
+@pytest.mark.parametrize("child", [
+    (10, 60),  # ends 40 ms into a 50 ms step: most of the step ran beside it
+    (45, 61),  # 9 ms of its 16 ms beside the step
+])
+def test_an_overlap_far_past_the_tolerance_keeps_jaegers_rule(child):
+    spans = [sp("r", None, 0, 100), sp("prep", "r", 2, 8), sp("c", "r", *child),
+             sp("step", "r", 20 if child[0] < 20 else 52, 70)]
+    path = critical_path(spans)
+    assert "c" not in path and "step" in path
+    tiles(spans)
+
+
+def test_skewed_stage_segments_still_add_up_to_the_trace_duration():
+    spans = gateway_trace()
+    # The fusion host's clock runs 4 ms early, the llm host's 2 ms early.
+    spans = [sp("g3", "g0", 496, 560, kind=KIND_CLIENT, name="fuse") if s.span_id == "g3" else
+             sp("g4", "g0", 558, 990, kind=KIND_CLIENT, name="generate") if s.span_id == "g4" else s
+             for s in spans]
+    load_rules(None).tag(spans)
+    path = critical_path(spans)
+    assert {"g2", "v0", "v1", "v3", "g3", "f0", "g4", "l0", "l2"} <= set(path)
+    segments = tiles(spans, 1000)
+    stage = {s.span_id: s.stage for s in spans}
+    totals: dict[str, int] = defaultdict(int)
+    for sid, s, e in segments:
+        totals[stage[sid]] += e - s
+    assert sum(totals.values()) == trace_duration_ns(spans)
+    assert totals["encoder"] == (496 - 200) * MS  # the encoder call, cut where fusion starts
+
+
+def test_demo_image_traces_keep_the_vision_encoder_on_the_critical_path(clean_store):
+    from sqlalchemy import select
+
+    from modalscope.models import Span, Trace
+
+    with clean_store.engine.connect() as conn:
+        image = select(Trace.trace_id).where(Trace.input_type == "image")
+        rows = conn.execute(select(Span.trace_id, Span.span_id, Span.parent_span_id, Span.service, Span.name,
+                                   Span.kind, Span.start_ns, Span.duration_ns)
+                            .where(Span.trace_id.in_(image))).all()
+    traces: dict[str, list[SpanRecord]] = defaultdict(list)
+    for r in rows:
+        traces[r.trace_id].append(SpanRecord(r.trace_id, r.span_id, r.parent_span_id, r.service, r.name, r.kind,
+                                             r.start_ns, r.start_ns + r.duration_ns, 0))
+    assert len(traces) > 100
+    fused = overlapped = 0
+    for spans in traces.values():
+        path = set(critical_path(spans))
+        call = [s for s in spans if s.service == "gateway" and s.kind == KIND_CLIENT and "Vision" in s.name]
+        encode = [s for s in spans if call and s.parent_span_id == call[0].span_id]
+        fusion = [s for s in spans if s.service == "gateway" and "Fusion" in s.name]
+        assert len(call) == len(encode) == 1
+        assert call[0].span_id in path and encode[0].span_id in path
+        if fusion:  # none when the encoder failed and the request was cut
+            fused += 1
+            overlapped += fusion[0].start_ns < call[0].end_ns
+        segments = critical_path_segments(spans)
+        root = find_root(spans)
+        assert sum(e - s for _, s, e in segments) == root.duration_ns
+    # Fusion starts before the encoder returns in every trace that got that far.
+    assert overlapped == fused > 0.9 * len(traces)

@@ -184,7 +184,9 @@ def stage_time_at(reader: StoreReader, window: Window, filters: Filters = Filter
     """Where the ``at`` (e.g. P99) time goes: per (input type,) stage, the mean self time of
     the traces at or above that percentile of end-to-end latency in the window. Stage times
     of a trace add up to its duration, so a group's ``self_ms`` add up to the mean duration
-    of its tail traces (``traces[group]["mean_ms"]``).
+    of its tail traces (``traces[group]["mean_ms"]``) — when siblings run one after another:
+    concurrent siblings (a fan-out) each keep their self time (``traces.self_times``), so
+    the stack then exceeds it by their overlap (0–5 % per input type in the demo).
 
     The rollups hold histograms, so the tail is found in the ``traces`` table: the trace
     rollup gives each group's count and the histogram bucket of the order statistic, which
@@ -240,16 +242,21 @@ def stage_time_at(reader: StoreReader, window: Window, filters: Filters = Filter
         out: list[dict] = []
         meta: dict[str, dict] = {}
         for key, (value, ids_, n) in tails.items():
-            per_stage: dict[str, int] = {}
+            blobs: list[bytes] = []
             total = 0
             for i in range(0, len(ids_), 500):
-                for tid, dur, blob in conn.execute(select(Trace.trace_id, Trace.duration_ns, Trace.contributions)
-                                                   .where(Trace.trace_id.in_(ids_[i : i + 500]))):
-                    rec = _unpack(blob)
-                    rec = rec[np.isin(rec["series"], sids)]
-                    for sid, v in zip(rec["series"].tolist(), rec["value"].tolist()):
-                        per_stage[stage_of[sid]] = per_stage.get(stage_of[sid], 0) + v
+                for dur, blob in conn.execute(select(Trace.duration_ns, Trace.contributions)
+                                              .where(Trace.trace_id.in_(ids_[i : i + 500]))):
+                    blobs.append(blob)
                     total += int(dur)
+            rec = _unpack(b"".join(blobs))  # fixed-size records: one array for all the tail
+            rec = rec[np.isin(rec["series"], sids)]
+            sums = np.zeros(len(sids), dtype=np.int64)  # integer ns: exact however many traces
+            np.add.at(sums, np.searchsorted(sids, rec["series"]), rec["value"])
+            per_stage: dict[str, int] = {}
+            for sid, v in zip(sids.tolist(), sums.tolist()):
+                if v:
+                    per_stage[stage_of[sid]] = per_stage.get(stage_of[sid], 0) + v
             count = len(ids_)
             stage_sum = sum(per_stage.values())
             meta[key] = {"count": count, "traces": n, "at_ms": _ms(value), "mean_ms": _ms(total / count)}
@@ -274,20 +281,30 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def trace_detail(reader: StoreReader, trace_id: str) -> dict | None:
-    """One trace with every span, self times and stages; None when no span is stored."""
+def trace_detail(reader: StoreReader, trace_id: str, *, ranks: bool = True) -> dict | None:
+    """One trace with every span, self times and stages; None when no span is stored.
+
+    Each span says whether it is on the critical path (``critical``) and, with ``ranks``,
+    its percentile rank 0-100 (``rank_pct``) against the ``op`` rollups of its service and
+    name in the hour centred on the trace's start (None without samples)."""
     rows = reader.trace_spans(trace_id)
     if not rows:
         return None
     records = _records(rows, with_attributes=True)  # with signals: the settler's input type
     selfs = self_times(records)
+    on_path = set(critical_path(records))
+    start, half_hour = min(int(r["start_ns"]) for r in rows), 1_800_000_000_000
+    groups = reader.op_histograms(start - half_hour, start + half_hour,
+                                  {(r["service"], r["name"]) for r in rows}) if ranks else {}
     trace_row = reader.trace_row(trace_id)
     settled = trace_row is not None and not trace_row["pending"] and trace_row["settled_ns"] is not None
     input_type = trace_row["input_type"] if settled else input_type_of(records)
     duration = trace_row["duration_ns"] if settled else trace_duration_ns(records)
     spans = []
     for r, rec in zip(rows, records):
-        spans.append({
+        g = groups.get((r["service"], r["name"]))
+        rank = g.histogram.rank_of(r["duration_ns"]) if g is not None and g.count > 0 else None
+        span = {
             "span_id": r["span_id"],
             "parent_span_id": r["parent_span_id"],
             "service": r["service"],
@@ -307,7 +324,11 @@ def trace_detail(reader: StoreReader, trace_id: str) -> dict | None:
             # [{"trace_id", "span_id", "attributes"}] as decoded (ids lowercase hex); a row
             # stored before links were (NULL) has none
             "links": _json_safe(json.loads(r["links"]) if r.get("links") else []),
-        })
+            "critical": r["span_id"] in on_path,
+        }
+        if ranks:
+            span["rank_pct"] = None if rank is None else 100.0 * rank
+        spans.append(span)
     root = find_root(records)
     return {
         "trace_id": trace_id,
@@ -930,14 +951,10 @@ def _layers_from_raw_spans(reader: StoreReader, window: Window, filters: Filters
 def trace_view(reader: StoreReader, trace_id: str, window: Window) -> dict | None:
     """``trace_detail`` plus depth, critical path and each span's percentile rank against
     its own operation (service, name) in the window, from the ``op`` rollups."""
-    detail = trace_detail(reader, trace_id)
+    detail = trace_detail(reader, trace_id, ranks=False)  # ranked here against the page's window
     if detail is None:
         return None
     spans = detail["spans"]
-    records = [SpanRecord(trace_id, s["span_id"], s["parent_span_id"], s["service"], s["name"], 0,
-                          s["start_unix_nano"], s["start_unix_nano"] + int(round(s["duration_ms"] * 1e6)), 0)
-               for s in spans]
-    on_path = set(critical_path(records))
     ids = {s["span_id"] for s in spans}
     parent = {s["span_id"]: s["parent_span_id"] for s in spans}
     depth: dict[str, int] = {}
@@ -962,7 +979,6 @@ def trace_view(reader: StoreReader, trace_id: str, window: Window) -> dict | Non
     for s in spans:
         g = groups.get((s["service"], s["name"]))
         s["depth"] = depth[s["span_id"]]
-        s["critical"] = s["span_id"] in on_path
         s["rank"] = g.histogram.rank_of(s["duration_ms"] * 1e6) if g is not None and g.count > 0 else None
         s["op_count"] = g.count if g is not None else 0
     # Display order: depth-first from the roots, children by start time.

@@ -245,7 +245,9 @@ def build_query(q: PanelQuery, reader, *, thresholds=None) -> Built:
         rows = queries.overview_rows(reader, q.window, q.filters, q.baseline, q.margin)
         return Built(q, table=input_types_table(rows, q.margin))
     if name == "stages":
-        return Built(q, figure=figures.stage_stack(queries.stage_breakdown(reader, q.window, q.filters)))
+        # as the Stages page draws it: the right side is where the P99 time goes, additive
+        tail = queries.stage_time_at(reader, q.window, q.filters, "p99", group_by="input_type")
+        return Built(q, figure=figures.stage_stack(queries.stage_breakdown(reader, q.window, q.filters), tail))
     if name == "latency-timeline":
         rows = queries.percentile_series(reader, q.window, q.filters, st.step_minutes(q.window))
         return Built(q, figure=figures.percentile_timeseries(rows))

@@ -575,7 +575,7 @@ def _trace_summary(row: dict) -> dict:
 
 
 def _unsettled_summary(reader: StoreReader, trace_id: str) -> dict | None:
-    detail = trace_detail(reader, trace_id)
+    detail = trace_detail(reader, trace_id, ranks=False)
     if detail is None:
         return None
     start = min(s["start_unix_nano"] for s in detail["spans"])

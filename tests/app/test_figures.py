@@ -209,7 +209,8 @@ def test_dict_built_figures_validate_and_match_the_validated_build(monkeypatch):
     assert fast == checked
     layout = fast[0]["layout"]
     grid = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.04,
-                         subplot_titles=("P50 per stage", "P99 per stage (where does the P99 time go?)")).to_plotly_json()
+                         subplot_titles=("P50 of each stage alone (not additive)",
+                                         "P99 of each stage alone (not additive)")).to_plotly_json()
     for axis in ("xaxis", "yaxis", "xaxis2", "yaxis2"):
         assert {k: layout[axis][k] for k in grid["layout"][axis]} == grid["layout"][axis]
         assert layout[axis]["gridcolor"] == figures.GRID

@@ -237,7 +237,8 @@ def test_every_panel_is_what_its_page_shows(pattern_store):
     assert [r["input_type"] for r in its.rows] == [r["input_type"] for r in queries.overview_rows(reader, window, f)]
     assert any(c == "ms-row-regression" for c in its.row_classes)  # the injected baseline regression
     stages = panels.build("stages", reader, args).figure
-    assert stages.to_json() == figures.stage_stack(queries.stage_breakdown(reader, window, f)).to_json()
+    tail = queries.stage_time_at(reader, window, f, "p99", group_by="input_type")
+    assert stages.to_json() == figures.stage_stack(queries.stage_breakdown(reader, window, f), tail).to_json()
     timeline = panels.build("latency-timeline", reader, {**args, "caller": "gateway", "callee": "userdb"}).figure
     series = queries.percentile_series(reader, window, Filters(caller="gateway", callee="userdb"),
                                        st.step_minutes(window))

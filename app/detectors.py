@@ -678,6 +678,20 @@ def detect_hot_spot(frames: Frames, th: Thresholds) -> list[dict]:
 #: Minutes of trailing baselines and blocks compared at once: a week's ~10,000 at once held
 #: ~140 MB of (minutes x bins) arrays a pair.
 BAND_CHUNK_MINUTES = 1440
+#: Minutes of the pair's own data (minutes with at least one call of the pair) its trailing
+#: baseline must hold before a break can start (DESIGN.md: at least 30), whatever the window
+#: asked: the look-back before a window, or before the data began, holds no data, and a
+#: baseline of two minutes made a heavy tail look like a break.
+BAND_BASELINE_DATA_MINUTES = 30
+#: A break ends after this many consecutive calm blocks (``block_minutes`` each) with the
+#: P99 back under the exit threshold; its end is the last minute of slow calls before them.
+BAND_CALM_BLOCKS = 2
+#: A block with its P99 past a threshold counts only when its calls past that threshold are
+#: also more than the frozen baseline's own share of them would give (a one-sided Poisson
+#: test at this level): over a heavy tail, a block of a hundred calls puts its P99 past
+#: 1.4 x the baseline's one time in four by chance alone.
+BAND_ENTRY_P = 1e-4
+BAND_HOT_P = 0.05
 
 
 def _band_stats(prefix: np.ndarray, ts: np.ndarray, B: int, W: int, first_bin: int = 0):
@@ -697,22 +711,74 @@ def _band_stats(prefix: np.ndarray, ts: np.ndarray, B: int, W: int, first_bin: i
     return tuple(np.concatenate(col) for col in zip(*parts))
 
 
+def _binomial_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p)."""
+    if k <= 0:
+        return 1.0
+    if k > n or p <= 0:
+        return 0.0
+    if p >= 1:
+        return 1.0
+    lp, lq, lg = math.log(p), math.log1p(-p), math.lgamma(n + 1)
+
+    def term(i: int) -> float:
+        return math.exp(lg - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq)
+
+    if k <= n * p:  # (a large tail: one minus the head)
+        return max(0.0, 1.0 - sum(term(i) for i in range(k)))
+    total = 0.0
+    for i in range(k, n + 1):  # (terms fall past the mode: stop once they no longer count)
+        t = term(i)
+        total += t
+        if t < 1e-15 * total:
+            break
+    return min(1.0, total)
+
+
+def _excess_p(k: int, n: int, k0: int, n0: int) -> float:
+    """How likely ``k`` or more of a block's ``n`` calls lie past a threshold when ``k0`` of
+    its baseline's ``n0`` did, both at one rate: the conditional test of two Poisson counts
+    (given the ``k + k0`` calls past it, each is the block's with chance ``n / (n + n0)``).
+    The baseline's count is itself a sample: over a heavy tail it is a handful, and taking
+    it for the rate made ordinary blocks look like breaks."""
+    if n <= 0:
+        return 1.0
+    return _binomial_tail(k, k + k0, n / (n + n0))
+
+
+def _p99_past(calls: int, past: int) -> bool:
+    """Whether the coarse P99 of ``calls`` calls lies past a bin that ``past`` of them exceed
+    (``_cumulative_quantile``'s definition)."""
+    return calls > 0 and calls - past <= math.floor(0.99 * (calls - 1))
+
+
 def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
     """``p99_band_break``: a pair's P99 jumps against its own trailing baseline while P50 holds.
 
-    For every minute t with a full trailing baseline ``[t - baseline_minutes, t)``, the
-    next ``block_minutes`` are compared with it: it fires when the block's P99 is at least
+    For every minute t whose trailing baseline ``[t - baseline_minutes, t)`` holds at least
+    ``BAND_BASELINE_DATA_MINUTES`` minutes with calls of the pair (so the first 30 minutes
+    of a pair's data never hold a break, whatever window was asked), the next
+    ``block_minutes`` are compared with it: it fires when the block's P99 is at least
     ``band_ratio`` x the baseline P99, its P50 within ``band_p50_tolerance`` of the
     baseline P50, both have ``min_samples`` calls, and at least ``band_min_outliers`` calls
-    lie past ``band_ratio`` x baseline P99. The baseline is then frozen and the break lasts
-    while such outliers keep coming (no gap of two blocks); its window runs from the first to
-    the last outlier minute, and over that whole window the P50 must still hold.
+    lie past ``band_ratio`` x baseline P99 — more than the baseline's own share of such
+    calls explains (``BAND_ENTRY_P``).
+
+    The baseline is then frozen, and the break is followed block by block (from t): a block
+    is hot while its P99 stays past the exit threshold, sqrt(``band_ratio``) x the baseline
+    P99 (a hysteresis: a heavy tail's noisy P99 neither ends a break at once nor keeps it
+    open), with more calls past it than the baseline's share explains (``BAND_HOT_P``). The
+    break ends at the first ``BAND_CALM_BLOCKS`` calm blocks in a row; its window runs from
+    the first outlier minute to the last minute of the last hot block with a call past the
+    exit threshold, and over that whole window the P50 must still hold.
     """
     out = []
     B, W = max(30, th.baseline_minutes), max(1, th.block_minutes)
     first, n = frames.first_minute, frames.end_minute - frames.first_minute
     if n < B + W:
         return []
+    exit_ratio = math.sqrt(max(th.band_ratio, 1.0))
+    span = BAND_CALM_BLOCKS * W  # the calm stretch that ends a break
     minute_mats = _pair_minute_matrices(frames)
     for (caller, callee), df in _pair_series(frames).items():
         mat = (minute_mats[(caller, callee)] if minute_mats is not None
@@ -728,10 +794,13 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
         prefix = np.zeros((n + 1, hi_bin - lo_bin), dtype=np.int64)
         np.cumsum(mat[:, lo_bin:hi_bin], axis=0, dtype=np.int64, out=prefix[1:])
         np.cumsum(prefix, axis=1, out=prefix)
+        calls = np.diff(prefix[:, -1])  # calls a minute
+        data_minutes = np.concatenate([[0], np.cumsum(calls > 0)])  # minutes with calls, before each
         nb, nw, b50, b99, w50, w99 = _band_stats(prefix, ts, B, W, lo_bin)
         with np.errstate(invalid="ignore", divide="ignore"):
             cand = ((nb >= th.min_samples) & (nw >= th.min_samples) & (w99 >= th.band_ratio * b99)
-                    & (np.abs(w50 / b50 - 1) <= th.band_p50_tolerance))
+                    & (np.abs(w50 / b50 - 1) <= th.band_p50_tolerance)
+                    & (data_minutes[ts] - data_minutes[ts - B] >= BAND_BASELINE_DATA_MINUTES))
         i = 0
         idx = np.flatnonzero(cand)
         while i < len(idx):
@@ -740,16 +809,25 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
             thr_ns = th.band_ratio * b99[k]
             thr_bin = _coarse_bin_of(thr_ns)
             ex = mat[:, thr_bin + 1:].sum(axis=1)
-            if ex[t:t + W].sum() < th.band_min_outliers:
+            n_ex = int(ex[t:t + W].sum())
+            if n_ex < th.band_min_outliers or \
+                    _excess_p(n_ex, int(nw[k]), int(ex[t - B:t].sum()), int(nb[k])) > BAND_ENTRY_P:
                 i += 1
                 continue
             start = t + int(np.flatnonzero(ex[t:t + W])[0])
-            last = start
-            m = start
-            while m < n and m - last < 2 * W:
-                if ex[m] > 0:
-                    last = m
-                m += 1
+            # Follow the break a block at a time: it ends where a stretch of BAND_CALM_BLOCKS
+            # blocks (cut short by the data's end) is calm, at its last slow call before it.
+            exit_bin = _coarse_bin_of(exit_ratio * b99[k])
+            past = mat[:, exit_bin + 1:].sum(axis=1)
+            k0 = int(past[t - B:t].sum())
+            stop = n
+            for j in range(t + W, n, W):
+                c, p = int(calls[j:j + span].sum()), int(past[j:j + span].sum())
+                if not (_p99_past(c, p) and _excess_p(p, c, k0, int(nb[k])) <= BAND_HOT_P):
+                    stop = j
+                    break
+            slow = np.flatnonzero(past[start:stop])
+            last = start + int(slow[-1]) if len(slow) else start
             s_min, e_min = first + start, first + last + 1
             ratio = None
             if _reportable(frames, s_min, e_min):
@@ -767,8 +845,10 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
                 out.append(finding("p99_band_break", sev, {"caller": caller, "callee": callee}, s_ns, e_ns, {
                     "p99_ms": _ms(o99), "baseline_p99_ms": _ms(r99), "p50_ms": _ms(o50), "baseline_p50_ms": _ms(r50),
                     "ratio": round(ratio, 3) if ratio else None, "threshold_ratio": th.band_ratio,
-                    "threshold_ms": _ms(thr_ns), "outliers": int(ex[start:last + 1].sum()),
-                    "baseline_minutes": B, "sample_count": int(hi.count), "baseline_count": int(hb.count),
+                    "threshold_ms": _ms(thr_ns), "exit_threshold_ms": _ms(exit_ratio * b99[k]),
+                    "outliers": int(ex[start:last + 1].sum()),
+                    "baseline_minutes": B, "baseline_data_minutes": int(data_minutes[t] - data_minutes[t - B]),
+                    "sample_count": int(hi.count), "baseline_count": int(hb.count),
                 }, HINTS["p99_band_break"]))
             nxt = last + 1
             while i < len(idx) and ts[idx[i]] < nxt:

@@ -694,21 +694,55 @@ BAND_ENTRY_P = 1e-4
 BAND_HOT_P = 0.05
 
 
-def _band_stats(prefix: np.ndarray, ts: np.ndarray, B: int, W: int, first_bin: int = 0):
+def _band_stats(prefix: np.ndarray, ts: np.ndarray, B: int, W: int, first_bin: int = 0, tolerance: float = 0.25):
     """For each minute in ``ts``: calls and coarse P50/P99 of its trailing ``B`` minutes and of
-    its next ``W``, a day of minutes at a time. ``prefix``: the minutes x bins matrix summed
-    over both axes (row m, column j: the calls of minutes before m in bins up to j; its first
-    column coarse bin ``first_bin``), so a span of minutes' running sums over the bins are
-    one subtraction (a cumulative sum per quantile was half the detector's time)."""
+    its next ``W``, and whether the next ``W``'s median moved past ``tolerance`` of the
+    trailing one (``_median_moved``), a day of minutes at a time. ``prefix``: the minutes x
+    bins matrix summed over both axes (row m, column j: the calls of minutes before m in bins
+    up to j; its first column coarse bin ``first_bin``), so a span of minutes' running sums
+    over the bins are one subtraction (a cumulative sum per quantile was half the detector's
+    time)."""
     parts = []
     for lo in range(0, len(ts), BAND_CHUNK_MINUTES):
         t = ts[lo:lo + BAND_CHUNK_MINUTES]
         base = prefix[t] - prefix[t - B]
         win = prefix[t + W] - prefix[t]
-        parts.append((base[:, -1], win[:, -1], _cumulative_quantile(base, 0.5, first_bin),
-                      _cumulative_quantile(base, 0.99, first_bin), _cumulative_quantile(win, 0.5, first_bin),
-                      _cumulative_quantile(win, 0.99, first_bin)))
+        b50 = _cumulative_quantile(base, 0.5, first_bin)
+        # The block's calls at or under (1 + tolerance) x the baseline median, and at or over
+        # (1 - tolerance) x it (coarse bins).
+        ref = np.where(np.isfinite(b50), b50, 1.0)
+        rows, last = np.arange(len(t)), win.shape[1] - 1
+        hi_col = sketch.keys_of(ref * (1 + tolerance)) // COARSE - first_bin
+        lo_col = sketch.keys_of(ref * (1 - tolerance)) // COARSE - first_bin
+        under = np.where(hi_col < 0, 0, win[rows, np.clip(hi_col, 0, last)])
+        over = win[:, -1] - np.where(lo_col <= 0, 0, win[rows, np.clip(lo_col - 1, 0, last)])
+        parts.append((base[:, -1], win[:, -1], b50, _cumulative_quantile(base, 0.99, first_bin),
+                      _cumulative_quantile(win, 0.99, first_bin), _median_moved(win[:, -1], under, over)))
     return tuple(np.concatenate(col) for col in zip(*parts))
+
+
+#: Standard errors a median's move must clear (``_median_moved``).
+BAND_MEDIAN_Z = 3.0
+
+
+def _median_moved(calls, under, over):
+    """Whether a median moved past a tolerance around a reference, beyond sampling noise:
+    fewer than half of ``calls`` at or under the upper bound (``under``), or at or over the
+    lower one (``over``), by ``BAND_MEDIAN_Z`` standard errors. Over a heavy tail a few
+    hundred calls' median wanders by more than the tolerance (sigma 1.6, 400 calls: 10 %
+    one standard error); only a move the calls show for sure is a shift."""
+    calls = np.asarray(calls, dtype=float)
+    floor = calls / 2 - BAND_MEDIAN_Z * np.sqrt(calls) / 2
+    return (np.asarray(under) < floor) | (np.asarray(over) < floor)
+
+
+def _histogram_median_moved(h: sketch.Histogram, ref: float, tolerance: float) -> bool:
+    """``_median_moved`` of a histogram's calls against ``ref`` (ns) +- ``tolerance``."""
+    cum = np.cumsum(h.counts)
+    under = cum[sketch.key_of(ref * (1 + tolerance))]
+    k_lo = sketch.key_of(ref * (1 - tolerance))
+    over = cum[-1] - (cum[k_lo - 1] if k_lo > 0 else 0)
+    return bool(_median_moved(cum[-1], under, over))
 
 
 def _binomial_tail(k: int, n: int, p: float) -> float:
@@ -796,12 +830,12 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
         np.cumsum(prefix, axis=1, out=prefix)
         calls = np.diff(prefix[:, -1])  # calls a minute
         data_minutes = np.concatenate([[0], np.cumsum(calls > 0)])  # minutes with calls, before each
-        nb, nw, b50, b99, w50, w99 = _band_stats(prefix, ts, B, W, lo_bin)
+        nb, nw, b50, b99, w99, moved = _band_stats(prefix, ts, B, W, lo_bin, th.band_p50_tolerance)
         with np.errstate(invalid="ignore", divide="ignore"):
             cand = ((nb >= th.min_samples) & (nw >= th.min_samples) & (w99 >= th.band_ratio * b99)
-                    & (np.abs(w50 / b50 - 1) <= th.band_p50_tolerance)
+                    & ~moved
                     & (data_minutes[ts] - data_minutes[ts - B] >= BAND_BASELINE_DATA_MINUTES))
-        i = 0
+        i = done = 0
         idx = np.flatnonzero(cand)
         while i < len(idx):
             k = idx[i]
@@ -814,20 +848,31 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
                     _excess_p(n_ex, int(nw[k]), int(ex[t - B:t].sum()), int(nb[k])) > BAND_ENTRY_P:
                 i += 1
                 continue
-            start = t + int(np.flatnonzero(ex[t:t + W])[0])
-            # Follow the break a block at a time: it ends where a stretch of BAND_CALM_BLOCKS
-            # blocks (cut short by the data's end) is calm, at its last slow call before it.
             exit_bin = _coarse_bin_of(exit_ratio * b99[k])
             past = mat[:, exit_bin + 1:].sum(axis=1)
             k0 = int(past[t - B:t].sum())
+
+            def hot(a: int, b: int) -> bool:  # minutes [a, b) still show the break
+                c, p = int(calls[a:b].sum()), int(past[a:b].sum())
+                return _p99_past(c, p) and _excess_p(p, c, k0, int(nb[k])) <= BAND_HOT_P
+
+            # The evidence comes a block after a weak break began: the blocks just before
+            # that still show it belong to it (not before the previous break's end).
+            begin = t
+            while begin - W >= max(done, t - B) and hot(begin - W, begin):
+                begin -= W
+            start = min(t + int(np.flatnonzero(ex[t:t + W])[0]),
+                        begin + int(np.flatnonzero(past[begin:t + W])[0]))
+            # Follow the break a block at a time: it ends where a stretch of BAND_CALM_BLOCKS
+            # blocks (cut short by the data's end) is calm, at its last slow call before it.
             stop = n
             for j in range(t + W, n, W):
-                c, p = int(calls[j:j + span].sum()), int(past[j:j + span].sum())
-                if not (_p99_past(c, p) and _excess_p(p, c, k0, int(nb[k])) <= BAND_HOT_P):
+                if not hot(j, j + span):
                     stop = j
                     break
             slow = np.flatnonzero(past[start:stop])
             last = start + int(slow[-1]) if len(slow) else start
+            done = last + 1
             s_min, e_min = first + start, first + last + 1
             ratio = None
             if _reportable(frames, s_min, e_min):
@@ -837,7 +882,7 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
                 hb = _pair_rows_histogram(frames, df, before)
                 o99, o50, r99, r50 = hi.quantile(0.99), hi.quantile(0.5), hb.quantile(0.99), hb.quantile(0.5)
                 ratio = (o99 / r99) if (o99 and r99) else None
-                if not (o50 and r50 and abs(o50 / r50 - 1) <= th.band_p50_tolerance):
+                if not (o50 and r50) or _histogram_median_moved(hi, r50, th.band_p50_tolerance):
                     ratio = None  # over the whole break the P50 moved too: a shift, not a band
             if _reportable(frames, s_min, e_min) and ratio is not None:
                 sev = "critical" if ratio is not None and ratio >= 2 * th.band_ratio else "warning"

@@ -781,9 +781,9 @@ def _excess_p(k: int, n: int, k0: int, n0: int) -> float:
 
 
 def _p99_past(calls: int, past: int) -> bool:
-    """Whether the coarse P99 of ``calls`` calls lies past a bin that ``past`` of them exceed
-    (``_cumulative_quantile``'s definition)."""
-    return calls > 0 and calls - past <= math.floor(0.99 * (calls - 1))
+    """Whether the P99 of ``calls`` calls reaches a threshold ``past`` of them exceed: at
+    least 1 % of them past it."""
+    return calls > 0 and past >= 0.01 * calls
 
 
 def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
@@ -812,7 +812,6 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
     if n < B + W:
         return []
     exit_ratio = math.sqrt(max(th.band_ratio, 1.0))
-    span = BAND_CALM_BLOCKS * W  # the calm stretch that ends a break
     minute_mats = _pair_minute_matrices(frames)
     for (caller, callee), df in _pair_series(frames).items():
         mat = (minute_mats[(caller, callee)] if minute_mats is not None
@@ -863,13 +862,16 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
                 begin -= W
             start = min(t + int(np.flatnonzero(ex[t:t + W])[0]),
                         begin + int(np.flatnonzero(past[begin:t + W])[0]))
-            # Follow the break a block at a time: it ends where a stretch of BAND_CALM_BLOCKS
-            # blocks (cut short by the data's end) is calm, at its last slow call before it.
-            stop = n
+            # Follow the break a block at a time: it ends before the first BAND_CALM_BLOCKS
+            # calm blocks in a row, at its last slow call before them.
+            stop, calm = n, 0
             for j in range(t + W, n, W):
-                if not hot(j, j + span):
-                    stop = j
-                    break
+                if hot(j, j + W):
+                    stop, calm = n, 0
+                else:
+                    stop, calm = (j if not calm else stop), calm + 1
+                    if calm >= BAND_CALM_BLOCKS:
+                        break
             slow = np.flatnonzero(past[start:stop])
             last = start + int(slow[-1]) if len(slow) else start
             done = last + 1

@@ -829,6 +829,7 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
         np.cumsum(prefix, axis=1, out=prefix)
         calls = np.diff(prefix[:, -1])  # calls a minute
         data_minutes = np.concatenate([[0], np.cumsum(calls > 0)])  # minutes with calls, before each
+        earliest = int(np.searchsorted(data_minutes, BAND_BASELINE_DATA_MINUTES))  # no break before
         nb, nw, b50, b99, w99, moved = _band_stats(prefix, ts, B, W, lo_bin, th.band_p50_tolerance)
         with np.errstate(invalid="ignore", divide="ignore"):
             cand = ((nb >= th.min_samples) & (nw >= th.min_samples) & (w99 >= th.band_ratio * b99)
@@ -856,9 +857,10 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
                 return _p99_past(c, p) and _excess_p(p, c, k0, int(nb[k])) <= BAND_HOT_P
 
             # The evidence comes a block after a weak break began: the blocks just before
-            # that still show it belong to it (not before the previous break's end).
+            # that still show it belong to it (not before the previous break's end, nor
+            # inside the pair's first BAND_BASELINE_DATA_MINUTES).
             begin = t
-            while begin - W >= max(done, t - B) and hot(begin - W, begin):
+            while begin - W >= max(done, t - B, earliest) and hot(begin - W, begin):
                 begin -= W
             start = min(t + int(np.flatnonzero(ex[t:t + W])[0]),
                         begin + int(np.flatnonzero(past[begin:t + W])[0]))

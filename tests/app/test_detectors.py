@@ -678,3 +678,68 @@ def test_encoder_ends_are_what_pandas_grouping_gives():
     pd.testing.assert_frame_equal(got, want, check_dtype=False)
     assert (got["n"] >= 2).any() and (got["n"] == 1).any()
     assert _encoder_ends(enc.iloc[:0]).empty
+
+
+# -- p99_band_break: evidence and its end --------------------------------------------------
+def late_pair_frames(stall_from, sigma=0.3, lead=60, minutes=150, calls=60, stall_for=15, seed=11):
+    """A pair whose calls begin ``lead`` minutes after the frames' data does (a window asked
+    from before the traffic began), stalling 6 % of its calls at ``stall_from`` (minutes
+    from its first call) for ``stall_for`` minutes."""
+    rng = random.Random(seed)
+    p99 = 100 * np.exp(2.326 * sigma)
+    per = {}
+    for m in range(minutes):
+        vals = lognormal(rng, calls, 100, sigma)
+        if stall_from <= m < stall_from + stall_for:
+            vals[:int(calls * 0.06)] = [6 * p99 * (0.8 + 0.4 * rng.random()) for _ in range(int(calls * 0.06))]
+        per[lead + m] = vals
+    return frames(minutes=lead + minutes, pairs=pd.DataFrame(pair_rows("ingest", "scorer", per)))
+
+
+@pytest.mark.parametrize("stall_from", [2, 10, 25])
+def test_band_break_needs_thirty_minutes_of_the_pairs_own_data(stall_from):
+    """Empty minutes before a pair's first call are no baseline: a stall in its first half
+    hour fires nothing, whatever the window's look-back held."""
+    found = d.detect_p99_band_break(late_pair_frames(stall_from), TH)
+    assert all(f["start"] >= d.rfc3339((T0 + 60 + 30) * MIN) for f in found), found
+    if stall_from + 15 <= 30:  # over before the pair's first half hour ends: nothing at all
+        assert found == []
+    else:  # still stalling after it: that part may be a break, with a baseline of 30 minutes
+        assert [f["evidence"]["baseline_data_minutes"] for f in found] == [30]
+
+
+def test_band_break_after_thirty_minutes_of_data_fires_and_says_so():
+    (f,) = d.detect_p99_band_break(late_pair_frames(40), TH)
+    assert f["start"] == d.rfc3339((T0 + 100) * MIN) and f["end"] == d.rfc3339((T0 + 115) * MIN)
+    assert d.BAND_BASELINE_DATA_MINUTES <= f["evidence"]["baseline_data_minutes"] <= TH.baseline_minutes
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_band_break_on_a_heavy_tail_ends_when_its_p99_returns(seed):
+    """A heavy tail (sigma 1.5) puts stray calls past twice its P99 every few minutes: the
+    break still ends within two calm blocks (and a block of slack) of the stall's end."""
+    lead, stall_from, stall_for, minutes = 60, 60, 20, 200
+    found = d.detect_p99_band_break(late_pair_frames(stall_from, sigma=1.5, lead=lead, minutes=minutes,
+                                                     stall_for=stall_for, seed=seed), TH)
+    assert len(found) == 1, found
+    f = found[0]
+    stall_end = T0 + lead + stall_from + stall_for
+    assert d.rfc3339((T0 + lead + stall_from - TH.block_minutes) * MIN) <= f["start"] \
+        <= d.rfc3339((T0 + lead + stall_from + TH.block_minutes) * MIN)
+    assert d.rfc3339((stall_end - TH.block_minutes) * MIN) <= f["end"] \
+        <= d.rfc3339((stall_end + (d.BAND_CALM_BLOCKS + 1) * TH.block_minutes) * MIN), f
+    assert f["evidence"]["exit_threshold_ms"] < f["evidence"]["threshold_ms"]
+
+
+def test_band_break_tail_tests_match_their_definitions():
+    from math import comb
+
+    for k, n, p in [(0, 5, 0.3), (3, 10, 0.2), (7, 13, 0.077), (12, 12, 0.5), (2, 40, 0.01), (30, 40, 0.9)]:
+        exact = sum(comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
+        assert d._binomial_tail(k, n, p) == pytest.approx(exact, rel=1e-9, abs=1e-15)
+    assert d._binomial_tail(4, 3, 0.5) == 0.0 and d._binomial_tail(1, 5, 0.0) == 0.0
+    # Three calls past the threshold in a block a thirteenth of its baseline's calls, none in
+    # the baseline: (1/13)^3, not enough on its own; a fourth is.
+    assert d._excess_p(3, 300, 0, 3600) > d.BAND_ENTRY_P > d._excess_p(4, 300, 0, 3600)
+    # A median is moved only past the tolerance by more than sampling noise.
+    assert not d._median_moved(400, 185, 380)[()] and d._median_moved(400, 160, 380)[()]

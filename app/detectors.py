@@ -17,7 +17,8 @@ they use stages, span kinds, the trace's input type and the conventions of DESIG
 * nothing compares raw volume across time, so the daily curve is not an anomaly (load
   enters only as "high", relative to the median block);
 * the band break compares against a trailing baseline of ``baseline_minutes`` (at least
-  30), frozen while the break lasts.
+  30) holding at least 30 minutes of the pair's own calls, frozen while the break lasts;
+  it ends when the P99 stays under a lower exit threshold for two blocks.
 
 Frames (one row each; ``minute`` is unix minutes; ``keys``/``counts`` a rollup's sparse
 sketch, see ``models/sketch.py``):
@@ -683,13 +684,16 @@ BAND_CHUNK_MINUTES = 1440
 #: asked: the look-back before a window, or before the data began, holds no data, and a
 #: baseline of two minutes made a heavy tail look like a break.
 BAND_BASELINE_DATA_MINUTES = 30
-#: A break ends after this many consecutive calm blocks (``block_minutes`` each) with the
-#: P99 back under the exit threshold; its end is the last minute of slow calls before them.
+#: A break ends before this many consecutive calm blocks (``block_minutes`` each: 10
+#: minutes by default) with the P99 back under the exit threshold; its end is the last
+#: minute with a call past that threshold before them.
 BAND_CALM_BLOCKS = 2
-#: A block with its P99 past a threshold counts only when its calls past that threshold are
-#: also more than the frozen baseline's own share of them would give (a one-sided Poisson
-#: test at this level): over a heavy tail, a block of a hundred calls puts its P99 past
-#: 1.4 x the baseline's one time in four by chance alone.
+#: Calls past a threshold count only when they are more than the frozen baseline's own
+#: share of them explains (``_excess_p`` at most this): to start a break (strict: every
+#: minute starts a new comparison, and a heavy tail puts a few calls past twice its P99 in
+#: any block) and to keep one going (lenient: a weak break's blocks carry a few calls each;
+#: over a heavy tail, a block of a hundred calls has its P99 past 1.4 x the baseline's one
+#: time in four by chance alone).
 BAND_ENTRY_P = 1e-4
 BAND_HOT_P = 0.05
 
@@ -793,18 +797,21 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
     ``BAND_BASELINE_DATA_MINUTES`` minutes with calls of the pair (so the first 30 minutes
     of a pair's data never hold a break, whatever window was asked), the next
     ``block_minutes`` are compared with it: it fires when the block's P99 is at least
-    ``band_ratio`` x the baseline P99, its P50 within ``band_p50_tolerance`` of the
-    baseline P50, both have ``min_samples`` calls, and at least ``band_min_outliers`` calls
-    lie past ``band_ratio`` x baseline P99 — more than the baseline's own share of such
-    calls explains (``BAND_ENTRY_P``).
+    ``band_ratio`` x the baseline P99, its P50 has not moved past ``band_p50_tolerance``
+    of the baseline P50 (beyond sampling noise, ``_median_moved``), both have
+    ``min_samples`` calls, and at least ``band_min_outliers`` calls lie past
+    ``band_ratio`` x baseline P99 — more than the baseline's own share of such calls
+    explains (``_excess_p`` at most ``BAND_ENTRY_P``).
 
-    The baseline is then frozen, and the break is followed block by block (from t): a block
-    is hot while its P99 stays past the exit threshold, sqrt(``band_ratio``) x the baseline
-    P99 (a hysteresis: a heavy tail's noisy P99 neither ends a break at once nor keeps it
-    open), with more calls past it than the baseline's share explains (``BAND_HOT_P``). The
-    break ends at the first ``BAND_CALM_BLOCKS`` calm blocks in a row; its window runs from
-    the first outlier minute to the last minute of the last hot block with a call past the
-    exit threshold, and over that whole window the P50 must still hold.
+    The baseline is then frozen, and the break is followed block by block from t. The exit
+    threshold is lower than the entry one, sqrt(``band_ratio``) x the baseline P99 (a
+    hysteresis: a heavy tail's noisy P99 neither ends a break at once nor holds it open): a
+    block is hot while at least 1 % of its calls lie past it (its P99 reaches it) and more
+    than the baseline's share explains (``BAND_HOT_P``). The break ends before the first
+    ``BAND_CALM_BLOCKS`` calm blocks in a row (or the data's end); the hot blocks just
+    before t belong to it too. Its window runs from its first call past a threshold to its
+    last call past the exit threshold before the calm blocks, and over that whole window the
+    P50 must still hold.
     """
     out = []
     B, W = max(30, th.baseline_minutes), max(1, th.block_minutes)

@@ -267,7 +267,9 @@ def _not_allowed_json(allowed: list[str]):
 @bp.route("/<path:rest>", methods=_ANY_METHOD, endpoint=_CATCH_ALL, provide_automatic_options=False)
 def _unknown_path(rest: str = ""):
     allowed = _known_methods(request.path)
-    return _not_allowed_json(allowed) if allowed else _not_found_json()
+    # a path the real routes refused although its method is allowed (e.g. "traces//0"): no
+    # such resource, not a wrong method
+    return _not_allowed_json(allowed) if allowed and request.method not in allowed else _not_found_json()
 
 
 @bp.record_once

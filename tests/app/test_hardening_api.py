@@ -60,7 +60,8 @@ ENDPOINTS = {
     "/api/v1/compare": ("baseline_start", "baseline_end"),
     "/api/v1/share": ("panel", "ttl"),
 }
-NOT_QUERY_ENDPOINTS = {"/api/v1/health", "/api/v1/traces/<trace_id>"}
+# (the last two: JSON 404/405 for unknown API paths)
+NOT_QUERY_ENDPOINTS = {"/api/v1/health", "/api/v1/traces/<trace_id>", "/api/v1/", "/api/v1/<path:rest>"}
 
 
 def hostile_trace(start_ns: int) -> list[SpanRecord]:

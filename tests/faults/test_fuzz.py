@@ -296,6 +296,11 @@ def test_api_trace_ids_never_500(api_client, trace_id, query):
     assert resp.status_code in (200, 400, 404)
 
 
+def test_api_trace_id_with_a_slash_is_a_json_404(api_client):
+    resp = api_client.get("/api/v1/traces/%2F0")
+    assert resp.status_code == 404 and resp.is_json
+
+
 # -- stage rules -------------------------------------------------------------------------------
 
 RULE_LINES = ["[[name]]", "[[attribute]]", "[[service]]", "[[other]]", "[name]", 'stage = "encoder"',

@@ -33,30 +33,42 @@ def format_finding(f: dict) -> str:
     return "\n".join(lines)
 
 
-def cmd_anomalies(args) -> int:
+def catalog_window(args):
+    """The window of ``--since``/``--range`` (one of them; default 1 h), checked as the API
+    checks ``range``, with the settings and thresholds: what both catalog commands read."""
     from .app.detectors import Thresholds
-    from .app.findings import MAX_WINDOW_S, find
+    from .app.findings import MAX_WINDOW_S
     from .app.params import ParamError, parse_window
     from .cli import CommandError
-    from .models.engine import make_engine
-    from .models.reader import StoreReader
-    from .models.schema import ensure_schema
     from .settings import Settings
 
     if args.since and args.range:
         raise CommandError("give either --since or --range, not both")
     flag = "--range" if args.range else "--since"
-    since = args.range or args.since or "1h"
-    settings = Settings.from_env()
     try:
-        window = parse_window({"range": since})
+        window = parse_window({"range": args.range or args.since or "1h"})
     except ParamError as exc:
         raise CommandError(f"{flag}: {exc.message.replace('range', flag)}") from None
     if window.seconds > MAX_WINDOW_S:
         raise CommandError(f"{flag}: at most {MAX_WINDOW_S // 86400}d (the detectors judge minute by minute)")
-    thresholds = Thresholds.from_env()
+    return window, Settings.from_env(), Thresholds.from_env()
+
+
+def open_store(settings):
+    """The store's engine, refusing one that is missing or not upgraded (one-line errors)."""
+    from .models.engine import make_engine
+    from .models.schema import ensure_schema
+
     ensure_schema(settings.database_url, create=False)
-    engine = make_engine(settings.database_url)
+    return make_engine(settings.database_url)
+
+
+def cmd_anomalies(args) -> int:
+    from .app.findings import find
+    from .models.reader import StoreReader
+
+    window, settings, thresholds = catalog_window(args)
+    engine = open_store(settings)
     try:
         found = find(StoreReader(engine), window, th=thresholds)
     finally:
@@ -66,7 +78,7 @@ def cmd_anomalies(args) -> int:
         print()
         return 0
     if not found:
-        print(f"no findings in the last {since}")
+        print(f"no findings in the last {args.range or args.since or '1h'}")
         return 0
     for f in found:
         print(format_finding(f))

@@ -67,30 +67,13 @@ def format_incidents(incidents: list[dict]) -> str:
 
 
 def cmd_incidents(args) -> int:
+    from .anomalies_cmd import catalog_window, open_store
     from .app import incidents as inc
-    from .app.detectors import Thresholds
-    from .app.findings import MAX_WINDOW_S, find
-    from .app.params import ParamError, parse_window
-    from .cli import CommandError
-    from .models.engine import make_engine
+    from .app.findings import find
     from .models.reader import StoreReader
-    from .models.schema import ensure_schema
-    from .settings import Settings
 
-    if args.since and args.range:
-        raise CommandError("give either --since or --range, not both")
-    flag = "--range" if args.range else "--since"
-    since = args.range or args.since or "1h"
-    settings = Settings.from_env()
-    try:
-        window = parse_window({"range": since})
-    except ParamError as exc:
-        raise CommandError(f"{flag}: {exc.message.replace('range', flag)}") from None
-    if window.seconds > MAX_WINDOW_S:
-        raise CommandError(f"{flag}: at most {MAX_WINDOW_S // 86400}d (the detectors judge minute by minute)")
-    thresholds = Thresholds.from_env()
-    ensure_schema(settings.database_url, create=False)
-    engine = make_engine(settings.database_url)
+    window, settings, thresholds = catalog_window(args)
+    engine = open_store(settings)
     try:
         reader = StoreReader(engine)
         found = inc.incidents(reader, window, lambda w: find(reader, w, th=thresholds))
@@ -101,7 +84,7 @@ def cmd_incidents(args) -> int:
         print()
         return 0
     if not found:
-        print(f"no incidents in the last {since}")
+        print(f"no incidents in the last {args.range or args.since or '1h'}")
         return 0
     print(format_incidents(found))
     folded = sum(len(i["findings"]) for i in found)

@@ -299,7 +299,7 @@ def _exemplar_rows(reader: StoreReader, f: dict, w: Window) -> list[dict]:
 EXEMPLAR_THREADS = 3
 #: Where reads run beside each other (``add_exemplars``, ``load_frames``). (Exemplar look-ups
 #: beside the detectors were tried: the look-ups' own Python work slowed the detectors as much
-#: as it saved, BENCHMARKS.md session 18.)
+#: as it saved, see BENCHMARKS.md.)
 THREADED_DIALECTS = frozenset({"postgresql"})
 
 

@@ -410,7 +410,7 @@ class StoreReader:
                 ).scalar_one(),
             }
 
-    # -- dashboard readers (issue 4) ---------------------------------------------------
+    # -- dashboard readers ---------------------------------------------------
     def rollup_steps(self, q: RollupQuery, step_minutes: int) -> list[RollupGroup]:
         """Like ``rollups(by_minute=True)`` but merged per ``step_minutes``: key = group_by + (step start minute,).
 
@@ -981,7 +981,7 @@ class StoreReader:
                     found[(service, name)] = value
         return [(s, n, v) for (s, n), v in sorted(found.items())]
 
-    # -- cache analytics and triage compare (issue 5, pages) ---------------------------
+    # -- cache analytics and triage compare ---------------------------
     def cache_spans(self, start_ns: int, end_ns: int, limit: int = 500_000) -> list[tuple]:
         """``(start_ns, attributes JSON, resource JSON)`` of spans starting in the window whose
         attributes carry ``cache.name`` (the window on the ``start_ns`` index, the key as a
@@ -1113,7 +1113,7 @@ class StoreReader:
                     roots.setdefault(r["trace_id"], []).append(r)
         return [{**r, "input_type": it} for t, it, _ in traces for r in roots.get(t, ())]
 
-    # -- findings readers (issue 5) ----------------------------------------------------
+    # -- findings readers ----------------------------------------------------
     def rollup_rows(self, kind: str, start_ns: int, end_ns: int, dims: tuple[str, ...],
                     filters: Filters | None = None, sketches: bool = True) -> list[tuple]:
         """Rollup rows of one series kind, unmerged: ``(minute, count, error_count, sum_ns,
@@ -1339,7 +1339,7 @@ _TRACE_COLUMNS = [c.key for c in Trace.__table__.columns if c.key != "contributi
 
 
 # --------------------------------------------------------------------------------------
-# Dashboard readers (issue 4). Appended: the methods above keep their signatures.
+# Dashboard readers. Appended: the methods above keep their signatures.
 # --------------------------------------------------------------------------------------
 
 KIND_CLIENT_CODE = 3

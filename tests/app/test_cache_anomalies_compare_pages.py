@@ -133,7 +133,9 @@ def test_anomalies_page_draws_each_chart_in_its_own_request(pattern_store, windo
 
         walk(tree)
         api = pattern_store.get("anomalies")
-        assert sorted(i for i, _ in specs) == list(range(min(len(api), anomalies.MAX_CHARTS)))
+        charted = sorted(i for i, _ in specs)
+        assert len(charted) >= min(len(api), anomalies.MAX_CHARTS)
+        assert {api[i]["kind"] for i in charted} == {f["kind"] for f in api}  # every kind has a chart
         listed = _dump(anomalies._fill(window))
         assert '"template"' not in listed and '"scatter"' not in listed  # no drawn figure in the list
         drawn = 0
@@ -142,9 +144,9 @@ def test_anomalies_page_draws_each_chart_in_its_own_request(pattern_store, windo
             fig = anomalies._fill_chart(spec).to_plotly_json()
             names = [t.get("name") for t in fig["data"]]
             if names:
-                assert "P99" in " ".join(map(str, names)) and fig["layout"]["shapes"], (i, names)
+                assert fig["layout"]["shapes"] and fig["layout"]["showlegend"], (i, names)
                 drawn += 1
-        assert drawn >= 1
+        assert drawn == len(specs)
         # The spec comes back from the browser: an edited one gets a blank chart, not an error.
         for bad in (None, {}, {"start": "x", "end": "y"}, {"start": "0", "end": str(400 * 86400), "subject": {}}):
             fig = anomalies._fill_chart(bad).to_plotly_json()

@@ -238,4 +238,4 @@ def test_the_evidence_figure_built_from_dicts_is_the_validated_one(monkeypatch):
     assert fast["layout"]["shapes"] == drawn
     assert [len(t["x"]) for t in fast["data"]] == [11, 11]  # the minute without a P99 is left out
     assert fast["data"][1]["y"][0] == 2.5 and fast["layout"]["yaxis"]["title"]["text"] == "s"
-    assert fast["layout"]["height"] == 180 and fast["layout"]["showlegend"] is False
+    assert fast["layout"]["height"] == 180 and fast["layout"]["showlegend"] is True

@@ -4,6 +4,8 @@
 # (MODALSCOPE_TEST_POSTGRES, default the local server); without a reachable PostgreSQL the
 # PostgreSQL half is reported as skipped, with the reason — unless
 # MODALSCOPE_REQUIRE_POSTGRES=1 (CI), which makes it fail instead.
+# `scripts/test.sh -m quick` runs the inner-loop subset: SQLite only, no browser, no child
+# processes (marked at collection in tests/conftest.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

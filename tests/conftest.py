@@ -27,6 +27,26 @@ PG_ADMIN_URL = os.environ.get("MODALSCOPE_TEST_POSTGRES", "postgresql://postgres
 REQUIRE_PG = os.environ.get("MODALSCOPE_REQUIRE_POSTGRES") == "1"
 RUN_ID = uuid.uuid4().hex[:10]
 
+# The inner-loop subset (`scripts/test.sh -m quick`): SQLite only, no browser, no child
+# processes, no shared demo stores. Everything else still runs in the whole suite.
+SLOW_FIXTURES = {"clean_store", "pattern_store", "filled_templates", "site", "procs", "empty_db_url"}
+SLOW_MODULE_WORDS = ("browser", "e2e", "bench", "scale_out", "faults", "instrumented", "big_traces")
+
+
+def _is_quick(item) -> bool:
+    if any(word in item.nodeid.split("::")[0] for word in SLOW_MODULE_WORDS):
+        return False
+    if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return False
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return "postgresql" not in params.values()
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _is_quick(item):
+            item.add_marker(pytest.mark.quick)
+
 
 def _pg_connect(dbname: str | None = None):
     import psycopg

@@ -248,6 +248,10 @@ def rfc3339(ns: int) -> str:
 
 def finding(kind: str, severity: str, subject: dict, start_ns: int, end_ns: int, evidence: dict,
             hint: str, exemplars=()) -> dict:
+    """A finding as the API answers it. Each ``evidence`` key names its value's unit, as
+    ``units.evidence_unit`` reads it (``*_ms``, ``*_s``, ``*_minutes``, ``*_share``/``*_rate`` a
+    fraction, ``*_ratio`` a multiple, ``*_count`` a count, or a key it lists): the pages and the
+    CLI show it in that unit, and a test fails on a key it cannot place."""
     ev = {k: (round(float(v), 4) if isinstance(v, (float, np.floating)) else int(v) if isinstance(v, (np.integer,)) else v)
           for k, v in evidence.items()}
     ids = []

@@ -326,16 +326,9 @@ def subject_text(subject: Mapping[str, Any]) -> str:
 
 
 def _evidence_text(evidence: Mapping[str, Any], limit: int = 4) -> str:
-    items = []
-    for k, v in list(evidence.items())[:limit]:
-        if isinstance(v, bool):
-            v = "yes" if v else "no"
-        elif isinstance(v, float):
-            v = f"{v:.4g}"
-        elif isinstance(v, (dict, list)):
-            continue
-        items.append(f"{k} {v}")
-    return " · ".join(items)
+    from .units import evidence_items  # (in units, as the Anomalies page shows them)
+
+    return " · ".join(f"{label} {value}" for _, label, value in evidence_items(dict(evidence), limit))
 
 
 def anomalies_table(found: list[dict]) -> Table:

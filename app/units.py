@@ -98,7 +98,7 @@ EVIDENCE_UNIT_SUFFIXES = (("_ms", "ms"), ("_s", "s"), ("_minutes", "min"), ("_sh
 EVIDENCE_LABELS = {
     "max_duration_ms": "longest request", "band_ms": "pile-up band", "ceiling_s": "timeout ceiling",
     "threshold_ms": "threshold", "exit_threshold_ms": "exit threshold", "threshold_ratio": "threshold ratio",
-    "sample_count": "samples", "threshold_count": "needed", "truncated": "requests at the ceiling",
+    "sample_count": "samples", "threshold_count": "needed at the ceiling", "truncated": "requests at the ceiling",
     "error_share": "errors among them", "median_pair_p99_ms": "median P99 of the pairs",
     "first_median_ms": "first requests' median", "steady_median_ms": "steady median",
     "warmup_s": "warm-up", "batch_one_share": "batches of one", "baseline_batch_one_share": "baseline batches of one",
@@ -177,3 +177,31 @@ def evidence_items(evidence, limit: int | None = None) -> list[tuple[str, str, s
         if limit is not None and len(out) >= limit:
             break
     return out
+
+
+# (observed key, reference key, what the observed is, what the reference is): the first pair a
+# finding's evidence holds is its headline number.
+EVIDENCE_MEASURES = (
+    ("p99_ms", "baseline_p99_ms", "P99", "baseline"),
+    ("p95_ms", "baseline_p95_ms", "P95", "baseline"),
+    ("first_median_ms", "steady_median_ms", "first requests' median", "steady"),
+    ("median_spread_ms", "threshold_ms", "median encoder spread", "threshold"),
+    ("max_duration_ms", "ceiling_s", "longest", "ceiling"),
+    ("share", "threshold_share", "preprocessing share", "threshold"),
+    ("hit_rate", "threshold_hit_rate", "hit rate", "floor"),
+    ("batch_one_share", "threshold_share", "batches of one", "threshold"),
+    ("fallback_share", "threshold_share", "CUDA Graph fallbacks", "threshold"),
+)
+
+
+def evidence_measure(evidence) -> str:
+    """A finding's headline number against its reference, in units: "P99 12.89 s vs
+    baseline 2.789 s", "longest 29.97 s vs ceiling 30 s" ('' when its evidence has none)."""
+    ev = evidence if isinstance(evidence, dict) else {}
+    for obs, ref, label, ref_label in EVIDENCE_MEASURES:
+        o, r = ev.get(obs), ev.get(ref)
+        if isinstance(o, (int, float)) and not isinstance(o, bool):
+            vs = (f" vs {ref_label} {fmt_evidence(ref, r)}" if isinstance(r, (int, float)) and not isinstance(r, bool)
+                  else "")
+            return f"{label} {fmt_evidence(obs, o)}{vs}"
+    return ""

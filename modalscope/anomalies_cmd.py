@@ -23,7 +23,10 @@ def add_anomalies_parser(sub) -> None:
 def format_finding(f: dict) -> str:
     subject = ", ".join(f"{k}={v['key']}={v['value']}" if isinstance(v, dict) else f"{k}={v}"
                         for k, v in f["subject"].items())
-    evidence = ", ".join(f"{k}={v}" for k, v in f["evidence"].items() if v is not None)
+    from .app.units import evidence_items
+
+    # (in units, as the Anomalies page shows them; --json keeps the raw numbers)
+    evidence = ", ".join(f"{label} {value}" for _, label, value in evidence_items(f["evidence"]))
     lines = [f"{f['severity'].upper():8} {f['kind']:22} {subject}",
              f"         {f['start']} → {f['end']}",
              f"         evidence: {evidence}",

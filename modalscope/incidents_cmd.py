@@ -46,12 +46,15 @@ def _subject(subject: dict) -> str:
 def _suspect(s: dict) -> str:
     if "stage" in s:
         return f"{s['stage']} {s['added_share'] * 100:.0f}% of added time"
-    return f"{s['key']}={s['value']} ×{s['lift']:.1f}"
+    return f"{s['key']}={s['value']} ×{s['lift']:,.1f}"
 
 
 def format_incidents(incidents: list[dict]) -> str:
-    """A table: severity, span, headline kind and subject, folded findings, cause or suspects."""
-    rows = [("SEVERITY", "WHEN (UTC)", "HEADLINE", "FINDINGS", "CAUSE / SUSPECTS")]
+    """A table: severity, span, headline kind and subject, its headline number in units,
+    folded findings, cause or suspects."""
+    from .app.units import evidence_measure
+
+    rows = [("SEVERITY", "WHEN (UTC)", "HEADLINE", "MEASURE", "FINDINGS", "CAUSE / SUSPECTS")]
     for inc in incidents:
         h = inc["headline"]
         if inc["cause_known"]:
@@ -61,7 +64,7 @@ def format_incidents(incidents: list[dict]) -> str:
         else:
             lead = "cause unknown"
         rows.append((inc["severity"], human_span(inc["start"], inc["end"]), f"{h['kind']} {_subject(h['subject'])}",
-                     str(len(inc["findings"])), lead))
+                     evidence_measure(h.get("evidence")) or "-", str(len(inc["findings"])), lead))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)
 

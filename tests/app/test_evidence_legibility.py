@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from modalscope.app import detectors, figures, panels
+from modalscope.app import components, detectors, figures, panels
 from modalscope.app.units import evidence_items, evidence_measure, evidence_unit, fmt_evidence, fmt_ms, fmt_num
 from modalscope.incidents_cmd import format_incidents
 from modalscope.anomalies_cmd import format_finding
@@ -161,8 +161,11 @@ def test_cli_and_embed_show_units(demo_findings, pattern_store):  # noqa: F811
         assert not SCIENTIFIC.search(text), text
         evidence = text.splitlines()[2]
         assert "_ms" not in evidence and "=" not in evidence and re.search(r"\d (ms|s|min)\b|\d %", evidence), evidence
-    lb = format_finding(next(f for f in demo_findings if f["kind"] == "lb_timeout_truncation"))
+    lb_finding = next(f for f in demo_findings if f["kind"] == "lb_timeout_truncation")
+    lb = format_finding(lb_finding)
     assert "longest request 29.97 s" in lb and "timeout ceiling 30 s" in lb and "errors among them 100.0 %" in lb
+    # The incident cards' headline number says how close to the ceiling the requests ended.
+    assert components.finding_measure(lb_finding) == "longest 29.97 s vs ceiling 30 s"
     table = format_incidents(pattern_store.get("incidents"))
     assert table.splitlines()[0].split()[:6] == ["SEVERITY", "WHEN", "(UTC)", "HEADLINE", "MEASURE", "FINDINGS"]
     assert "longest 29.97 s vs ceiling 30 s" in table and not SCIENTIFIC.search(table)

@@ -38,6 +38,14 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "MODALSCOPE_MAX_QUEUE_SPANS": ("50000", "Spans the writer holds before receivers answer 429/UNAVAILABLE with a retry delay (bounds the receiver's memory while the store is slow or down)."),
     "MODALSCOPE_MAX_SETTLE_LAG_S": ("10", "When the settler has fallen this many seconds behind (a trace idle `MODALSCOPE_SETTLE_SECONDS` plus this long is still not settled), receivers answer 429/UNAVAILABLE with a retry delay until it catches up: bounds how far rollups, pairs and exemplar searches lag behind a sustained flood, while a burst passes (`0`: no limit)."),
     "MODALSCOPE_THREADS": ("4", "Threads per gunicorn worker of the dashboard (`modalscope.gunicorn_conf`; workers: `WEB_CONCURRENCY`, default 2)."),
+    "MODALSCOPE_PUBLIC_URL": ("", "The dashboard's public address (`https://scope.example.com`): share links and incident links are built from it; unset: from the request's `Host`."),
+    "MODALSCOPE_HEAD_TIMEOUT_S": ("10", "A dashboard connection whose request head (request line and headers) is not complete within this many seconds is closed (`modalscope.gunicorn_conf`'s worker)."),
+    "MODALSCOPE_MAX_BODY_BYTES": ("4194304", "Largest request body the dashboard reads (Dash callbacks); larger is a 413 before reading it. `/login` takes at most 16 KiB."),
+    "MODALSCOPE_RENDER_MAX_PX": ("2000", "Largest width or height, in CSS pixels, of a `/render/<panel>.png|svg` image."),
+    "MODALSCOPE_RENDER_MAX_SCALE": ("2", "Largest `scale` (device pixels per CSS pixel) of a PNG image."),
+    "MODALSCOPE_RENDER_QUEUE": ("4", "Images a dashboard worker draws or holds waiting at once; past that `/render` answers 503 with `Retry-After`."),
+    "MODALSCOPE_RENDER_TIMEOUT_S": ("20", "An image not drawn within this many seconds is a 504; the browser is restarted for the next one."),
+    "MODALSCOPE_NEW_WINDOWS_PER_HOUR": ("20", "First evaluations of absolute anomaly windows (`start`/`end`, not yet stored) a client may start per hour, in bursts of up to 4; past that a 429 with `Retry-After` (`0`: no limit)."),
     "MODALSCOPE_DEBUG": ("0", "`1` turns on Dash's debug mode (debugger, dev tools); never in production."),
     # Detector thresholds (app/detectors.py, `Thresholds`): one setting a field.
     "MODALSCOPE_DETECT_MIN_SAMPLES": ("20", "Fewest samples (calls, traces, spans) a block or series needs before any detector looks at it."),
@@ -139,6 +147,14 @@ class Settings:
     max_request_bytes: int = 20 * 1024 * 1024
     max_queue_spans: int = 50_000
     max_settle_lag_s: float = 10.0
+    public_url: str = ""
+    head_timeout_s: float = 10.0
+    max_body_bytes: int = 4 * 1024 * 1024
+    render_max_px: int = 2000
+    render_max_scale: int = 2
+    render_queue: int = 4
+    render_timeout_s: float = 20.0
+    new_windows_per_hour: float = 20.0
     debug: bool = False
 
     @classmethod
@@ -169,6 +185,14 @@ class Settings:
             max_request_bytes=_int(env, "MODALSCOPE_MAX_REQUEST_BYTES", minimum=1024),
             max_queue_spans=_int(env, "MODALSCOPE_MAX_QUEUE_SPANS", minimum=1),
             max_settle_lag_s=_float(env, "MODALSCOPE_MAX_SETTLE_LAG_S"),
+            public_url=_str(env, "MODALSCOPE_PUBLIC_URL").strip().rstrip("/"),
+            head_timeout_s=_float(env, "MODALSCOPE_HEAD_TIMEOUT_S", minimum=0.5),
+            max_body_bytes=_int(env, "MODALSCOPE_MAX_BODY_BYTES", minimum=16384),
+            render_max_px=_int(env, "MODALSCOPE_RENDER_MAX_PX", minimum=200),
+            render_max_scale=_int(env, "MODALSCOPE_RENDER_MAX_SCALE", minimum=1),
+            render_queue=_int(env, "MODALSCOPE_RENDER_QUEUE", minimum=1),
+            render_timeout_s=_float(env, "MODALSCOPE_RENDER_TIMEOUT_S", minimum=1),
+            new_windows_per_hour=_float(env, "MODALSCOPE_NEW_WINDOWS_PER_HOUR"),
             debug=_str(env, "MODALSCOPE_DEBUG").lower() in ("1", "true", "yes", "on"),
         )
 

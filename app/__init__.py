@@ -26,7 +26,7 @@ def assets_folder() -> Path:
 def create_app(settings: Settings | None = None) -> Flask:
     from ..models.engine import make_engine
     from ..models.reader import StoreReader
-    from . import api, auth, embed
+    from . import api, auth, embed, render
 
     settings = settings or Settings.from_env()
     server = Flask(__name__)
@@ -34,7 +34,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     server.json.sort_keys = False
     server.json.ensure_ascii = True  # \u-escape everything outside ASCII: inert in any client
     engine = make_engine(settings.database_url)
-    server.extensions["modalscope"] = {"settings": settings, "engine": engine, "reader": StoreReader(engine)}
+    server.extensions["modalscope"] = {"settings": settings, "engine": engine, "reader": StoreReader(engine),
+                                       "render_gate": render.RenderGate(settings.render_queue)}
+    render.configure(settings.render_timeout_s)
     server.register_blueprint(api.bp)
     server.register_blueprint(embed.bp)  # /embed/<panel>, /render/<panel>.png|svg
 

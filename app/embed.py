@@ -16,7 +16,12 @@ Addresses (all taking the panel's data parameters, :data:`panels.PANELS`):
   signed link refreshes under its own signature).
 * ``GET /render/<panel>.png|svg?width=&height=[&scale=][&theme=]`` -> the image, through the
   process's warm kaleido renderer (``app/render.py``); ``ETag`` + ``If-None-Match`` -> 304.
-* ``GET /embed-assets/<file>`` -> plotly.js (from the installed ``plotly``), embed.js/css.
+  ``width`` and ``height`` are at most ``MODALSCOPE_RENDER_MAX_PX``, ``scale`` at most
+  ``MODALSCOPE_RENDER_MAX_SCALE``; a signed link carries its size inside the signature.
+  At most ``MODALSCOPE_RENDER_QUEUE`` images draw or wait per process (then 503 with
+  ``Retry-After``); one not drawn within ``MODALSCOPE_RENDER_TIMEOUT_S`` is a 504.
+* ``GET /embed-assets/<file>`` -> plotly.js (from the installed ``plotly``), embed.js/css;
+  any other path under ``/embed-assets/`` is a 404 (never the dashboard's page).
 
 Errors: unknown panel 404, a signature that does not verify 403 (with or without
 ``MODALSCOPE_AUTH_TOKEN``: the access gate in ``app/auth.py`` handles requests without a
@@ -46,7 +51,10 @@ STATIC_DIR = Path(__file__).resolve().parent / "embed_static"
 STATIC_PREFIX = "/embed-assets"
 EMBED_PRESENTATION = ("theme",)
 IMAGE_PRESENTATION = ("theme", "width", "height", "scale")
-MIN_SIZE, MAX_SIZE = 200, 4000
+MIN_SIZE = 200
+# A size the server picks (a table as tall as its rows) is bounded too, not by the setting:
+# it follows the data, never a caller's number.
+MAX_DEFAULT_SIZE = 4000
 PNG_SCALE = 2
 MAX_AGE = 60
 # The embed page's own policy; the security-header hook adds frame-ancestors.
@@ -183,24 +191,27 @@ def embed(panel: str):
 def _size(pres: dict, name: str, default: int) -> int:
     raw = pres.get(name)
     if raw is None:
-        return max(MIN_SIZE, min(MAX_SIZE, default))
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ParamError(name, f"{name} must be a whole number of CSS pixels") from None
-    if not MIN_SIZE <= value <= MAX_SIZE:
-        raise ParamError(name, f"{name} must be between {MIN_SIZE} and {MAX_SIZE} CSS pixels")
+        return max(MIN_SIZE, min(MAX_DEFAULT_SIZE, default))
+    most = _settings().render_max_px
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 6):
+        raise ParamError(name, f"{name} must be a whole number of CSS pixels")
+    value = int(raw)
+    if not MIN_SIZE <= value <= most:
+        raise ParamError(name, f"{name} must be between {MIN_SIZE} and {most} CSS pixels")
     return value
 
 
 def _scale(pres: dict, fmt: str) -> int:
     raw = pres.get("scale")
     if raw is None:
-        return PNG_SCALE if fmt == "png" else 1
+        return min(PNG_SCALE, _settings().render_max_scale) if fmt == "png" else 1
     if fmt != "png":
         raise ParamError("scale", "scale applies to PNG images only")
-    if raw not in ("1", "2", "3"):
-        raise ParamError("scale", "scale must be 1, 2 or 3")
+    most = _settings().render_max_scale
+    allowed = [str(n) for n in range(1, most + 1)]
+    if raw not in allowed:
+        raise ParamError("scale", f"scale must be {', '.join(allowed[:-1])} or {allowed[-1]}" if len(allowed) > 1
+                         else "scale must be 1")
     return int(raw)
 
 
@@ -235,10 +246,18 @@ def render_image(image: str):
     headers = {"ETag": f'"{etag}"', "Cache-Control": _cache_control(), "Vary": "Accept-Encoding"}
     if request.if_none_match.contains_weak(etag):
         return Response(status=304, headers=headers)
-    from .render import RenderError, renderer
+    from .render import RenderBusy, RenderError, RenderGate, RenderTimeout, renderer
 
+    gate = _ext().get("render_gate")
+    if gate is None:
+        gate = _ext().setdefault("render_gate", RenderGate(_settings().render_queue))
+    draw = _ext().get("render_fn") or renderer().render  # a test may put a stand-in here
     try:
-        body = renderer().render(figure, fmt, width, height, scale)
+        with gate:
+            body = draw(figure, fmt, width, height, scale)
+    except (RenderBusy, RenderTimeout) as exc:
+        log.warning("render %s: %s", image[:80], exc.description)
+        raise
     except RenderError as exc:
         log.error("render %s failed: %s", image, exc)
         return _json_error(503, "the image renderer is unavailable (kaleido needs Chromium: "
@@ -248,6 +267,14 @@ def render_image(image: str):
         # An SVG opened on its own is a document: let it run nothing and load nothing.
         resp.headers["Content-Security-Policy"] = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
     return resp
+
+
+@bp.route(f"{STATIC_PREFIX}/", defaults={"rest": ""}, methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"])
+@bp.route(f"{STATIC_PREFIX}/<path:rest>", methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"])
+def embed_asset_unknown(rest: str):
+    """Anything else under ``/embed-assets/`` (public, like every static path): a 404 of its
+    own, so Dash's catch-all never answers it with the dashboard's page."""
+    return _json_error(404, "not found")
 
 
 @bp.get(f"{STATIC_PREFIX}/<name>")

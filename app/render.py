@@ -15,8 +15,13 @@ found dead before a picture is started afresh, one that dies during a picture is
 and the picture tried once more. A browser that cannot start or a second crash is a
 :class:`RenderError`: the route answers 503 with one line. A picture not drawn within
 ``render_timeout`` (or a caller that waited that long for the one browser) is a
-:class:`RenderTimeout`, an HTTP 504 of its own: the browser is killed and the next picture
-starts a new one, so the renderer stays usable.
+:class:`RenderTimeout`, an HTTP 504 "render timed out" of its own. kaleido abandons the
+picture and reloads its tab, so the browser stays for the next picture; only a browser that
+does not give its tab back within a grace period is killed (the next picture starts a new one).
+
+:class:`RenderGate` bounds the pictures a process draws or holds waiting at once
+(``MODALSCOPE_RENDER_QUEUE``): past it a request is a :class:`RenderBusy`, a 503 with
+``Retry-After``, answered at once instead of holding a web thread in the queue.
 
 Kaleido's default page fetches MathJax from a CDN; ``mathjax=False`` keeps the renderer
 off the network (our figures have no LaTeX). plotly.js comes from the installed ``plotly``.
@@ -31,15 +36,19 @@ import logging
 import os
 import signal
 import threading
+import time
 from typing import Any
 
-from werkzeug.exceptions import GatewayTimeout
+from werkzeug.exceptions import GatewayTimeout, ServiceUnavailable
 from werkzeug.wrappers import Response
 
 log = logging.getLogger(__name__)
 
 RENDER_TIMEOUT_S = 20.0  # a wedged browser answers well within gunicorn's 60 s
 START_TIMEOUT_S = 30.0
+# How long past its own timeout kaleido may take to reload its tab before the browser counts
+# as wedged and is killed.
+GIVE_BACK_S = 5.0
 
 
 class RenderError(RuntimeError):
@@ -61,6 +70,40 @@ class RenderTimeout(GatewayTimeout):
     def get_response(self, environ=None, scope=None) -> Response:  # noqa: ARG002 - werkzeug's signature
         return Response(json.dumps({"error": self.message}), 504, mimetype="application/json",
                         headers={"Cache-Control": "no-store"})
+
+
+class RenderBusy(ServiceUnavailable):
+    """Too many pictures in this process already: a 503 with ``Retry-After`` and one line."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(description=message)
+        self.message = message
+        self.retry_after = retry_after
+
+    def get_response(self, environ=None, scope=None) -> Response:  # noqa: ARG002 - werkzeug's signature
+        return Response(json.dumps({"error": self.message}), 503, mimetype="application/json",
+                        headers={"Cache-Control": "no-store", "Retry-After": str(self.retry_after)})
+
+
+class RenderGate:
+    """At most ``limit`` pictures drawing or waiting at once; the next caller is refused at
+    once (:class:`RenderBusy`) rather than queued behind them."""
+
+    def __init__(self, limit: int, retry_after: int = 5) -> None:
+        self.limit = max(1, int(limit))
+        self.retry_after = retry_after
+        self._slots = threading.BoundedSemaphore(self.limit)
+        self.refused = 0
+
+    def __enter__(self) -> "RenderGate":
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            raise RenderBusy(f"the image renderer is busy ({self.limit} images drawing or waiting); "
+                             f"try again in {self.retry_after} s", self.retry_after)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._slots.release()
 
 
 class Renderer:
@@ -97,20 +140,27 @@ class Renderer:
                 self._stop()
                 raise RenderError(f"the image renderer could not start a browser: {type(exc).__name__}: "
                                   f"{_one_line(exc)}") from None
+            self._kaleido._timeout = self.render_timeout  # noqa: SLF001 - kaleido's own per-picture limit
+            started = time.monotonic()
             future = asyncio.run_coroutine_threadsafe(self._kaleido.calc_fig(figure, opts=opts), self._loop)
             try:
-                out = future.result(timeout=self.render_timeout + 5)
+                out = future.result(timeout=self.render_timeout + GIVE_BACK_S)
             except Exception as exc:  # noqa: BLE001 - reported as RenderError below
                 crashed = not self._alive()
-                log.warning("render failed (%s: %s; browser %s); restarting the renderer", type(exc).__name__,
-                            _one_line(exc), "gone" if crashed else "still running")
-                self._stop()  # dead or wedged: the next picture gets a fresh browser
-                if crashed and attempt == 1:
+                # kaleido gave up on its own and gave its tab back: the browser is fine.
+                given_back = future.done() and not crashed and isinstance(exc, TimeoutError)
+                timed_out = isinstance(exc, TimeoutError) or time.monotonic() - started >= self.render_timeout
+                log.warning("render failed (%s: %s; browser %s)", type(exc).__name__, _one_line(exc),
+                            "gone" if crashed else "kept" if given_back else "wedged, restarting it")
+                if not given_back:
+                    future.cancel()
+                    self._stop()  # dead or wedged: the next picture gets a fresh browser
+                if crashed and attempt == 1 and not timed_out:
                     continue  # the browser died under this picture (a crash, an OOM kill): once more
-                if isinstance(exc, TimeoutError):  # kaleido's wait_for, or ours: the same TimeoutError
-                    raise RenderTimeout(f"the image took longer than {self.render_timeout:g} s to draw and was "
-                                        "abandoned; a smaller width or height, or a shorter window, draws "
-                                        "faster") from None
+                if timed_out:
+                    raise RenderTimeout(f"render timed out: the image took longer than {self.render_timeout:g} s "
+                                        "to draw and was abandoned; a smaller width or height, or a shorter "
+                                        "window, draws faster") from None
                 raise RenderError(f"the image could not be drawn: {type(exc).__name__}: {_one_line(exc)}") from None
             return out.encode("utf-8") if isinstance(out, str) else out
         raise AssertionError("unreachable")
@@ -208,14 +258,27 @@ _renderer: Renderer | None = None
 _renderer_lock = threading.Lock()
 
 
+_render_timeout = RENDER_TIMEOUT_S
+
+
+def configure(render_timeout: float) -> None:
+    """The time limit of this process's renderer (``MODALSCOPE_RENDER_TIMEOUT_S``), before
+    its first picture; the app factory calls it."""
+    global _render_timeout
+    with _renderer_lock:
+        _render_timeout = float(render_timeout)
+        if _renderer is not None and _renderer.starts == 0:
+            _renderer.render_timeout = _render_timeout
+
+
 def renderer() -> Renderer:
     """This process's renderer (created on first use; each gunicorn worker has its own)."""
     global _renderer
     with _renderer_lock:
         if _renderer is None:
-            _renderer = Renderer()
+            _renderer = Renderer(render_timeout=_render_timeout)
             atexit.register(_renderer.close)
         return _renderer
 
 
-__all__ = ["RenderError", "RenderTimeout", "Renderer", "renderer"]
+__all__ = ["RenderBusy", "RenderError", "RenderGate", "RenderTimeout", "Renderer", "configure", "renderer"]

@@ -43,7 +43,7 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "MODALSCOPE_MAX_BODY_BYTES": ("4194304", "Largest request body the dashboard reads (Dash callbacks); larger is a 413 before reading it. `/login` takes at most 16 KiB."),
     "MODALSCOPE_RENDER_MAX_PX": ("2000", "Largest width or height, in CSS pixels, of a `/render/<panel>.png|svg` image."),
     "MODALSCOPE_RENDER_MAX_SCALE": ("2", "Largest `scale` (device pixels per CSS pixel) of a PNG image."),
-    "MODALSCOPE_RENDER_QUEUE": ("4", "Images a dashboard worker draws or holds waiting at once; past that `/render` answers 503 with `Retry-After`."),
+    "MODALSCOPE_RENDER_QUEUE": ("2", "Images a dashboard worker draws or holds waiting at once (keep it below `MODALSCOPE_THREADS`, so other requests find a thread); past that `/render` answers 503 with `Retry-After`."),
     "MODALSCOPE_RENDER_TIMEOUT_S": ("20", "An image not drawn within this many seconds is a 504; the browser is restarted for the next one."),
     "MODALSCOPE_NEW_WINDOWS_PER_HOUR": ("20", "First evaluations of absolute anomaly windows (`start`/`end`, not yet stored) a client may start per hour, in bursts of up to 4; past that a 429 with `Retry-After` (`0`: no limit)."),
     "MODALSCOPE_DEBUG": ("0", "`1` turns on Dash's debug mode (debugger, dev tools); never in production."),
@@ -152,7 +152,7 @@ class Settings:
     max_body_bytes: int = 4 * 1024 * 1024
     render_max_px: int = 2000
     render_max_scale: int = 2
-    render_queue: int = 4
+    render_queue: int = 2
     render_timeout_s: float = 20.0
     new_windows_per_hour: float = 20.0
     debug: bool = False

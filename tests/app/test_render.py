@@ -118,10 +118,16 @@ def test_signed_image_urls(apps):
     window = dict(parse_qsl(_window()))
     pairs = signing.sign(SECRET, "stages", list(window.items()), 3600)
     ok = "&".join(f"{k}={v}" for k, v in pairs)
+    sized = "&".join(f"{k}={v}" for k, v in signing.sign(SECRET, "stages", [*window.items(), ("width", "400"),
+                                                                           ("height", "250")], 3600))
     for app_name in ("open", "auth"):
         client = apps[app_name].test_client()
-        resp = client.get(f"/render/stages.png?{ok}&width=400&height=250&theme=dark")  # size, theme: free
+        resp = client.get(f"/render/stages.png?{sized}&theme=dark")  # the signed size; theme is free
         assert resp.status_code == 200 and png_size(resp.data) == (800, 500)
+        # the size is part of the signature: no other size, no added or dropped one
+        assert client.get(f"/render/stages.png?{sized.replace('width=400', 'width=1900')}").status_code == 403
+        assert client.get(f"/render/stages.png?{ok}&width=400&height=250").status_code == 403
+        assert client.get(f"/render/stages.png?{ok}&scale=1").status_code == 403
         assert client.get(f"/render/stages.svg?{ok}").status_code == 200
         assert client.get(f"/render/cache.png?{ok}").status_code == 403
         assert client.get(f"/render/stages.png?{ok.replace('start=', 'start=1')}").status_code == 403

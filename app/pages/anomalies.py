@@ -309,11 +309,14 @@ def _fill_chart(spec):
     return chart_figure(spec)
 
 
-def _chart_or_blank(f: dict, i: int, chart: bool):
+def _chart_or_blank(f: dict, i: int, chart: bool, state: dict):
     out = _chart(f, i) if chart else None
     if out is None and not chart:
-        return html.Div(f"No chart on this card: the page draws {MAX_CHARTS} and the first of each kind. "
-                        "Filter by its kind to draw it.", className="ms-note ms-evidence-no-chart")
+        kind = f.get("kind") if isinstance(f.get("kind"), str) and KIND_RE.fullmatch(f["kind"]) else None
+        more = [" ", dcc.Link(f"Show the {c.kind_text(kind)} findings", href=inc.page_href(state, kind=kind),
+                              className="ms-finding-link")] if kind else []
+        return html.Div([f"No chart on this card: the page draws {MAX_CHARTS} and the first of each kind.", *more],
+                        className="ms-note ms-evidence-no-chart")
     return html.Div() if out is None else out
 
 
@@ -329,7 +332,7 @@ def finding_card(f: dict, i: int, state: dict, chart: bool, hint=None, role: str
         html.P(hint if hint is not None else str(f.get("hint") or ""), className="ms-finding-hint"),
         html.Div(className="ms-grid-2", children=[
             c.text_table([("name", "evidence"), ("value", "value")], ev_rows, className="ms-table ms-evidence"),
-            _chart_or_blank(f, i, chart),
+            _chart_or_blank(f, i, chart, state),
         ]),
         html.Div(c.finding_links(f, state), className="ms-finding-links"),
     ])

@@ -133,6 +133,8 @@ def test_every_kind_charts_its_threshold_on_the_anomalies_page(pattern_store, de
         page = json.dumps(anomalies._fill(window).to_plotly_json(), default=lambda o: o.to_plotly_json())
         assert not SCIENTIFIC.search(page)
         assert "29.97 s" in page and "10.1 %" in page and "samples" in page
+        # Past the charts the page draws, a card says so and links to its kind's findings.
+        assert "ms-evidence-no-chart" in page and "kind=baseline_regression" in page
         seen = set()
         for f in demo_findings:
             if f["kind"] in seen:

@@ -8,7 +8,9 @@ static files: ``/assets/``, ``/_dash-component-suites/``, ``/embed-assets/``; ``
 * ``Authorization: Bearer <token>`` (API clients, image fetchers; constant-time compare);
 * the session cookie that ``POST /login`` sets (browsers): signed, ``HttpOnly``,
   ``SameSite=Lax``, ``Secure`` on https, valid for :data:`SESSION_LIFETIME` from sign-in
-  (absolute, not sliding) and only for the auth token it was issued for;
+  (absolute, not sliding) and only for the auth token it was issued for. Each carries a
+  random session id; signing out stores that id in ``revoked_sessions`` (the database, so
+  every worker and replica sees it), and a revoked cookie opens nothing even if replayed;
 * ``MODALSCOPE_TRUSTED_PROXY_HEADER`` (e.g. ``X-Goog-Authenticated-User-Email`` behind
   Identity-Aware Proxy): a non-empty value there is the caller's identity. Only set it when
   every request passes through a proxy that sets or strips that header, or anyone can
@@ -46,6 +48,7 @@ import hashlib
 import hmac
 import logging
 import re
+import secrets
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -79,6 +82,9 @@ _EMBED_PATH = re.compile(r"^/embed/([a-z0-9][a-z0-9-]{0,63})$")
 _RENDER_PATH = re.compile(r"^/render/([a-z0-9][a-z0-9-]{0,63})\.(?:png|svg)$")
 _SESSION_PURPOSE = b"modalscope/session/v1"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_SID = re.compile(r"^[0-9a-f]{32}$")
+# The sign-in form is a token and a path: nothing bigger is read (a 413 before reading).
+MAX_LOGIN_BYTES = 16 * 1024
 
 
 # -- pure pieces -------------------------------------------------------------------------
@@ -319,7 +325,47 @@ def _session_access(settings: Settings) -> Access | None:
         return None
     if not hmac.compare_digest(str(data.get("v", "")), token_fingerprint(settings)):
         return None
+    sid = data.get("sid")
+    if not isinstance(sid, str) or not _SID.match(sid) or session_revoked(sid):
+        return None
     return Access("session")
+
+
+# -- revoked sessions (shared by every worker through the database) -----------------------
+def _engine():
+    from flask import current_app
+
+    return current_app.extensions["modalscope"]["engine"]
+
+
+def session_revoked(sid: str) -> bool:
+    """Whether the session ``sid`` was signed out. A store that cannot answer counts as
+    revoked (one warning): a signed-out cookie must not come back during an outage."""
+    from sqlalchemy import select
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from ..models import RevokedSession
+
+    try:
+        with _engine().connect() as conn:
+            return conn.execute(select(RevokedSession.sid).where(RevokedSession.sid == sid)).first() is not None
+    except SQLAlchemyError as exc:
+        log.warning("session check failed, refusing the session: %s", printable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
+        return True
+
+
+def revoke_session(sid: str, expires_s: float) -> None:
+    """Store ``sid`` as signed out until ``expires_s`` (unix seconds), and forget the
+    sessions whose cookies have expired anyway."""
+    from sqlalchemy import delete, insert, select
+
+    from ..models import RevokedSession
+
+    now_ns = time.time_ns()
+    with _engine().begin() as conn:
+        conn.execute(delete(RevokedSession).where(RevokedSession.expires_ns < now_ns))
+        if conn.execute(select(RevokedSession.sid).where(RevokedSession.sid == sid)).first() is None:
+            conn.execute(insert(RevokedSession).values(sid=sid, expires_ns=int(expires_s * 1e9)))
 
 
 _seen_identities: dict[str, None] = {}
@@ -443,7 +489,7 @@ def _register_login(server: Flask, settings: Settings) -> None:
             return _login_form(next_path, "That token is not right.", status=401)
         session.clear()  # a fresh session: nothing carried over from before sign-in
         session.permanent = True
-        session["ms_auth"] = {"iat": int(time.time()), "v": token_fingerprint(settings)}
+        session["ms_auth"] = {"iat": int(time.time()), "v": token_fingerprint(settings), "sid": secrets.token_hex(16)}
         return redirect(next_path, code=303)
 
     # GET too, for the header's plain "Sign out" link: a forged sign-out costs a sign-in, nothing more.
@@ -451,6 +497,11 @@ def _register_login(server: Flask, settings: Settings) -> None:
     def logout():
         if not settings.auth_token:
             return redirect("/", code=303)
+        data = session.get("ms_auth")
+        if isinstance(data, dict) and isinstance(data.get("sid"), str) and _SID.match(data["sid"]) \
+                and isinstance(data.get("iat"), int):
+            # Server-side: a copy of the cookie (another tab, a stolen one) is refused too.
+            revoke_session(data["sid"], data["iat"] + SESSION_LIFETIME.total_seconds() + 3600)
         session.clear()
         return _login_form("/", "You are signed out.", kind="info")
 

@@ -279,6 +279,18 @@ class RollupPack(Base):
     data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
+class RevokedSession(Base):
+    """A dashboard session signed out before its cookie expires (``app/auth.py``): its id,
+    kept until the cookie would have expired anyway. In the database so that every
+    gunicorn worker and replica refuses it."""
+
+    __tablename__ = "revoked_sessions"
+    __table_args__ = (Index("ix_revoked_sessions_expires_ns", "expires_ns"),)
+
+    sid: Mapped[str] = mapped_column(String(64), primary_key=True)
+    expires_ns: Mapped[int] = mapped_column(BigInteger)
+
+
 __all__ = ["MINUTE_BOUNDARY_CURSOR", "PAIR_CALLS_CURSOR", "Base", "Span", "Trace", "Series", "Rollup",
            "HourlyRollup", "QuarterRollup", "Cursor", "FindingEvaluation", "PairCall",
-           "RollupChange", "RollupPack", "NAMING_CONVENTION"]
+           "RollupChange", "RollupPack", "RevokedSession", "NAMING_CONVENTION"]

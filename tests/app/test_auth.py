@@ -229,9 +229,13 @@ def test_signed_links_open_their_one_panel(app, path, panel, kind):
     data = {"range": "7d", "service": "gateway"}
     ok = signed_query(panel, data)
     _assert_allowed(app, client.get(f"{path}?{ok}"), path, kind)
-    # Presentation parameters are free: a wiki may resize an image, or theme an embed.
-    presentation = "theme=dark" if kind == "embed" else "width=800&height=300&theme=dark"
-    _assert_allowed(app, client.get(f"{path}?{ok}&{presentation}"), path, kind)
+    # The theme is free; an image's size is signed (it sets what drawing it costs).
+    _assert_allowed(app, client.get(f"{path}?{ok}&theme=dark"), path, kind)
+    if kind == "render":
+        sized = signed_query(panel, {**data, "width": "800", "height": "300"})
+        _assert_allowed(app, client.get(f"{path}?{sized}&theme=dark"), path, kind)
+        refused_size = client.get(f"{path}?{ok}&width=800&height=300")
+        assert refused_size.status_code == 403, "a size the link was not signed for"
 
     def refused_403(query: str, why: str):
         resp = client.get(f"{path}?{query}")
@@ -280,7 +284,8 @@ def test_is_signed_panel_request_names_the_one_panel(app):
     query = signed_query("cache", {"range": "24h", "group_by": "user_tier"})
     cases = [
         ("GET", f"/embed/cache?{query}", "cache"),
-        ("HEAD", f"/render/cache.png?{query}&width=640", "cache"),
+        ("HEAD", f"/render/cache.png?{query}&theme=dark", "cache"),
+        ("HEAD", f"/render/cache.png?{query}&width=640", None),  # a size it was not signed for
         ("GET", f"/render/cache.svg?{query}", "cache"),
         ("POST", f"/embed/cache?{query}", None),
         ("GET", f"/embed/stages?{query}", None),
@@ -385,8 +390,10 @@ def test_session_lifetime_and_token_binding(app, make_app):
     fp = auth.token_fingerprint(settings)
     life = int(auth.SESSION_LIFETIME.total_seconds())
     cases = {
-        "fresh": ({"ms_auth": {"iat": now, "v": fp}}, True),
-        "almost expired": ({"ms_auth": {"iat": now - life + 120, "v": fp}}, True),
+        "fresh": ({"ms_auth": {"iat": now, "v": fp, "sid": "a1" * 16}}, True),
+        "almost expired": ({"ms_auth": {"iat": now - life + 120, "v": fp, "sid": "b2" * 16}}, True),
+        "no session id": ({"ms_auth": {"iat": now, "v": fp}}, False),
+        "a malformed session id": ({"ms_auth": {"iat": now, "v": fp, "sid": ["a1" * 16]}}, False),
         "expired": ({"ms_auth": {"iat": now - life - 60, "v": fp}}, False),
         "issued in the future": ({"ms_auth": {"iat": now + 86400, "v": fp}}, False),
         "for another token": ({"ms_auth": {"iat": now, "v": "0" * 24}}, False),

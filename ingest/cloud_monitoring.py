@@ -33,8 +33,9 @@ from typing import Callable
 
 from sqlalchemy import Engine
 
-from .cloud_trace import PollError, _api_errors, _error_line, google_client, rfc3339
+from .cloud_trace import PollError, rfc3339
 from .cursors import Lease, LeaseLost, read_cursors
+from .google_api import Backoff, call_with_retries, error_line, google_client
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ def time_series(project: str, minute: int, points: list[MetricPoint]) -> list:
 
 
 def make_monitoring_client(endpoint: str = ""):
-    """A ``MetricServiceClient`` (see :func:`cloud_trace.google_client`)."""
+    """A ``MetricServiceClient`` (see :func:`google_api.google_client`)."""
     from google.cloud.monitoring_v3 import MetricServiceClient
     from google.cloud.monitoring_v3.services.metric_service.transports import MetricServiceGrpcTransport
 
@@ -198,7 +199,7 @@ class MetricsExporter:
         self.stop = stop or threading.Event()
         self.once = once
         self.clock = clock
-        self.rng = rng or random.Random()
+        self.backoff = Backoff(config.backoff_initial, config.backoff_max, rng or random.Random())
         self.lease = Lease(engine, CURSOR_PREFIX + config.project, config.ttl(), holder)
         self.last_error: str | None = None
 
@@ -207,26 +208,18 @@ class MetricsExporter:
             raise ExportError("stopped")
 
     def _call(self, fn, **kwargs):
-        """``fn(**kwargs)`` with our timeout, no client retry, and backoff with jitter on transient errors."""
-        transient, _ = _api_errors()
-        attempt = 0
-        while True:
-            try:
-                return fn(retry=None, timeout=self.cfg.timeout, **kwargs)
-            except transient as exc:
-                self.last_error = _error_line(exc)
-                if self.once and attempt + 1 >= self.cfg.max_attempts:
-                    raise ExportError(f"Cloud Monitoring did not recover after {attempt + 1} attempts: "
-                                      f"{self.last_error}") from None
-                d = min(self.cfg.backoff_max, self.cfg.backoff_initial * (2 ** attempt))
-                delay = d / 2 + self.rng.uniform(0, d / 2)
-                log.warning("Cloud Monitoring %s (attempt %d); backing off %.1fs", self.last_error, attempt + 1, delay)
-                attempt += 1
-                self._sleep(delay)
-                self.lease.renew()
+        """``fn(**kwargs)`` with our timeout, no client retry, and backoff on transient errors."""
+        def transient(line: str) -> None:
+            self.last_error = line
+
+        return call_with_retries(
+            lambda: fn(retry=None, timeout=self.cfg.timeout, **kwargs), api="Cloud Monitoring",
+            backoff=self.backoff, stop=self.stop, give_up_after=self.cfg.max_attempts if self.once else None,
+            stopped=lambda: ExportError("stopped"), on_error=transient, after_backoff=self.lease.renew,
+            failed=lambda line, n: ExportError(f"Cloud Monitoring did not recover after {n} attempts: {line}"))
 
     def _refused(self, exc) -> ExportError:
-        return ExportError(f"Cloud Monitoring refused project {self.cfg.project!r}: {_error_line(exc)}")
+        return ExportError(f"Cloud Monitoring refused project {self.cfg.project!r}: {error_line(exc)}")
 
     def ensure_descriptors(self, info: dict) -> dict:
         """Create the descriptors not yet recorded as created; returns the updated ``info``."""
@@ -268,7 +261,7 @@ class MetricsExporter:
             except e.InvalidArgument as exc:
                 # Retrying cannot help (e.g. points already written by a run that crashed
                 # before moving the watermark): say so and go on.
-                self.last_error = _error_line(exc)
+                self.last_error = error_line(exc)
                 result.skipped += len(batch)
                 log.warning("Cloud Monitoring refused %d series of minute %s: %s", len(batch),
                             rfc3339(minute * NS_PER_MINUTE), self.last_error)

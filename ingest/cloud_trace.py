@@ -43,6 +43,7 @@ from typing import Any, Callable, Iterable
 from sqlalchemy import Engine
 
 from .cursors import Lease, LeaseLost, read_cursors
+from .google_api import Backoff, api_errors, call_with_retries, error_line, google_client
 from .records import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, STATUS_ERROR, STATUS_OK, STATUS_UNSET, SpanRecord
 
 log = logging.getLogger(__name__)
@@ -210,48 +211,12 @@ class PollError(Exception):
     """The poller cannot go on (bad credentials, permission, quota never recovering): one line."""
 
 
-def google_client(client_cls, transport_cls, endpoint: str, error_cls):
-    """A Google API client: Application Default Credentials, or, with ``endpoint``
-    (``host:port``), a plaintext channel and no credentials (emulators, tests).
-
-    ``client_options`` with ``api_endpoint`` alone would insist on TLS, hence the injected
-    transport. Missing credentials raise ``error_cls`` with one line saying what to do.
-    """
-    if endpoint:
-        import grpc
-
-        return client_cls(transport=transport_cls(channel=grpc.insecure_channel(endpoint)))
-    import google.auth.exceptions
-
-    try:
-        return client_cls()
-    except google.auth.exceptions.DefaultCredentialsError as exc:
-        raise error_cls("no Google Cloud credentials: run `gcloud auth application-default login` or set "
-                        f"GOOGLE_APPLICATION_CREDENTIALS ({str(exc).splitlines()[0] if str(exc) else exc})") from None
-
-
 def make_trace_client(endpoint: str = ""):
     """A ``TraceServiceClient`` (see :func:`google_client`)."""
     from google.cloud.trace_v1 import TraceServiceClient
     from google.cloud.trace_v1.services.trace_service.transports import TraceServiceGrpcTransport
 
     return google_client(TraceServiceClient, TraceServiceGrpcTransport, endpoint, PollError)
-
-
-def _api_errors():
-    from google.api_core import exceptions as e
-
-    transient = (e.ResourceExhausted, e.ServiceUnavailable, e.DeadlineExceeded, e.InternalServerError,
-                 e.Aborted, e.GatewayTimeout, e.TooManyRequests)
-    return transient, e.GoogleAPICallError
-
-
-def _error_line(exc) -> str:
-    code = getattr(exc, "grpc_status_code", None) or getattr(exc, "code", None)
-    code_name = getattr(code, "name", None) or exc.__class__.__name__
-    msg = getattr(exc, "message", None) or str(exc)
-    msg = msg.strip().splitlines()[0] if msg and msg.strip() else ""
-    return f"{code_name}: {msg}" if msg else code_name
 
 
 def parse_duration(text: str) -> float:
@@ -335,7 +300,7 @@ class CloudTracePoller:
         self.stop = stop or threading.Event()
         self.once = once
         self.clock = clock
-        self.rng = rng or random.Random()
+        self.backoff = Backoff(config.backoff_initial, config.backoff_max, rng or random.Random())
         self.lease = Lease(engine, CURSOR_PREFIX + config.project, config.ttl(), holder)
         self._next_call = 0.0  # monotonic time before which no call is made
         self.last_error: str | None = None
@@ -348,11 +313,6 @@ class CloudTracePoller:
     def _pace(self) -> None:
         self._sleep(self._next_call - time.monotonic())
         self._next_call = time.monotonic() + 60.0 / max(self.cfg.calls_per_minute, 1e-6)
-
-    def backoff_delay(self, attempt: int) -> float:
-        """Exponential with 'equal jitter': half fixed, half random, capped."""
-        d = min(self.cfg.backoff_max, self.cfg.backoff_initial * (2 ** attempt))
-        return d / 2 + self.rng.uniform(0, d / 2)
 
     def _request(self, start_ns: int, end_ns: int, page_token: str):
         from google.cloud.trace_v1 import ListTracesRequest
@@ -371,30 +331,29 @@ class CloudTracePoller:
         return req
 
     def _call(self, request, result: PassResult):
-        transient, api_error = _api_errors()
-        attempt = 0
-        while True:
+        _, api_error = api_errors()
+
+        def attempt():
             self._pace()
             self.lease.renew()
-            try:
-                page = self.client.list_traces(request=request, retry=None, timeout=self.cfg.timeout)
-                result.calls += 1
-                self.last_error = None
-                return page
-            except transient as exc:
-                result.calls += 1
-                result.retries += 1
-                self.last_error = _error_line(exc)
-                if self.once and attempt + 1 >= self.cfg.max_attempts:
-                    raise PollError(f"Cloud Trace did not recover after {attempt + 1} attempts: "
-                                    f"{self.last_error}") from None
-                delay = self.backoff_delay(attempt)
-                log.warning("Cloud Trace %s (attempt %d); backing off %.1fs", self.last_error, attempt + 1, delay)
-                attempt += 1
-                self._sleep(delay)
-            except api_error as exc:
-                self.last_error = _error_line(exc)
-                raise PollError(f"Cloud Trace refused project {self.cfg.project!r}: {self.last_error}") from None
+            result.calls += 1
+
+        def transient(line: str) -> None:
+            result.retries += 1
+            self.last_error = line
+
+        try:
+            page = call_with_retries(
+                lambda: self.client.list_traces(request=request, retry=None, timeout=self.cfg.timeout),
+                api="Cloud Trace", backoff=self.backoff, stop=self.stop,
+                give_up_after=self.cfg.max_attempts if self.once else None,
+                stopped=lambda: PollError("stopped"), on_error=transient, before_attempt=attempt,
+                failed=lambda line, n: PollError(f"Cloud Trace did not recover after {n} attempts: {line}"))
+        except api_error as exc:
+            self.last_error = error_line(exc)
+            raise PollError(f"Cloud Trace refused project {self.cfg.project!r}: {self.last_error}") from None
+        self.last_error = None
+        return page
 
     # -- one pass ------------------------------------------------------------------------
     def window(self, now_ns: int | None = None) -> tuple[int, int]:

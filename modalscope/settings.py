@@ -45,7 +45,7 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "MODALSCOPE_RENDER_MAX_SCALE": ("2", "Largest `scale` (device pixels per CSS pixel) of a PNG image."),
     "MODALSCOPE_RENDER_QUEUE": ("2", "Images a dashboard worker draws or holds waiting at once (keep it below `MODALSCOPE_THREADS`, so other requests find a thread); past that `/render` answers 503 with `Retry-After`."),
     "MODALSCOPE_RENDER_TIMEOUT_S": ("20", "An image not drawn within this many seconds is a 504; the browser is restarted for the next one."),
-    "MODALSCOPE_NEW_WINDOWS_PER_HOUR": ("20", "First evaluations of absolute anomaly windows (`start`/`end`, not yet stored) a client may start per hour, in bursts of up to 4; past that a 429 with `Retry-After` (`0`: no limit)."),
+    "MODALSCOPE_NEW_WINDOWS_PER_HOUR": ("60", "First evaluations of absolute anomaly windows (`start`/`end`, not yet stored) a client (session, else address) may start per hour and dashboard worker, in bursts of up to 10; past that a 429 with `Retry-After` (`0`: no limit)."),
     "MODALSCOPE_DEBUG": ("0", "`1` turns on Dash's debug mode (debugger, dev tools); never in production."),
     # Detector thresholds (app/detectors.py, `Thresholds`): one setting a field.
     "MODALSCOPE_DETECT_MIN_SAMPLES": ("20", "Fewest samples (calls, traces, spans) a block or series needs before any detector looks at it."),
@@ -154,7 +154,7 @@ class Settings:
     render_max_scale: int = 2
     render_queue: int = 2
     render_timeout_s: float = 20.0
-    new_windows_per_hour: float = 20.0
+    new_windows_per_hour: float = 60.0
     debug: bool = False
 
     @classmethod

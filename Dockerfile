@@ -32,4 +32,8 @@ USER modalscope
 WORKDIR /data
 VOLUME /data
 EXPOSE 8050 4317 4318
+# modalscope.gunicorn_conf: threaded workers that read request heads off-thread (a client
+# trickling its headers holds no thread and is closed after MODALSCOPE_HEAD_TIMEOUT_S) and
+# bound bodies in size and time, so the port may face clients directly. Set
+# MODALSCOPE_PUBLIC_URL to the address users reach, so shared links never follow a Host header.
 CMD ["gunicorn", "-c", "python:modalscope.gunicorn_conf", "modalscope.app:create_app()"]

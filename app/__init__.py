@@ -96,6 +96,7 @@ def _limit_bodies(server: Flask, settings: Settings) -> None:
     (and the connection closes, so the server does not drain it); a chunked body is cut off
     at the limit as it is read (werkzeug's limited stream, the same 413)."""
     from flask import request
+    from werkzeug.exceptions import RequestEntityTooLarge
 
     from .auth import LOGIN_PATH, MAX_LOGIN_BYTES
 
@@ -109,10 +110,24 @@ def _limit_bodies(server: Flask, settings: Settings) -> None:
         if length is not None and length > limit:
             log.info("refused a %d-byte body on %s %s from %s (limit %d)", length, request.method,
                      request.path[:200], request.remote_addr, limit)
-            resp = _json_response({"error": f"request body too large: {length} bytes, at most {limit}"}, 413)
-            resp.headers["Connection"] = "close"
-            return resp
+            return _too_large(f"request body too large: {length} bytes, at most {limit}")
+        if length is None and "chunked" in request.headers.get("Transfer-Encoding", "").lower():
+            # No length given: read it now, at most the limit (werkzeug's stream stops there
+            # quietly), and refuse it if more was coming rather than hand a view a cut body.
+            request.get_data(cache=True)
+            try:
+                request.stream.read(1)
+            except RequestEntityTooLarge:
+                log.info("refused a chunked body over %d bytes on %s %s from %s", limit, request.method,
+                         request.path[:200], request.remote_addr)
+                return _too_large(f"request body too large: more than {limit} bytes")
         return None
+
+
+def _too_large(message: str):
+    resp = _json_response({"error": message}, 413)
+    resp.headers["Connection"] = "close"  # gunicorn closes after draining at most 64 KiB of the rest anyway
+    return resp
 
 
 def _json_response(body: dict, status: int):

@@ -9,8 +9,8 @@ This worker reads each request head in its main loop instead, non-blocking, besi
 accept loop and the kept-alive connections: a connection reaches a thread only once its
 whole head (up to the blank line) is here. A head not complete within
 ``MODALSCOPE_HEAD_TIMEOUT_S`` (default 10 s), or larger than 64 KiB, closes the connection
-with one log line. In the thread, reading the body waits at most ``BODY_IDLE_S`` for each
-piece and ``BODY_TIMEOUT_S`` in all: a stalled upload is a 408, not a held thread.
+with one log line. In the thread, reading the body waits at most that long for each piece
+and three times that in all: a stalled upload is a 408, not a held thread.
 
 Use it through ``modalscope.gunicorn_conf`` (``worker_class``); the Docker image does.
 """
@@ -31,24 +31,27 @@ from werkzeug.exceptions import RequestTimeout
 
 HEAD_TIMEOUT_S = float(os.environ.get("MODALSCOPE_HEAD_TIMEOUT_S") or 10)
 MAX_HEAD_BYTES = 64 * 1024
-BODY_IDLE_S = 10.0
-BODY_TIMEOUT_S = 30.0
+# A body may pause as long as a head may take, and take three times that in all (the
+# dashboard's bodies are small: callback requests and the sign-in form).
+BODY_IDLE_S = HEAD_TIMEOUT_S
+BODY_TIMEOUT_S = 3 * HEAD_TIMEOUT_S
 
 _HEAD_END = b"\r\n\r\n"
 _TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\n"
               b"Content-Type: text/plain\r\nContent-Length: 29\r\n\r\nrequest head larger than 64K\n")
 
 
-class BodyTimeout(NoMoreData, RequestTimeout):
-    """A request body that stalled: inside the app a werkzeug 408 (Flask answers it), in
-    gunicorn's own reads a premature disconnection (the connection closes quietly)."""
-
-    def __init__(self, message: str) -> None:
-        NoMoreData.__init__(self)
-        RequestTimeout.__init__(self, description=message)
+class BodyTimeout(RequestTimeout):
+    """A request body that stalled while the app reads it: a werkzeug 408, which Flask
+    answers (not an ``OSError``: werkzeug would take that for a disconnection, a 400)."""
 
     def __str__(self) -> str:
         return str(self.description)
+
+
+class StalledBody(NoMoreData):
+    """A body that stalled while gunicorn itself reads it (draining what the app left):
+    a premature disconnection to gunicorn, which closes the connection quietly."""
 
 
 class _BodyReader:
@@ -59,18 +62,22 @@ class _BodyReader:
         self._sock = sock
         self._idle = idle
         self._deadline = time.monotonic() + total
+        self.in_app = False  # the app is reading (a 408) or gunicorn is (a quiet close)
 
     def recv(self, size: int, *flags) -> bytes:
         wait = min(self._idle, self._deadline - time.monotonic())
-        if wait <= 0:
-            raise BodyTimeout(f"the request body took longer than {BODY_TIMEOUT_S:g} s to arrive")
-        try:
-            ready, _, _ = select.select([self._sock], [], [], wait)
-        except ValueError:  # closed meanwhile
-            return b""
-        if not ready:
-            raise BodyTimeout(f"the request body stalled for {wait:.3g} s")
-        return self._sock.recv(size, *flags)
+        if wait > 0:
+            try:
+                ready, _, _ = select.select([self._sock], [], [], wait)
+            except ValueError:  # closed meanwhile
+                return b""
+            if ready:
+                return self._sock.recv(size, *flags)
+        why = (f"the request body did not arrive in time (it may pause {self._idle:g} s at most, "
+               f"and take {BODY_TIMEOUT_S:g} s in all)")
+        if self.in_app:
+            raise BodyTimeout(description=why)
+        raise StalledBody()
 
     def __getattr__(self, name):
         return getattr(self._sock, name)
@@ -178,9 +185,20 @@ class HeadFirstWorker(ThreadWorker):
         return super().handle(conn)
 
 
+    def handle_request(self, req, conn):
+        reader = getattr(getattr(conn.parser, "unreader", None), "sock", None)
+        if isinstance(reader, _BodyReader):
+            reader.in_app = True
+        try:
+            return super().handle_request(req, conn)
+        finally:
+            if isinstance(reader, _BodyReader):
+                reader.in_app = False
+
+
 def _peer(conn) -> str:
     client = conn.client
     return f"{client[0]}:{client[1]}" if isinstance(client, tuple) and len(client) >= 2 else str(client)
 
 
-__all__ = ["BodyTimeout", "HeadFirstWorker"]
+__all__ = ["BodyTimeout", "HeadFirstWorker", "StalledBody"]

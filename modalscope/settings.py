@@ -39,7 +39,7 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "MODALSCOPE_MAX_SETTLE_LAG_S": ("10", "When the settler has fallen this many seconds behind (a trace idle `MODALSCOPE_SETTLE_SECONDS` plus this long is still not settled), receivers answer 429/UNAVAILABLE with a retry delay until it catches up: bounds how far rollups, pairs and exemplar searches lag behind a sustained flood, while a burst passes (`0`: no limit)."),
     "MODALSCOPE_THREADS": ("4", "Threads per gunicorn worker of the dashboard (`modalscope.gunicorn_conf`; workers: `WEB_CONCURRENCY`, default 2)."),
     "MODALSCOPE_PUBLIC_URL": ("", "The dashboard's public address (`https://scope.example.com`): share links and incident links are built from it; unset: from the request's `Host`."),
-    "MODALSCOPE_HEAD_TIMEOUT_S": ("10", "A dashboard connection whose request head (request line and headers) is not complete within this many seconds is closed (`modalscope.gunicorn_conf`'s worker)."),
+    "MODALSCOPE_HEAD_TIMEOUT_S": ("10", "A dashboard connection whose request head (request line and headers) is not complete within this many seconds is closed; a request body that pauses this long, or takes three times it in all, is a 408 (`modalscope.gunicorn_conf`'s worker)."),
     "MODALSCOPE_MAX_BODY_BYTES": ("4194304", "Largest request body the dashboard reads (Dash callbacks); larger is a 413 before reading it. `/login` takes at most 16 KiB."),
     "MODALSCOPE_RENDER_MAX_PX": ("2000", "Largest width or height, in CSS pixels, of a `/render/<panel>.png|svg` image."),
     "MODALSCOPE_RENDER_MAX_SCALE": ("2", "Largest `scale` (device pixels per CSS pixel) of a PNG image."),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+from urllib.parse import parse_qsl, urlencode
 
 from flask import Blueprint, current_app, jsonify, request
 from sqlalchemy import text
@@ -11,7 +12,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed
 from werkzeug.routing import Map
 
 from .. import __version__
-from . import queries
+from . import queries, signing
 from .params import ParamError, parse_baseline_window, parse_filters, parse_int, parse_trace_id, parse_window, rfc3339
 
 log = logging.getLogger(__name__)
@@ -201,16 +202,46 @@ def share():
     """The addresses of one panel (``panels.share_urls``): ``{"link", "embed_url", "image_url",
     "svg_url", "iframe", "signed", "expires"}``, absolute from this request's host. With
     MODALSCOPE_SECRET_KEY the embed and image URLs are signed for ``ttl`` seconds (default
-    30 days); every other parameter is the panel's query, checked like the panel checks it."""
+    30 days); ``width``, ``height`` and ``scale`` set the images' size (signed with them: a
+    signed image draws only its size); every other parameter is the panel's query, checked
+    like the panel checks it."""
     from . import panels
 
     name = request.args.get("panel") or ""
     if name not in panels.PANELS:
         raise ParamError("panel", f"panel must be one of {', '.join(panels.PANEL_NAMES)}")
     ttl = panels.parse_ttl(request.args.get("ttl"))
-    params = [(k, v) for k, v in request.args.items(multi=True) if k not in ("panel", "ttl")]
-    secret = current_app.extensions["modalscope"]["settings"].secret_key
-    return jsonify(panels.share_urls(request.url_root, name, params, secret=secret, ttl_seconds=ttl))
+    params = [(k, v) for k, v in request.args.items(multi=True) if k not in ("panel", "ttl", *IMAGE_SIZE_KEYS)]
+    settings = current_app.extensions["modalscope"]["settings"]
+    urls = panels.share_urls(request.url_root, name, params, secret=settings.secret_key, ttl_seconds=ttl)
+    sizes = _image_sizes(settings)
+    if sizes:  # the image URLs for that size, the size signed with them (app/signing.py)
+        for key, fmt in (("image_url", "png"), ("svg_url", "svg")):
+            base, _, query = urls[key].partition("?")
+            pairs = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k not in ("exp", "sig")]
+            pairs += [(k, v) for k, v in sizes if fmt == "png" or k != "scale"]
+            if urls["signed"]:
+                exp = dict(parse_qsl(query))["exp"]
+                pairs += [("exp", exp), ("sig", signing.signature(settings.secret_key, name, pairs, int(exp)))]
+            urls[key] = f"{base}?{urlencode(pairs)}"
+    return jsonify(urls)
+
+
+#: Image sizes /share may sign into the image URLs (the render route checks them the same way).
+IMAGE_SIZE_KEYS = ("width", "height", "scale")
+
+
+def _image_sizes(settings) -> list[tuple[str, str]]:
+    out = []
+    for key in IMAGE_SIZE_KEYS:
+        raw = request.args.get(key)
+        if not raw:
+            continue
+        most, least = (settings.render_max_scale, 1) if key == "scale" else (settings.render_max_px, 200)
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 6 and least <= int(raw) <= most):
+            raise ParamError(key, f"{key} must be a whole number from {least} to {most}")
+        out.append((key, str(int(raw))))
+    return out
 
 
 @bp.get("/traces/<trace_id>")

@@ -388,3 +388,27 @@ def test_share_links_use_the_public_url_not_the_host_header(make_app):
     assert urlsplit(body.get_json()["link"]).netloc == "dash.internal:8050"
     with pytest.raises(SettingsError, match="MODALSCOPE_PUBLIC_URL"):
         make_app(public_url="javascript:alert(1)")
+
+
+def test_share_signs_the_image_size_it_is_asked_for(app):
+    client = app.test_client()
+    body = client.get("/api/v1/share?panel=stages&range=1h&width=800&height=400&scale=1&ttl=600",
+                      headers=BEARER).get_json()
+    assert body["signed"]
+    png, svg = (urlsplit(body[k]) for k in ("image_url", "svg_url"))
+    assert dict(parse_qsl(png.query))["width"] == "800" and "scale" not in dict(parse_qsl(svg.query))
+    drawn = app.extensions["modalscope"]["render_fn"] = Drawn()
+    try:
+        anonymous = app.test_client()
+        assert anonymous.get(f"{png.path}?{png.query}").status_code == 200
+        assert drawn.calls[-1][2:] == (800, 400, 1)
+        assert anonymous.get(f"{svg.path}?{svg.query}").status_code == 200
+        assert drawn.calls[-1][1:4] == ("svg", 800, 400)
+        assert anonymous.get(f"{png.path}?{png.query.replace('width=800', 'width=2000')}").status_code == 403
+        embed = urlsplit(body["embed_url"])
+        assert "width" not in embed.query and anonymous.get(f"{embed.path}?{embed.query}").status_code == 200
+    finally:
+        del app.extensions["modalscope"]["render_fn"]
+    for query, parameter in (("width=2001", "width"), ("scale=3", "scale"), ("height=tall", "height")):
+        resp = client.get(f"/api/v1/share?panel=stages&range=1h&{query}", headers=BEARER)
+        assert resp.status_code == 400 and resp.get_json()["parameter"] == parameter, query

@@ -31,6 +31,10 @@ from werkzeug.exceptions import RequestTimeout
 
 HEAD_TIMEOUT_S = float(os.environ.get("MODALSCOPE_HEAD_TIMEOUT_S") or 10)
 MAX_HEAD_BYTES = 64 * 1024
+# Connections one client address may have waiting for their head at once: one address cannot
+# take all of a worker's ``worker_connections`` (1000). Behind a proxy every client shares its
+# address, but a proxy sends whole heads.
+MAX_HEADING_PER_CLIENT = 128
 # A body may pause as long as a head may take, and take three times that in all (the
 # dashboard's bodies are small: callback requests and the sign-in form).
 BODY_IDLE_S = HEAD_TIMEOUT_S
@@ -89,6 +93,7 @@ class HeadFirstWorker(ThreadWorker):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.heading: deque = deque()  # (deadline, conn), in deadline order
+        self.heading_by_client: dict[str, int] = {}
 
     # -- connections waiting for their head, in the main loop ---------------------------
     def accept(self, listener) -> None:
@@ -102,6 +107,12 @@ class HeadFirstWorker(ThreadWorker):
             return
         self.nr_conns += 1
         conn = TConn(self.cfg, client_sock, client_addr, listener.getsockname())  # non-blocking
+        if self.heading_by_client.get(_host(conn), 0) >= MAX_HEADING_PER_CLIENT:
+            self.log.warning("closed a connection from %s: %d connections of it already sending a head",
+                             _peer(conn), MAX_HEADING_PER_CLIENT)
+            self.nr_conns -= 1
+            conn.close()
+            return
         self._await_head(conn)
 
     def on_client_socket_readable(self, conn, client) -> None:
@@ -116,6 +127,8 @@ class HeadFirstWorker(ThreadWorker):
         conn.ms_head = bytearray()
         conn.ms_deadline = time.monotonic() + HEAD_TIMEOUT_S
         self.heading.append((conn.ms_deadline, conn))
+        host = _host(conn)
+        self.heading_by_client[host] = self.heading_by_client.get(host, 0) + 1
         self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._read_head, conn))
 
     def _read_head(self, conn, client) -> None:
@@ -133,7 +146,7 @@ class HeadFirstWorker(ThreadWorker):
         # but let the parser refuse it rather than wait for a CRLF that never comes.
         if _HEAD_END in conn.ms_head or b"\n\n" in conn.ms_head:
             self.poller.unregister(conn.sock)
-            conn.ms_deadline = None
+            self._done_heading(conn)
             conn.data_ready = True
             conn.sock.setblocking(True)
             self.enqueue_req(conn)
@@ -145,8 +158,19 @@ class HeadFirstWorker(ThreadWorker):
                 pass
             self._drop(conn)
 
-    def _drop(self, conn) -> None:
+    def _done_heading(self, conn) -> None:
+        if conn.ms_deadline is None:
+            return
         conn.ms_deadline = None
+        host = _host(conn)
+        left = self.heading_by_client.get(host, 1) - 1
+        if left > 0:
+            self.heading_by_client[host] = left
+        else:
+            self.heading_by_client.pop(host, None)
+
+    def _drop(self, conn) -> None:
+        self._done_heading(conn)
         try:
             self.poller.unregister(conn.sock)
         except (KeyError, ValueError, OSError):
@@ -184,7 +208,6 @@ class HeadFirstWorker(ThreadWorker):
                     unreader.sock = _BodyReader(conn.sock)
         return super().handle(conn)
 
-
     def handle_request(self, req, conn):
         reader = getattr(getattr(conn.parser, "unreader", None), "sock", None)
         if isinstance(reader, _BodyReader):
@@ -194,6 +217,11 @@ class HeadFirstWorker(ThreadWorker):
         finally:
             if isinstance(reader, _BodyReader):
                 reader.in_app = False
+
+
+def _host(conn) -> str:
+    client = conn.client
+    return str(client[0]) if isinstance(client, tuple) and client else str(client)
 
 
 def _peer(conn) -> str:

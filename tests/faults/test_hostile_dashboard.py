@@ -265,3 +265,35 @@ def test_the_docker_image_runs_this_configuration():
 
     assert gunicorn_conf.worker_class == "modalscope.gunicorn_worker.HeadFirstWorker"
     assert gunicorn_conf.keepalive <= 10 and gunicorn_conf.timeout <= 120
+
+
+def test_one_address_cannot_fill_the_workers_with_unfinished_heads(dashboard):
+    """Past 128 unfinished heads per worker from one address, more connections from it are
+    closed at once; the workers' connection slots stay for others, and once the slow clients
+    are gone the address is served again."""
+    from modalscope.gunicorn_worker import MAX_HEADING_PER_CLIENT
+
+    per_address = 2 * MAX_HEADING_PER_CLIENT  # two workers
+    slow = []
+    try:
+        for _ in range(per_address + 40):
+            s = socket.create_connection(("127.0.0.1", dashboard.port), timeout=5)
+            s.sendall(b"GET / HTTP/1.1\r\nHost: dashboard\r\n")
+            slow.append(s)
+        # Each connection is accepted (or refused) in order; wait for the last one's fate.
+        wait_until(lambda: not _open(slow[-1]) or sum(not _open(s) for s in slow) >= 40, 10,
+                   "connections past the cap to be closed")
+        held = sum(_open(s) for s in slow)
+        assert held <= per_address, held
+    finally:
+        for s in slow:
+            s.close()
+    wait_until(lambda: _quick(dashboard), HEAD_TIMEOUT_S + 5, "the address to be served again")
+    assert "already sending a head" in dashboard.proc.stderr
+
+
+def _quick(d) -> bool:
+    try:
+        return well_behaved(d) < NORMAL_S
+    except (requests.RequestException, AssertionError):
+        return False

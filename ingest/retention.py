@@ -1,5 +1,6 @@
 """Retention: raw spans for ``MODALSCOPE_RETENTION_DAYS``, minute rollups for
-``MODALSCOPE_MINUTE_ROLLUP_DAYS``, hourly rollups for ``MODALSCOPE_ROLLUP_RETENTION_DAYS``.
+``MODALSCOPE_MINUTE_ROLLUP_DAYS``, hourly rollups for ``MODALSCOPE_ROLLUP_RETENTION_DAYS``;
+then the series no rollup row is left for.
 
 Deletes run in bounded batches, each its own short transaction with a pause after it, so
 receivers and the dashboard keep going while a week of spans is pruned: on SQLite a batch
@@ -15,10 +16,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from sqlalchemy import Engine, delete, select
+from sqlalchemy import Engine, delete, exists, func, select
 
 from ..models import changes
-from ..models import MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, PairCall, QuarterRollup, Rollup, Span, Trace
+from ..models import (MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, PairCall, QuarterRollup, Rollup, Series, Span,
+                      Trace)
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +51,11 @@ class PruneResult:
     minute_rollups: int = 0
     quarter_rollups: int = 0
     hourly_rollups: int = 0
+    series: int = 0
 
     def total(self) -> int:
-        return self.spans + self.traces + self.minute_rollups + self.quarter_rollups + self.hourly_rollups
+        return (self.spans + self.traces + self.minute_rollups + self.quarter_rollups + self.hourly_rollups
+                + self.series)
 
 
 def cutoffs(policy: RetentionPolicy, now_ns: int) -> dict[str, int | None]:
@@ -144,6 +148,8 @@ def prune(engine: Engine, policy: RetentionPolicy, *, now_ns: int | None = None,
             .order_by(HourlyRollup.hour),
             lambda conn, keys: _delete_keyed(conn, HourlyRollup, "hour", keys),
             batch, pause, should_stop, progress)
+    if any(c is not None for c in cut.values()):
+        out.series = _prune_series(engine, batch, pause, should_stop, progress)
     if out.spans or out.traces or out.minute_rollups:
         # Findings cached for a window that old lost their raw spans or minute rollups.
         # (Hourly rollups: the detectors do not read them.)
@@ -152,9 +158,37 @@ def prune(engine: Engine, policy: RetentionPolicy, *, now_ns: int | None = None,
         with engine.begin() as conn:
             changes.record(conn, 0, last)
     if out.total():
-        log.info("retention: deleted %d spans, %d traces, %d minute and %d hourly rollup rows",
-                 out.spans, out.traces, out.minute_rollups, out.hourly_rollups)
+        log.info("retention: deleted %d spans, %d traces, %d minute and %d hourly rollup rows, %d series",
+                 out.spans, out.traces, out.minute_rollups, out.hourly_rollups, out.series)
     return out
+
+
+def _unused_series(below_id: int):
+    """Series with no rollup row in any tier and no call: their data is past retention (or
+    never was). Checked again by the DELETE itself, so a series a settler wrote to since
+    the select survives."""
+    return (Series.id < below_id,
+            ~exists().where(HourlyRollup.series_id == Series.id),
+            ~exists().where(Rollup.series_id == Series.id),
+            ~exists().where(QuarterRollup.series_id == Series.id),
+            ~exists().where(PairCall.series_id == Series.id))
+
+
+def _prune_series(engine: Engine, batch: int, pause: float, should_stop: Callable[[], bool],
+                  progress: Callable[[int], None] | None) -> int:
+    """Delete series no rollups hang off any more, so names seen once (a typo, a hostile
+    client) do not outlive retention as filter options and cap slots. The newest series is
+    kept: SQLite would hand its id out again, and a trace's stored contributions or a
+    rollup pack may still name it. A settler holding a pruned id in its cache fails its
+    batch on the foreign key, forgets the cache and retries (``settle.settle``)."""
+    with engine.connect() as conn:
+        top = conn.execute(select(func.max(Series.id))).scalar()
+    if top is None:
+        return 0
+    cond = _unused_series(top)
+    return _batched(engine, select(Series.id).where(*cond).order_by(Series.id),
+                    lambda conn, ids: [delete(Series).where(Series.id.in_(ids), *cond)],
+                    batch, pause, should_stop, progress)
 
 
 def _record_minute_boundary(engine: Engine, minute: int) -> None:

@@ -41,11 +41,12 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import orjson
-from sqlalchemy import Connection, Engine, and_, bindparam, case, delete, literal, or_, select
+from sqlalchemy import Connection, Engine, and_, bindparam, case, delete, func, literal, or_, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from ..models import HourlyRollup, PairCall, QuarterRollup, Rollup, Series, Span, Trace
 from ..models import changes, sketch
+from ..models.names import NAME_CHARS, OVERFLOW, SERVICE_CHARS, cap_text
 from ..models.dialect import (contains_text, insert_ignore, json_member, keys_clause, rows_with_keys,
                               supports_skip_locked, upsert)
 from .records import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, STATUS_ERROR, SpanRecord
@@ -73,35 +74,124 @@ def series_hash(key: tuple[str, ...]) -> str:
     return hashlib.sha256("\x1f".join(key).encode("utf-8", "surrogatepass")).hexdigest()
 
 
-class SeriesRegistry:
-    """Maps series keys to ids, creating rows on first use; ids are cached once committed."""
+# Longest value a series dimension keeps (``models/names.py``), in SERIES_FIELDS order;
+# None: bounded by the tagging rules (stage, input type). A pair's caller and callee are
+# services.
+_DIM_CHARS = (None, SERVICE_CHARS, NAME_CHARS, None, None, SERVICE_CHARS, NAME_CHARS)
+_PAIR_DIM_CHARS = (None, SERVICE_CHARS, NAME_CHARS, None, None, SERVICE_CHARS, SERVICE_CHARS)
+MAX_SERIES_PER_KIND = 2000  # MODALSCOPE_MAX_SERIES_PER_KIND's default
+CACHE_SECONDS = 600.0  # cached ids are looked up again this often (retention prunes series)
 
-    def __init__(self) -> None:
+
+def cap_key(key: tuple[str, ...]) -> tuple[str, ...]:
+    """``key`` with every unbounded dimension capped (``names.cap_text``); cheap when none is long."""
+    limits = _PAIR_DIM_CHARS if key[0] == "pair" else _DIM_CHARS
+    if all(lim is None or len(v) <= lim for v, lim in zip(key, limits)):
+        return key
+    return tuple(v if lim is None else cap_text(v, lim) for v, lim in zip(key, limits))
+
+
+def overflow_key(key: tuple[str, ...]) -> tuple[str, ...]:
+    """The series a new key of a full kind counts in: its unbounded dimensions (service, name,
+    caller, callee) ``(other)`` where set, its stage and input type kept."""
+    kind, service, name, stage, input_type, caller, callee = key
+    return (kind, OVERFLOW if service else "", OVERFLOW if name else "", stage, input_type,
+            OVERFLOW if caller else "", OVERFLOW if callee else "")
+
+
+def is_overflow(key: tuple[str, ...]) -> bool:
+    return OVERFLOW in (key[1], key[2], key[5], key[6]) and overflow_key(key) == key
+
+
+def max_series_setting() -> int:
+    """``MODALSCOPE_MAX_SERIES_PER_KIND`` of this process's environment (the settler may run
+    in a process of its own, which inherits it)."""
+    import os
+
+    from ..settings import SettingsError, _int
+
+    try:
+        return _int(os.environ, "MODALSCOPE_MAX_SERIES_PER_KIND", minimum=1)
+    except SettingsError:
+        log.warning("ignoring a bad MODALSCOPE_MAX_SERIES_PER_KIND; using %d", MAX_SERIES_PER_KIND)
+        return MAX_SERIES_PER_KIND
+
+
+class SeriesRegistry:
+    """Maps series keys to ids, creating rows on first use; ids are cached once committed.
+
+    The one place names become series: every key is capped (``cap_key``), and a kind holds
+    at most ``max_per_kind`` series: a new key past that counts in the kind's overflow series
+    (``overflow_key``), as a cache tag's values past ``CACHE_TAG_VALUES`` do. Cached ids
+    expire after ``CACHE_SECONDS``, so a series retention pruned is created again."""
+
+    def __init__(self, max_per_kind: int | None = None) -> None:
         self._ids: dict[tuple[str, ...], int] = {}
         self._lock = threading.Lock()
+        self.max_per_kind = max_series_setting() if max_per_kind is None else max_per_kind
+        self._expires = time.monotonic() + CACHE_SECONDS
 
     def resolve(self, conn: Connection, keys: Iterable[tuple[str, ...]]) -> dict[tuple[str, ...], int]:
         out: dict[tuple[str, ...], int] = {}
         missing = []
         with self._lock:
+            if time.monotonic() > self._expires:
+                self._ids.clear()
+                self._expires = time.monotonic() + CACHE_SECONDS
             for k in keys:
                 sid = self._ids.get(k)
                 if sid is None:
                     missing.append(k)
                 else:
                     out[k] = sid
-        if missing:
-            by_hash = {series_hash(k): k for k in missing}
-            conn.execute(
-                insert_ignore(conn, Series.__table__, ["key_hash"]),
-                [dict(zip(SERIES_FIELDS, k), key_hash=h) for h, k in by_hash.items()],
-            )
-            hashes = list(by_hash)
-            for i in range(0, len(hashes), 500):
-                chunk = hashes[i : i + 500]
-                for sid, h in conn.execute(select(Series.id, Series.key_hash).where(Series.key_hash.in_(chunk))):
-                    out[by_hash[h]] = sid
+        if not missing:
+            return out
+        capped = {k: cap_key(k) for k in missing}
+        found = self._lookup(conn, set(capped.values()))
+        new = sorted({c for c in capped.values() if c not in found})
+        if new:
+            target = self._admit(conn, new)
+            wanted = set(target.values())
+            if wanted:
+                conn.execute(
+                    insert_ignore(conn, Series.__table__, ["key_hash"]),
+                    [dict(zip(SERIES_FIELDS, k), key_hash=series_hash(k)) for k in sorted(wanted)],
+                )
+                found.update(self._lookup(conn, wanted))
+            for c, t in target.items():
+                found[c] = found[t]
+        for k, c in capped.items():
+            out[k] = found[c]
         return out
+
+    @staticmethod
+    def _lookup(conn: Connection, keys: set[tuple[str, ...]]) -> dict[tuple[str, ...], int]:
+        by_hash = {series_hash(k): k for k in keys}
+        hashes = list(by_hash)
+        found: dict[tuple[str, ...], int] = {}
+        for i in range(0, len(hashes), 500):
+            chunk = hashes[i : i + 500]
+            for sid, h in conn.execute(select(Series.id, Series.key_hash).where(Series.key_hash.in_(chunk))):
+                found[by_hash[h]] = sid
+        return found
+
+    def _admit(self, conn: Connection, new: list[tuple[str, ...]]) -> dict[tuple[str, ...], tuple[str, ...]]:
+        """Which series each new (capped, not stored) key gets: itself while its kind has
+        room, else the kind's overflow series (never capped). Two settlers admitting at
+        once may pass the cap by a batch each; it holds from then on."""
+        kinds = sorted({k[0] for k in new})
+        counts = dict(conn.execute(select(Series.kind, func.count()).where(Series.kind.in_(kinds))
+                                   .group_by(Series.kind)).all())
+        target: dict[tuple[str, ...], tuple[str, ...]] = {}
+        for k in new:
+            if is_overflow(k):
+                target[k] = k
+            elif counts.get(k[0], 0) < self.max_per_kind:
+                counts[k[0]] = counts.get(k[0], 0) + 1
+                target[k] = k
+            else:
+                target[k] = overflow_key(k)
+        return target
 
     def known(self, key: tuple[str, ...]) -> bool:
         with self._lock:
@@ -461,6 +551,8 @@ def _apply_summary(conn: Connection, summary, claimed: dict[str, bytes | None], 
     index = {tid: i for i, tid in enumerate(summary.trace_ids)}
     keep_idx = np.array(sorted(index[t] for t in claimed if t in index), dtype=np.int64)
     mask = np.isin(summary.c_trace, keep_idx)
+    # Capped first, so the cache-tag cap and the registry's cache see stored names only.
+    summary.keys = [cap_key(k) for k in summary.keys]
     _cap_cache_tags(conn, summary, sorted(set(summary.c_key[mask].tolist())), registry)
     used_keys = sorted(set(summary.c_key[mask].tolist()))
     resolved = registry.resolve(conn, [summary.keys[k] for k in used_keys])
@@ -629,6 +721,8 @@ def settle(engine: Engine, *, settle_seconds: float = 5.0, trace_ids: Sequence[s
                 # Two settlers created the same rollup row, or a deadlock: retry the batch.
                 if attempt == 4:
                     raise
+                if isinstance(exc, IntegrityError):  # maybe a cached series retention pruned
+                    registry.forget()
                 log.debug("settle retry after %s", exc.__class__.__name__)
                 time.sleep(0.05 * (attempt + 1))
         total += n

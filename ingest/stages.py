@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Iterable, Protocol, Sequence
 
+from ..models.names import SERVICE_CHARS, cap_service
 from .records import (
     KIND_CLIENT,
     KIND_CONSUMER,
@@ -495,7 +496,8 @@ class StageRules:
         return self.decide(span)[0]
 
     def tag(self, spans: Iterable[SpanRecord]) -> None:
-        """Set ``.stage`` and ``.signals`` (ingest/signals.py) on every span.
+        """Set ``.stage`` and ``.signals`` (ingest/signals.py) on every span, and cap its
+        service name (``models/names.py``) as the store keeps it.
 
         A span decided by a ``model_call`` rule gets ``"call": 1`` in its signals; one that
         matched a ``parent_call`` rule gets ``"inh": <its own stage>``, and takes its parent's
@@ -506,6 +508,8 @@ class StageRules:
         decide = self.decide
         heirs: list[SpanRecord] = []
         for span in spans:
+            if len(span.service) > SERVICE_CHARS:  # every source passes here: stored capped
+                span.service = cap_service(span.service)
             stage, flags = decide(span)
             span.stage = stage
             signals = span_signals(span)

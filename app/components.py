@@ -10,6 +10,7 @@ never as Markdown or raw HTML.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Iterable, Mapping, Sequence
 
 import dash
@@ -85,19 +86,65 @@ def banner(text: str | None, kind: str = "error") -> html.Div | None:
     return html.Div(text, className=f"ms-banner ms-banner-{kind}", role="alert") if text else None
 
 
+#: An unbroken identifier longer than this many characters is cut with an ellipsis (the
+#: whole text in its tooltip) rather than broken mid-word or widening its table.
+LONG_WORD = 32
+# A cell a number reads in: "1,234", "12.3 ms", "−4 s", "2.5 %", "1.4×", "3.1/min", "12 / 30", "—".
+_NUMBER = re.compile(r"^[−+-]?(\d[\d,]*(\.\d+)?|\.\d+)\s?(µs|ms|s|min|%|k|M|×|/min|/s|/day)?$")
+
+
+def is_number_text(value: Any) -> bool:
+    """Whether a cell's text is a number in human units (or several joined by " / ")."""
+    if not isinstance(value, str) or not value.strip():
+        return False
+    return all(_NUMBER.match(part.strip()) for part in value.split(" / "))
+
+
+def numeric_columns(columns: Sequence[tuple[str, str]], rows: Sequence[Mapping[str, Any]]) -> set[str]:
+    """The columns whose every text cell (blanks and "—" aside) is a number: right-aligned."""
+    out = set()
+    for k, _ in columns:
+        values = [r.get(k) for r in rows if r.get(k) not in (None, "", "—")]
+        if values and all(is_number_text(v) for v in values):
+            out.add(k)
+    return out
+
+
+def cell_text(value: str, cut: bool = True):
+    """A text cell that wraps at spaces only: one unbroken word stays on its line, and one
+    longer than ``LONG_WORD`` is cut with an ellipsis, whole in its tooltip."""
+    if not cut or any(ch.isspace() for ch in value):
+        return value
+    if len(value) > LONG_WORD:
+        return html.Span(value, className="ms-cut", title=value)
+    return html.Span(value, className="ms-word")
+
+
 def text_table(columns: Sequence[tuple[str, str]], rows: Iterable[Mapping[str, Any]], *,
                row_class=None, id: str | None = None, className: str = "ms-table") -> html.Table:
-    """An HTML table of text cells: ``columns`` = [(key, header)]; a cell may also be a component."""
-    head = html.Thead(html.Tr([html.Th(h, className=f"col-{k}") for k, h in columns]))
+    """An HTML table of text cells: ``columns`` = [(key, header)]; a cell may also be a component.
+
+    Number columns are right-aligned (``col-num``); text wraps at spaces only (``cell_text``),
+    except in key/value tables (``ms-kv``), which show span data whole."""
+    rows = list(rows)
+    numeric = numeric_columns(columns, rows)
+    cut = "ms-kv" not in className.split()
+
+    def cls(k: str) -> str:
+        return f"col-{k} col-num" if k in numeric else f"col-{k}"
+
+    head = html.Thead(html.Tr([html.Th(h, className=cls(k)) for k, h in columns]))
     body = []
     for r in rows:
         cells = []
         for k, _ in columns:
             v = r.get(k)
-            cells.append(html.Td(v if v is None or hasattr(v, "to_plotly_json") or isinstance(v, list)
-                                 else str(v), className=f"col-{k}"))
-        cls = row_class(r) if row_class else None
-        body.append(html.Tr(cells, className=cls) if cls else html.Tr(cells))
+            if v is None or hasattr(v, "to_plotly_json") or isinstance(v, list):
+                cells.append(html.Td(v, className=cls(k)))
+            else:
+                cells.append(html.Td(str(v) if k in numeric else cell_text(str(v), cut), className=cls(k)))
+        rc = row_class(r) if row_class else None
+        body.append(html.Tr(cells, className=rc) if rc else html.Tr(cells))
     kw = {"id": id} if id else {}
     return html.Table([head, html.Tbody(body)], className=className, **kw)
 

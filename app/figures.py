@@ -262,8 +262,33 @@ def _pct_lines(fig: go.Figure, dist: dict) -> None:
     fig.update_layout(shapes=shapes, annotations=notes)
 
 
-def latency_histogram(dist: dict, band: tuple[float | None, float | None] = (None, None)) -> go.Figure:
-    """Histogram (bars per log bin) and CDF (line, right axis) with P50/P90/P99 lines.
+BAND_FILL = "rgba(220, 38, 38, 0.10)"  # the selected latency band, shaded behind the bars
+
+
+def _band_shape(bins: Sequence[dict], band: tuple[float | None, float | None]) -> tuple[dict, dict] | None:
+    """The selected band as a shaded region (log10 x) and its label; an open end runs to the
+    histogram's edge. None when no band is selected or it lies outside the bins."""
+    lo, hi = band
+    if lo is None and hi is None:
+        return None
+    left, right = math.log10(bins[0]["lo_ms"]), math.log10(bins[-1]["hi_ms"])
+    x0 = max(left, math.log10(lo)) if lo is not None and lo > 0 else left
+    x1 = min(right, math.log10(hi)) if hi is not None and hi > 0 else right
+    if x1 <= x0:
+        return None
+    label = f"selected {fmt_ms(lo) if lo is not None else '0'} – {fmt_ms(hi) if hi is not None else '∞'}"
+    shape = dict(type="rect", x0=x0, x1=x1, xref="x", y0=0, y1=1, yref="y domain", layer="below",
+                 fillcolor=BAND_FILL, line=dict(color=DANGER, width=1, dash="dot"), name="selected band")
+    note = dict(text=label, x=(x0 + x1) / 2, xref="x", y=0, yref="y domain", yanchor="bottom", xanchor="center",
+                showarrow=False, font=dict(size=11, color=DANGER), bgcolor="rgba(255,255,255,0.85)", yshift=2)
+    return shape, note
+
+
+def latency_histogram(dist: dict, band: tuple[float | None, float | None] = (None, None),
+                      log_counts: bool = False) -> go.Figure:
+    """Histogram (bars per log bin) and CDF (line, right axis) with P50/P90/P99 lines; the
+    selected band shaded; ``log_counts`` puts the counts on a log axis, so the tail's few
+    calls show beside the body's thousands.
 
     x is log10(ms) with readable tick labels; a bar's ``customdata`` is
     ``[min_ms, max_ms]`` of its band (what a click selects).
@@ -276,11 +301,14 @@ def latency_histogram(dist: dict, band: tuple[float | None, float | None] = (Non
     lo_b, hi_b = band
     colors = []
     for b in bins:
-        selected = lo_b is not None and hi_b is not None and b["max_ms"] > lo_b and b["min_ms"] < hi_b
+        selected = ((lo_b is not None or hi_b is not None) and (hi_b is None or b["min_ms"] < hi_b)
+                    and (lo_b is None or b["max_ms"] > lo_b))
         colors.append(DANGER if selected else ACCENT)
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_trace(go.Bar(
-        x=centers, y=[b["count"] for b in bins], width=width, marker=dict(color=colors, line=dict(width=0)),
+        # An empty bin has no height on a log axis (log 0): left out rather than drawn at the floor.
+        x=centers, y=[(b["count"] or None) if log_counts else b["count"] for b in bins], width=width,
+        marker=dict(color=colors, line=dict(width=0)),
         name="calls" if dist.get("subject") == "pair" else "count",
         customdata=[[b["min_ms"], b["max_ms"]] for b in bins],
         text=[f"{fmt_ms(b['min_ms'])} – {fmt_ms(b['max_ms'])}: {fmt_count(b['count'])}"
@@ -293,10 +321,19 @@ def latency_histogram(dist: dict, band: tuple[float | None, float | None] = (Non
         text=[f"≤ {fmt_ms(b['max_ms'])}: {fmt_pct(b['cdf'])}" for b in bins], hovertemplate="%{text}<extra></extra>",
     ), secondary_y=True)
     _pct_lines(fig, dist)
+    shaded = _band_shape(bins, band)
+    if shaded is not None:
+        # Assigned, not update_layout: that merges a list into the existing shapes item by item.
+        fig.layout.shapes = [shaded[0], *fig.layout.shapes]
+        fig.layout.annotations = [*fig.layout.annotations, shaded[1]]
     tv, tt = log_ticks(bins[0]["lo_ms"], bins[-1]["hi_ms"])
     base_layout(fig, height=340, bargap=0.05)
     fig.update_xaxes(tickvals=tv, ticktext=tt, title_text="latency (log scale)")
-    fig.update_yaxes(title_text="count", secondary_y=False)
+    if log_counts:
+        fig.update_yaxes(type="log", title_text="count (log scale)", secondary_y=False,
+                         exponentformat="none", separatethousands=True)
+    else:
+        fig.update_yaxes(title_text="count", secondary_y=False, separatethousands=True)
     fig.update_yaxes(title_text="CDF", range=[0, 1.02], tickformat=".0%", tickvals=[0, 0.25, 0.5, 0.75, 1],
                      secondary_y=True, showgrid=False)
     fig.update_layout(clickmode="event", hovermode="closest")

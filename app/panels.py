@@ -268,7 +268,7 @@ def build_query(q: PanelQuery, reader, *, thresholds=None) -> Built:
 
 
 def pair_table(rows: list[dict], sort: tuple[str, str] = ("count", "desc")) -> Table:
-    cols = [("caller", "caller"), ("callee", "callee"), ("count", "calls"), ("calls_per_day", "calls/day"),
+    cols = [("caller", "caller"), ("callee", "callee"), ("count", "calls"), ("calls_per_day", "calls/day (extrapolated)"),
             ("p50_ms", "P50"), ("p90_ms", "P90"), ("p99_ms", "P99"), ("error_rate", "errors")]
     out = []
     for r in st.sort_rows(rows, *sort):

@@ -24,7 +24,7 @@ TIME_KEYS = ("range", "start", "end")
 FILTER_KEYS = FILTER_NAMES
 # Page-specific selection: latency band, selected span, table sort, baseline.
 EXTRA_KEYS = ("min_ms", "max_ms", "span", "sort", "baseline", "margin", "group_by", "cache",
-              "baseline_start", "baseline_end", "page", "kind", "severity", "incident")
+              "baseline_start", "baseline_end", "page", "kind", "severity", "incident", "counts")
 KEYS = TIME_KEYS + FILTER_KEYS + EXTRA_KEYS
 CARRIED = TIME_KEYS + FILTER_KEYS  # what the nav keeps when moving between pages
 MAX_VALUE_LEN = 1024

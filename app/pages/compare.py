@@ -40,12 +40,12 @@ def layout(**query):
             html.H1(f"What changed: {queries.subject_label(res.filters)}", className="ms-title"),
             c.loading(html.Div(id=ids.CMP_SUMMARY, className="ms-summary")),
         ]),
-        html.Div(className="ms-grid-2", children=[
-            c.panel("Stage time: selection vs baseline", c.loading(c.graph(ids.CMP_STAGES)),
-                    html.Div(id=ids.CMP_STAGE_TABLE)),
-            c.panel("Over-represented among slow spans", c.loading(html.Div(id=ids.CMP_ATTRS)),
-                    actions=html.Span("slow: above the selection's P90", className="ms-note")),
-        ]),
+        # Full width, one under the other: the stage table's eight columns and the attribute
+        # values need the room (half a 1280 px screen broke their words).
+        c.panel("Stage time: selection vs baseline", c.loading(c.graph(ids.CMP_STAGES)),
+                html.Div(id=ids.CMP_STAGE_TABLE)),
+        c.panel("Over-represented among slow spans", c.loading(html.Div(id=ids.CMP_ATTRS)),
+                actions=html.Span("slow: above the selection's P90", className="ms-note")),
     ])
 
 

@@ -5,7 +5,8 @@ Histogram and CDF with P50/P90/P99 lines (click a bar to select its band), P50/P
 over time (box-select narrows the window), and exemplar traces in the band, slowest
 first, linking to the trace view. A pair's calls that requested models list those models
 (each narrows the drilldown to its calls: ``model=``). URL state: window, filters,
-``min_ms``/``max_ms``.
+``min_ms``/``max_ms`` (the band, shaded on the histogram), ``counts=log`` (the histogram's
+counts on a log axis).
 """
 
 from __future__ import annotations
@@ -26,6 +27,22 @@ dash.register_page(__name__, path="/drilldown", name="Drilldown", title="modalsc
 PATH = "/drilldown"
 EXEMPLARS = 20
 MODELS_ID = "drilldown-models"
+COUNTS_ID = "drilldown-counts"  # the histogram's count axis: linear, or log (``counts=log``)
+
+
+def log_counts(state: Mapping[str, Any]) -> bool:
+    return (state or {}).get("counts") == "log"
+
+
+def counts_control(state: Mapping[str, Any]) -> html.Div:
+    """Linear or log counts on the histogram (``counts=log`` in the URL): on a log axis the
+    tail's few slow calls show beside the body's thousands."""
+    return html.Div(className="ms-hist-scale", title="count axis of the histogram", children=[
+        dcc.RadioItems(id=COUNTS_ID, className="ms-presets", inline=True,
+                       value="log" if log_counts(state) else "linear",
+                       options=[{"label": "linear counts", "value": "linear"},
+                                {"label": "log counts", "value": "log"}]),
+    ])
 
 
 def page_state(query: Mapping[str, Any] | None) -> dict[str, str]:
@@ -84,7 +101,8 @@ def layout(**query):
         ]),
         html.Div(className="ms-grid-2", children=[
             c.panel("Latency distribution", c.loading(c.graph(ids.DD_HIST)),
-                    actions=html.Span("click a bar: traces in that band", className="ms-note")),
+                    actions=[html.Span("click a bar: traces in that band", className="ms-note"),
+                             counts_control(state)]),
             c.panel("P50 / P90 / P99 over time", c.loading(c.graph(ids.DD_TIME)),
                     actions=[html.Span("box-select to narrow the window", className="ms-note"),
                              dcc.Link("Compare this window →", href=links.compare_href(state), id=ids.DD_COMPARE,
@@ -139,7 +157,7 @@ def _fill(state):
     else:
         exemplars = c.empty_state("No stored traces for this selection.",
                                   "Raw spans may have passed retention (MODALSCOPE_RETENTION_DAYS).")
-    return (summary(dist, state, band), figures.latency_histogram(dist, band),
+    return (summary(dist, state, band), figures.latency_histogram(dist, band, log_counts(state)),
             figures.percentile_timeseries(series), exemplars)
 
 
@@ -166,6 +184,19 @@ def _models(state):
 def _band(click, state):
     href = links.band_click_href(state or {}, click)
     return href if href else no_update
+
+
+@dash.callback(
+    Output(ids.URL, "href", allow_duplicate=True),
+    Input(COUNTS_ID, "value"),
+    State(ids.DD_STATE, "data"),
+    prevent_initial_call=True,
+)
+def _counts(value, state):
+    state = state or {}
+    if c.rendering() or (value == "log") == log_counts(state):
+        return no_update
+    return page_href(state, counts="log" if value == "log" else None)
 
 
 @dash.callback(

@@ -18,8 +18,28 @@ dash.register_page(__name__, path="/pairs", name="Service pairs", title="modalsc
 
 PATH = "/pairs"
 PAIR_SORTABLE = ("caller", "callee", "count", "calls_per_day", "p50_ms", "p90_ms", "p99_ms", "error_rate")
-COLUMNS = (("caller", "caller"), ("callee", "callee"), ("count", "calls"), ("calls_per_day", "calls/day"),
-           ("p50_ms", "P50"), ("p90_ms", "P90"), ("p99_ms", "P99"), ("error_rate", "errors"))
+# Caller and callee share one cell, and P90 is left to the heatmap's markers, so the errors
+# column shows beside the heatmap without a horizontal scroll (old sort links still work).
+COLUMNS = (("caller", "caller → callee"), ("count", "calls"), ("p50_ms", "P50"), ("p99_ms", "P99"),
+           ("error_rate", "errors"))
+NUMERIC = ("count", "p50_ms", "p99_ms", "error_rate")
+PAIR_NAME_CHARS = 24  # a longer service name is cut with an ellipsis (whole in its tooltip)
+PER_DAY_NOTE = "extrapolated from the window's rate"
+
+
+def per_day_text(r: dict) -> str:
+    """The calls cell's tooltip: the window's count scaled to a day, said to be an estimate."""
+    return f"≈ {fmt_count(round(r['calls_per_day']))} calls/day ({PER_DAY_NOTE})"
+
+
+def pair_cell(r: dict, href: str):
+    """"caller → callee" as one link: each name stays whole, a line break only at the arrow."""
+    def end(name: str) -> html.Span:
+        if len(name) > PAIR_NAME_CHARS:
+            return html.Span(name, className="ms-pair-end ms-cut", title=name)
+        return html.Span(name, className="ms-pair-end")
+
+    return dcc.Link([end(r["caller"]), html.Span(" → ", className="ms-pair-arrow"), end(r["callee"])], href=href)
 
 
 def pairs_table(rows: list[dict], state: dict) -> html.Table:
@@ -27,25 +47,25 @@ def pairs_table(rows: list[dict], state: dict) -> html.Table:
     col, direction = st.parse_sort(state.get("sort"), PAIR_SORTABLE, default="count")
     head = []
     for key, label in COLUMNS:
-        if key == col:
+        active = key == col or (key == "caller" and col == "callee") or (key == "count" and col == "calls_per_day")
+        if active:
             nxt = "asc" if direction == "desc" else "desc"
             label = f"{label} {'▼' if direction == 'desc' else '▲'}"
         else:
-            nxt = "asc" if key in ("caller", "callee") else "desc"
+            nxt = "asc" if key == "caller" else "desc"
+        cls = f"col-{key}" + (" col-num" if key in NUMERIC else "")
         head.append(html.Th(dcc.Link(label, href=st.to_href(PATH, st.with_(state, sort=f"{key}:{nxt}")),
-                                     className="ms-sort"), className=f"col-{key}"))
+                                     className="ms-sort"), className=cls))
     body = []
     for r in st.sort_rows(rows, col, direction):
         href = links.drill_href(state, r["caller"], r["callee"])
+        bad = r["error_rate"] >= 0.05
         body.append(html.Tr([
-            html.Td(dcc.Link(r["caller"], href=href), className="col-caller"),
-            html.Td(dcc.Link(r["callee"], href=href), className="col-callee"),
-            html.Td(fmt_count(r["count"]), className="col-num"),
-            html.Td(fmt_count(round(r["calls_per_day"])), className="col-num"),
-            html.Td(fmt_ms(r["p50_ms"]), className="col-num"),
-            html.Td(fmt_ms(r["p90_ms"]), className="col-num"),
-            html.Td(fmt_ms(r["p99_ms"]), className="col-num"),
-            html.Td(fmt_pct(r["error_rate"]), className="col-num" + (" ms-bad" if r["error_rate"] >= 0.05 else "")),
+            html.Td(pair_cell(r, href), className="col-caller"),
+            html.Td(fmt_count(r["count"]), className="col-count col-num", title=per_day_text(r)),
+            html.Td(fmt_ms(r["p50_ms"]), className="col-p50_ms col-num"),
+            html.Td(fmt_ms(r["p99_ms"]), className="col-p99_ms col-num"),
+            html.Td(fmt_pct(r["error_rate"]), className="col-error_rate col-num" + (" ms-bad" if bad else "")),
         ]))
     return html.Table([html.Thead(html.Tr(head)), html.Tbody(body)], className="ms-table ms-pairs-table",
                       id="pairs-table-rows")
@@ -64,7 +84,8 @@ def layout(**query):
                     actions=[html.Span("click a cell: traces in that pair and latency band", className="ms-note"),
                              c.share_control("pair-heatmap", state)]),
             c.panel("Pairs", c.loading(html.Div(id=ids.PAIRS_TABLE)),
-                    actions=[html.Span("click a pair: its drilldown; a header: sort", className="ms-note"),
+                    actions=[html.Span("click a pair: its drilldown; a header: sort; hover calls: calls/day "
+                                       f"({PER_DAY_NOTE})", className="ms-note"),
                              c.share_control("pair-table", state)]),
         ]),
     ])

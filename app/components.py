@@ -121,13 +121,15 @@ def cell_text(value: str, cut: bool = True):
 
 
 def text_table(columns: Sequence[tuple[str, str]], rows: Iterable[Mapping[str, Any]], *,
-               row_class=None, id: str | None = None, className: str = "ms-table") -> html.Table:
+               row_class=None, id: str | None = None, className: str = "ms-table",
+               numeric: Iterable[str] = ()) -> html.Table:
     """An HTML table of text cells: ``columns`` = [(key, header)]; a cell may also be a component.
 
-    Number columns are right-aligned (``col-num``); text wraps at spaces only (``cell_text``),
-    except in key/value tables (``ms-kv``), which show span data whole."""
+    Number columns (``numeric``, and any whose every cell reads as a number) are right-aligned
+    (``col-num``); text wraps at spaces only (``cell_text``), except in key/value tables
+    (``ms-kv``), which show span data whole."""
     rows = list(rows)
-    numeric = numeric_columns(columns, rows)
+    numeric = numeric_columns(columns, rows) | set(numeric)
     cut = "ms-kv" not in className.split()
 
     def cls(k: str) -> str:
@@ -212,7 +214,8 @@ def toolbar(path: str, state: Mapping[str, str], show: Sequence[str] = ("service
     pair = st.pair_value(state.get("caller"), state.get("callee"))
 
     def picker(key: str, component_id: str, value, placeholder: str, label: str):
-        opts = [{"label": _pair_text(value) if key == "pair" else str(value), "value": value}] if value else []
+        opts = [{"label": option_label(_pair_text(value) if key == "pair" else str(value)), "value": value}] \
+            if value else []
         return html.Div(className="ms-filter", style=None if key in show else {"display": "none"}, children=[
             html.Label(label, htmlFor=component_id, className="ms-filter-label"),
             dcc.Dropdown(id=component_id, options=opts, value=value, placeholder=placeholder, clearable=True,
@@ -248,6 +251,55 @@ def toolbar(path: str, state: Mapping[str, str], show: Sequence[str] = ("service
 def _pair_text(value: str | None) -> str:
     caller, callee = st.parse_pair_value(value)
     return f"{caller or 'any'} → {callee or 'any'}"
+
+
+# A picker holds at most this many options; typing searches every value on the server
+# (the dropdown indexes each option's label for its own search, at a cost that grows with
+# the option count and the square of the label's length).
+FILTER_OPTIONS = 100
+OPTION_LABEL_CHARS = 80
+
+
+def option_label(text: str) -> str:
+    return text if len(text) <= OPTION_LABEL_CHARS else text[: OPTION_LABEL_CHARS - 1] + "…"
+
+
+def _matching(values: Iterable, text_of, search: str | None, current=None) -> list:
+    """The first ``FILTER_OPTIONS`` of ``values`` whose text contains ``search`` (any case),
+    and ``current`` (the selected value) among them, so the dropdown keeps it."""
+    needle = (search or "").casefold()
+    out = []
+    for v in values:
+        if len(out) >= FILTER_OPTIONS:
+            break
+        if not needle or needle in text_of(v).casefold():
+            out.append(v)
+    if current is not None and current not in out:
+        out.append(current)
+    return out
+
+
+def toolbar_options(state: Mapping[str, Any], service_search: str | None = None,
+                    pair_search: str | None = None) -> tuple[list, list, list, list]:
+    """The pickers' options (service, pair, stage, input type) for a page's ``state``,
+    services and pairs narrowed to those matching what is typed in their picker."""
+    from .queries import filter_options
+
+    values = filter_options(reader())
+    services = _matching(values["services"], str, service_search, state.get("service") or None)
+    current = (state.get("caller") or "", state.get("callee") or "")
+    pairs = _matching([tuple(p) for p in values["pairs"]], lambda p: f"{p[0]} → {p[1]}", pair_search,
+                      current if any(current) else None)
+    stages = list(values["stages"])
+    if state.get("stage") and state["stage"] not in stages:
+        stages.append(state["stage"])
+    its = list(values["input_types"])
+    if state.get("input_type") and state["input_type"] not in its:
+        its.append(state["input_type"])
+    return ([{"label": option_label(s), "value": s} for s in services],
+            [{"label": option_label(f"{c or 'any'} → {e or 'any'}"), "value": json.dumps([c, e])} for c, e in pairs],
+            [{"label": option_label(s), "value": s} for s in stages],
+            [{"label": option_label(t), "value": t} for t in its])
 
 
 # -- callbacks -------------------------------------------------------------------------
@@ -317,29 +369,17 @@ def register_callbacks() -> None:
         Output(ids.STAGE, "options"),
         Output(ids.INPUT_TYPE, "options"),
         Input(ids.TOOLBAR_STATE, "data"),
+        Input(ids.SERVICE, "search_value"),
+        Input(ids.PAIR, "search_value"),
     )
-    def _filter_options(data):
-        from .queries import filter_options
-
+    def _filter_options(data, service_search, pair_search):
         state = (data or {}).get("state") or {}
-        values = filter_options(reader())
-        services = list(values["services"])
-        if state.get("service") and state["service"] not in services:
-            services.append(state["service"])
-        pairs = [tuple(p) for p in values["pairs"]]
-        current = (state.get("caller") or "", state.get("callee") or "")
-        if any(current) and current not in pairs:
-            pairs.append(current)
-        stages = list(values["stages"])
-        if state.get("stage") and state["stage"] not in stages:
-            stages.append(state["stage"])
-        its = list(values["input_types"])
-        if state.get("input_type") and state["input_type"] not in its:
-            its.append(state["input_type"])
-        return ([{"label": s, "value": s} for s in services],
-                [{"label": f"{c or 'any'} → {e or 'any'}", "value": json.dumps([c, e])} for c, e in pairs],
-                [{"label": s, "value": s} for s in stages],
-                [{"label": t, "value": t} for t in its])
+        opts = toolbar_options(state, service_search, pair_search)
+        if not rendering() and ctx.triggered_id == ids.SERVICE:  # typing: only that picker changes
+            return opts[0], no_update, no_update, no_update
+        if not rendering() and ctx.triggered_id == ids.PAIR:
+            return no_update, opts[1], no_update, no_update
+        return opts
 
 
 def narrow(path: str, state, selected, relayout):

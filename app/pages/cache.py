@@ -60,7 +60,7 @@ def cache_table(rows: list[dict]) -> html.Table:
         "cache": r["cache"], "group": "(none)" if r["group"] is None else r["group"],
         "lookups": fmt_count(r["hits"] + r["misses"]), "hits": fmt_count(r["hits"]), "misses": fmt_count(r["misses"]),
         "hit_rate": fmt_pct(r["hit_rate"]), "share": fmt_pct(r["share"]),
-    } for r in rows], id="cache-table-rows")
+    } for r in rows], id="cache-table-rows", numeric=[k for k, _ in cols[2:]])
 
 
 @dash.callback(

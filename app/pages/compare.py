@@ -63,7 +63,7 @@ def stage_table(stages: list[dict]) -> html.Table:
         "d50": _signed(s["delta_p50_ms"]), "sel99": fmt_ms(s["selection_p99_ms"]),
         "base99": fmt_ms(s["baseline_p99_ms"]), "d99": _signed(s["delta_p99_ms"]),
         "share": fmt_pct(s["share_of_added_time"], 0),
-    } for s in stages], id="compare-stage-rows")
+    } for s in stages], id="compare-stage-rows", numeric=[k for k, _ in cols[1:]])
 
 
 def attribute_table(rows: list[dict]) -> html.Table:
@@ -73,7 +73,7 @@ def attribute_table(rows: list[dict]) -> html.Table:
         "attr": f"{r['key']} = {r['value']}", "lift": f"{r['lift']:.3g}×", "sel": fmt_pct(r["selection_share"]),
         "base": fmt_pct(r["baseline_share"]), "counts": f"{fmt_count(r['selection_count'])} / "
                                                         f"{fmt_count(r['baseline_count'])}",
-    } for r in rows], id="compare-attribute-rows")
+    } for r in rows], id="compare-attribute-rows", numeric=[k for k, _ in cols[1:]])
 
 
 @dash.callback(
@@ -89,7 +89,7 @@ def _fill(state):
     baseline, error = baseline_of(state, res.window)
     out = queries.compare(c.reader(), res.window, baseline, res.filters)
     sel, base = out["selection"], out["baseline"]
-    items = [("selection", f"{sel['start']} → {sel['end']}"), ("baseline", f"{base['start']} → {base['end']}"),
+    items = [("selection", c.span_text(sel["start"], sel["end"])), ("baseline", c.span_text(base["start"], base["end"])),
              ("samples", f"{fmt_count(sel['count'])} vs {fmt_count(base['count'])}"),
              ("slow above", fmt_ms(out["slow_threshold_ms"]))]
     summary = [html.Div([html.Span(k, className="ms-stat-label"), html.Span(v, className="ms-stat-value")],

@@ -95,7 +95,7 @@ def overview_table(rows, state, margin):
             ("p99", "P99"), ("baseline", "baseline P50 / P95"), ("bottleneck", "bottleneck stage"),
             ("errors", "errors"), ("status", f"vs baseline (margin {margin * 100:g} %)")]
     return c.text_table(cols, [row(r) for r in rows], id="overview-input-types",
-                        row_class=lambda r: "ms-row-regression" if r["_regression"] else None)
+                        numeric=("count", "rate", "p50", "p95", "p99", "baseline", "errors"), row_class=lambda r: "ms-row-regression" if r["_regression"] else None)
 
 
 @dash.callback(

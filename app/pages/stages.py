@@ -61,7 +61,7 @@ def stages_table(rows: list[dict], state: dict) -> html.Table:
 
     cols = [("input_type", "input type"), ("stage", "stage"), ("count", "spans"), ("p50", "span P50"),
             ("p95", "span P95"), ("p99", "span P99"), ("share", "share of self time")]
-    return c.text_table(cols, [row(r) for r in rows], id="stages-table-rows")
+    return c.text_table(cols, [row(r) for r in rows], id="stages-table-rows", numeric=[k for k, _ in cols[2:]])
 
 
 @dash.callback(

@@ -58,6 +58,16 @@ def screenshot_dir() -> Path:
     return folder
 
 
+def _last_half_hour(site) -> str:
+    """The window's last half hour: its baseline (the half hour before) holds demo data too."""
+    from urllib.parse import parse_qs
+
+    from modalscope.app.params import parse_time, rfc3339
+
+    end = parse_time(parse_qs(site.window)["end"][0], "end")
+    return f"start={rfc3339(end - 31 * 60 * 10**9)}&end={rfc3339(end)}"
+
+
 def _viewport(site, width: int) -> None:
     # Exactly ``width`` CSS pixels of page (a window size would include the browser's frame).
     site.driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
@@ -78,7 +88,7 @@ def test_tables_keep_words_whole_at_1280_and_1440(site, clean_log):
         "overview": (f"/?{site.window}", "#overview-input-types tbody tr"),
         "pairs": (f"/pairs?{site.window}", "#pairs-table-rows tbody tr"),
         "drilldown": (f"/drilldown?{site.window}&input_type=image", "#drilldown-exemplar-table tbody tr"),
-        "compare": (f"/compare?{site.window}&input_type=image", "#compare-stage-rows tbody tr"),
+        "compare": (f"/compare?{_last_half_hour(site)}&input_type=image", "#compare-attribute-rows tbody tr"),
         "stages": (f"/stages?{site.window}", "#stages-table-rows tbody tr"),
         "trace": (f"/trace/{trace_link}?{site.window}", "#trace-span-table tbody tr"),
     }

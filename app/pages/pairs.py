@@ -42,7 +42,7 @@ def pair_cell(r: dict, href: str):
     return dcc.Link([end(r["caller"]), html.Span(" → ", className="ms-pair-arrow"), end(r["callee"])], href=href)
 
 
-def pairs_table(rows: list[dict], state: dict) -> html.Table:
+def pairs_table(rows: list[dict], state: dict) -> html.Div:
     """The pair table: a header click sorts (``sort=`` in the URL), a pair opens its drilldown."""
     col, direction = st.parse_sort(state.get("sort"), PAIR_SORTABLE, default="count")
     head = []
@@ -67,8 +67,10 @@ def pairs_table(rows: list[dict], state: dict) -> html.Table:
             html.Td(fmt_ms(r["p99_ms"]), className="col-p99_ms col-num"),
             html.Td(fmt_pct(r["error_rate"]), className="col-error_rate col-num" + (" ms-bad" if bad else "")),
         ]))
-    return html.Table([html.Thead(html.Tr(head)), html.Tbody(body)], className="ms-table ms-pairs-table",
-                      id="pairs-table-rows")
+    table = html.Table([html.Thead(html.Tr(head)), html.Tbody(body)], className="ms-table ms-pairs-table",
+                       id="pairs-table-rows")
+    return html.Div([table, html.Div(f"Hover a call count for its calls/day, {PER_DAY_NOTE}.",
+                                     className="ms-note ms-table-foot", id="pairs-per-day-note")])
 
 
 def layout(**query):
@@ -84,8 +86,7 @@ def layout(**query):
                     actions=[html.Span("click a cell: traces in that pair and latency band", className="ms-note"),
                              c.share_control("pair-heatmap", state)]),
             c.panel("Pairs", c.loading(html.Div(id=ids.PAIRS_TABLE)),
-                    actions=[html.Span("click a pair: its drilldown; a header: sort; hover calls: calls/day "
-                                       f"({PER_DAY_NOTE})", className="ms-note"),
+                    actions=[html.Span("click a pair: its drilldown; a header: sort", className="ms-note"),
                              c.share_control("pair-table", state)]),
         ]),
     ])

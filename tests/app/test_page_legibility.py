@@ -91,7 +91,9 @@ def test_number_text():
 def test_pair_table_has_room_for_errors_and_says_calls_per_day_is_extrapolated(pages):
     pairs = pages["pairs"]
 
-    table = pairs.pairs_table(PAIRS, {})
+    out = pairs.pairs_table(PAIRS, {})
+    table = out.children[0]
+    assert "extrapolated" in out.children[1].children
     head = [th.className.split()[0] for th in table.children[0].children.children]
     assert head == ["col-caller", "col-count", "col-p50_ms", "col-p99_ms", "col-error_rate"]
     rows = table.children[1].children
@@ -106,7 +108,7 @@ def test_pair_table_has_room_for_errors_and_says_calls_per_day_is_extrapolated(p
     assert "ms-cut" in spans[2].className and spans[2].title == "usagedb.internal.example.com:5432"
     assert "ms-bad" in rows[1].children[-1].className
     # Old links sorting by calls/day or P90 still sort (calls/day by the calls column).
-    sorted_head = pairs.pairs_table(PAIRS, {"sort": "calls_per_day:asc"}).children[0].children.children
+    sorted_head = pairs.pairs_table(PAIRS, {"sort": "calls_per_day:asc"}).children[0].children[0].children.children
     assert "▲" in sorted_head[1].children.children
     # The embedded and PNG pair table names its extrapolation too.
     assert ("calls_per_day", "calls/day (extrapolated)") in panels.pair_table(PAIRS).columns

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any, Iterable, Mapping, Sequence
 
 import dash
@@ -279,13 +280,31 @@ def _matching(values: Iterable, text_of, search: str | None, current=None) -> li
     return out
 
 
+_VALUES_SECONDS = 5.0  # typing in a picker re-reads the known values at most this often
+_values_cache: dict[int, tuple[float, Any, dict]] = {}
+
+
+def _filter_values(store) -> dict:
+    """``queries.filter_options`` of ``store``, kept a few seconds: every keystroke in a
+    picker asks again, and reading every series takes a few hundred ms at 20,000 services."""
+    from .queries import filter_options
+
+    now = time.monotonic()
+    hit = _values_cache.get(id(store))
+    if hit is not None and hit[1] is store and now - hit[0] < _VALUES_SECONDS:
+        return hit[2]
+    values = filter_options(store)
+    if len(_values_cache) > 16:
+        _values_cache.clear()
+    _values_cache[id(store)] = (now, store, values)
+    return values
+
+
 def toolbar_options(state: Mapping[str, Any], service_search: str | None = None,
                     pair_search: str | None = None) -> tuple[list, list, list, list]:
     """The pickers' options (service, pair, stage, input type) for a page's ``state``,
     services and pairs narrowed to those matching what is typed in their picker."""
-    from .queries import filter_options
-
-    values = filter_options(reader())
+    values = _filter_values(reader())
     services = _matching(values["services"], str, service_search, state.get("service") or None)
     current = (state.get("caller") or "", state.get("callee") or "")
     pairs = _matching([tuple(p) for p in values["pairs"]], lambda p: f"{p[0]} → {p[1]}", pair_search,

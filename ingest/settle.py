@@ -25,6 +25,11 @@ Contributions, each one histogram entry in one (series, minute):
   and every lookup also counts in its cache's TOTAL series (tag key and value '');
   ``cache_untagged`` marks lookups the cache page could group by a key no tag shows
 
+Series names are capped (``models/names.py``: services 128 characters, other names 256,
+keeping a prefix, ``…`` and a hash) and each kind holds at most
+``MODALSCOPE_MAX_SERIES_PER_KIND`` series; a new key past that counts in its kind's
+``(other)`` series (``SeriesRegistry``). Retention deletes series no rollup is left for.
+
 Several settlers may run (one per ingest process): on PostgreSQL each claims trace rows
 with ``FOR UPDATE SKIP LOCKED``; SQLite serialises them with ``BEGIN IMMEDIATE``.
 """

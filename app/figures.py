@@ -330,7 +330,8 @@ def latency_histogram(dist: dict, band: tuple[float | None, float | None] = (Non
     base_layout(fig, height=340, bargap=0.05)
     fig.update_xaxes(tickvals=tv, ticktext=tt, title_text="latency (log scale)")
     if log_counts:
-        fig.update_yaxes(type="log", title_text="count (log scale)", secondary_y=False,
+        # Ticks at powers of ten only: Plotly's 2 and 5 between them read as counts.
+        fig.update_yaxes(type="log", title_text="count (log scale)", secondary_y=False, dtick=1,
                          exponentformat="none", separatethousands=True)
     else:
         fig.update_yaxes(title_text="count", secondary_y=False, separatethousands=True)

@@ -36,7 +36,7 @@ from ..models.reader import Filters
 from . import figures, queries, signing
 from . import state as st
 from .params import ParamError, Window, parse_filters, parse_trace_id, parse_window, rfc3339
-from .units import fmt_count, fmt_ms, fmt_pct
+from .units import fmt_count, fmt_ms, fmt_num, fmt_pct
 
 TIME_KEYS = ("range", "start", "end")
 ALL_FILTERS = ("service", "caller", "callee", "stage", "input_type")
@@ -299,7 +299,7 @@ def input_types_table(rows: list[dict], margin: float) -> Table:
         status = baseline_status(r)
         out.append({
             "input_type": cell_text(r["input_type"]), "count": fmt_count(r["count"]),
-            "rate": f"{r['rate_per_min']:.3g}/min" if r["count"] else "—",
+            "rate": f"{fmt_num(r['rate_per_min'])}/min" if r["count"] else "—",
             "p50": fmt_ms(r["p50_ms"]), "p95": fmt_ms(r["p95_ms"]), "p99": fmt_ms(r["p99_ms"]),
             "baseline": (f"{fmt_ms(r['baseline_p50_ms'])} / {fmt_ms(r['baseline_p95_ms'])}"
                          if r["baseline_p95_ms"] else "—"),

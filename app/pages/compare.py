@@ -15,7 +15,7 @@ from modalscope.app import components as c
 from modalscope.app import figures, ids, queries
 from modalscope.app import state as st
 from modalscope.app.params import ParamError, Window, parse_baseline_window
-from modalscope.app.units import fmt_count, fmt_ms, fmt_pct
+from modalscope.app.units import fmt_count, fmt_ms, fmt_num, fmt_pct
 
 dash.register_page(__name__, path="/compare", name="Compare", title="modalscope · compare", order=7)
 
@@ -70,7 +70,7 @@ def attribute_table(rows: list[dict]) -> html.Table:
     cols = [("attr", "attribute"), ("lift", "lift"), ("sel", "share of slow spans (selection)"),
             ("base", "share (baseline)"), ("counts", "spans: slow selection / baseline")]
     return c.text_table(cols, [{
-        "attr": f"{r['key']} = {r['value']}", "lift": f"{r['lift']:.3g}×", "sel": fmt_pct(r["selection_share"]),
+        "attr": f"{r['key']} = {r['value']}", "lift": f"{fmt_num(r['lift'])}×", "sel": fmt_pct(r["selection_share"]),
         "base": fmt_pct(r["baseline_share"]), "counts": f"{fmt_count(r['selection_count'])} / "
                                                         f"{fmt_count(r['baseline_count'])}",
     } for r in rows], id="compare-attribute-rows", numeric=[k for k, _ in cols[1:]])

@@ -22,7 +22,7 @@ from modalscope.app import components as c
 from modalscope.app import figures, ids, links, queries, tokens
 from modalscope.app import state as st
 from modalscope.app.panels import baseline_status
-from modalscope.app.units import fmt_count, fmt_ms, fmt_pct
+from modalscope.app.units import fmt_count, fmt_ms, fmt_num, fmt_pct
 
 dash.register_page(__name__, path="/", name="Overview", title="modalscope · overview", order=0)
 
@@ -79,7 +79,7 @@ def overview_table(rows, state, margin):
         return {
             "input_type": link,
             "count": fmt_count(r["count"]),
-            "rate": f"{r['rate_per_min']:.3g}/min" if r["count"] else "—",
+            "rate": f"{fmt_num(r['rate_per_min'])}/min" if r["count"] else "—",
             "p50": fmt_ms(r["p50_ms"]),
             "p95": fmt_ms(r["p95_ms"]),
             "p99": fmt_ms(r["p99_ms"]),

@@ -10,7 +10,9 @@ import base64
 import os
 from pathlib import Path
 
+import pytest
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
 
 from modalscope.app import ids
 
@@ -142,3 +144,33 @@ def _drilldown_controls_apart(site) -> None:
         for b in boxes[i + 1:]:
             apart = a[2] <= b[0] + 0.5 or b[2] <= a[0] + 0.5 or a[3] <= b[1] + 0.5 or b[3] <= a[1] + 0.5
             assert apart, (a, b)
+
+
+HIST_JS = """
+const gd = document.querySelector('#%s .js-plotly-plot');
+if (!gd || !gd.layout || !gd.data) return null;
+return {type: gd.layout.yaxis.type || 'linear',
+        bands: (gd.layout.shapes || []).filter(s => s.type === 'rect').map(s => [s.x0, s.x1]),
+        bars: gd.data[0].y.length};
+""" % ids.DD_HIST
+
+
+def test_drilldown_histogram_log_counts_and_band_in_the_url(site, clean_log):
+    site.open(f"/drilldown?{site.window}&input_type=image&min_ms=1000&max_ms=4000")
+    site.wait(f"#{ids.DD_HIST} .js-plotly-plot")
+    hist = site.driver.execute_script(HIST_JS)
+    assert hist["type"] == "linear" and hist["bands"] == [[3.0, pytest.approx(3.60206)]], hist
+    site.driver.find_element(By.XPATH, "//div[@id='drilldown-counts']//label[normalize-space()='log counts']").click()
+    url = site.wait_url(lambda u: "counts=log" in u)
+    assert "min_ms=1000" in url and "input_type=image" in url
+    WebDriverWait(site.driver, 20).until(lambda d: (d.execute_script(HIST_JS) or {}).get("type") == "log")
+    site.settle()
+    assert site.driver.execute_script(HIST_JS)["bands"], "the band stays shaded on the log axis"
+    # A reload keeps it: the state is the URL.
+    site.driver.get(url)
+    site.wait(f"#{ids.DD_HIST} .js-plotly-plot")
+    WebDriverWait(site.driver, 20).until(lambda d: (d.execute_script(HIST_JS) or {}).get("type") == "log")
+    checked = site.driver.find_element(By.CSS_SELECTOR, "#drilldown-counts input:checked")
+    assert checked.get_attribute("value") == "log"
+    site.settle()
+    _full_page(site, screenshot_dir() / "drilldown-log-counts-band.png")

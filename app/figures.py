@@ -567,12 +567,14 @@ def hidden_summary(hidden: Sequence[dict]) -> str:
 
 
 def _row_label(s: dict, indent_px: int) -> str:
-    """``● service · name``: service muted, an error's name red, cut to fit the margin."""
+    """``● service · name``: service muted, an error's name red after a red ✕, cut to fit the margin."""
     room = max(16, int((LABEL_PX - 14 - indent_px) / 6.4))  # characters of 11 px text
     service = plot_text(s["service"], min(22, room // 2))
-    name = plot_text(s["name"], max(8, room - len(html.unescape(service)) - 4))
+    error = s.get("status") == "ERROR"
+    name = plot_text(s["name"], max(8, room - len(html.unescape(service)) - (6 if error else 4)))
     mark = "● " if s.get("critical") else ""
-    if s.get("status") == "ERROR":
+    if error:  # red, and marked ✕ as on its bar: not by colour alone
+        mark += f'<span style="color:{DANGER}">✕</span> '
         name = f'<span style="color:{DANGER}">{name}</span>'
     return f'{mark}<span style="color:{MUTED}">{service}</span> · {name}'
 

@@ -166,7 +166,8 @@ def test_waterfall_rows_name_services_seconds_past_10s_and_errors_stand_out():
         return obj[key] if isinstance(obj, dict) else getattr(obj, key)
 
     labels = [get(a, "text") for a in get(layout, "annotations")]
-    assert "gateway" in labels[0] and "llm" in labels[1] and figures.DANGER in labels[1]
+    assert "gateway" in labels[0] and "llm" in labels[1] and figures.DANGER in labels[1] and "✕" in labels[1]
+    assert "✕" not in labels[0]
     xaxis = get(layout, "xaxis")
     assert get(get(xaxis, "title"), "text") == "s since trace start" and math.isclose(get(xaxis, "range")[1], 12.75)
     outline = [d for d in data if get(d, "name") == "error outline"]

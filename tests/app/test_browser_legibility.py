@@ -92,6 +92,7 @@ def test_tables_keep_words_whole_at_1280_and_1440(site, clean_log):
         "drilldown": (f"/drilldown?{site.window}&input_type=image", "#drilldown-exemplar-table tbody tr"),
         "compare": (f"/compare?{_last_half_hour(site)}&input_type=image", "#compare-attribute-rows tbody tr"),
         "stages": (f"/stages?{site.window}", "#stages-table-rows tbody tr"),
+        "cache": (f"/cache?{site.window}", "#cache-table-rows tbody tr"),
         "trace": (f"/trace/{trace_link}?{site.window}", "#trace-span-table tbody tr"),
     }
     folder = screenshot_dir()
@@ -148,7 +149,7 @@ def _drilldown_controls_apart(site) -> None:
 
 HIST_JS = """
 const gd = document.querySelector('#%s .js-plotly-plot');
-if (!gd || !gd.layout || !gd.data) return null;
+if (!gd || !gd.layout || !gd.data || !gd.data.length) return null;
 return {type: gd.layout.yaxis.type || 'linear',
         bands: (gd.layout.shapes || []).filter(s => s.type === 'rect').map(s => [s.x0, s.x1]),
         bars: gd.data[0].y.length};
@@ -158,7 +159,7 @@ return {type: gd.layout.yaxis.type || 'linear',
 def test_drilldown_histogram_log_counts_and_band_in_the_url(site, clean_log):
     site.open(f"/drilldown?{site.window}&input_type=image&min_ms=1000&max_ms=4000")
     site.wait(f"#{ids.DD_HIST} .js-plotly-plot")
-    hist = site.driver.execute_script(HIST_JS)
+    hist = WebDriverWait(site.driver, 20).until(lambda d: d.execute_script(HIST_JS))
     assert hist["type"] == "linear" and hist["bands"] == [[3.0, pytest.approx(3.60206)]], hist
     site.driver.find_element(By.XPATH, "//div[@id='drilldown-counts']//label[normalize-space()='log counts']").click()
     url = site.wait_url(lambda u: "counts=log" in u)

@@ -41,7 +41,7 @@ def layout(**query):
         html.Div(className="ms-subject", children=[
             html.Label("Group by attribute", htmlFor=ids.CA_GROUP_BY, className="ms-filter-label"),
             dcc.Input(id=ids.CA_GROUP_BY, type="text", debounce=True, value=group_by, spellCheck=False,
-                      className="ms-input", placeholder="e.g. user_tier"),
+                      className="ms-input ms-group-by", placeholder="e.g. user_tier"),
             html.Span(f"cache {state['cache']}" if state.get("cache") else "every cache", className="ms-note"),
         ]),
         html.Div(className="ms-grid-2-1", children=[

@@ -187,7 +187,9 @@ def test_share_urls_signed_cover_panel_and_query():
         assert signing.verify(SECRET, "pair-table", query, now=now)
         assert not signing.verify(SECRET, "pair-heatmap", query, now=now)
         assert not signing.verify(SECRET, "pair-table", query, now=now + 3601)
-        assert signing.verify(SECRET, "pair-table", query + [("theme", "dark"), ("width", "800")], now=now)
+        # the theme stays free; an image size is part of what was signed
+        assert signing.verify(SECRET, "pair-table", query + [("theme", "dark")], now=now)
+        assert not signing.verify(SECRET, "pair-table", query + [("width", "800")], now=now)
     assert "sig=" not in out["link"]  # the page needs its own access
     unsigned = panels.share_urls("http://h/", "pair-table", {"range": "24h"}, secret=SECRET, sign=False)
     assert unsigned["signed"] is False and "sig=" not in unsigned["embed_url"]

@@ -485,16 +485,19 @@ def finding_title(f: Mapping[str, Any]) -> list:
 
 
 def top_findings(found: list[dict], state: Mapping[str, str], n: int = 3) -> html.Div:
-    """The overview's panel: the ``n`` most severe findings with their links."""
+    """The overview's panel: the ``n`` most severe findings with their links, findings that
+    name a mechanism (the likely causes) before symptoms, most severe first within each."""
+    from .incidents import is_cause
+
     if not found:
         return empty_state("No findings in this window.",
                            "The anomaly catalog (band breaks, hot spots, cache penetration, regressions …) "
                            "found nothing that needs attention.")
     items = []
-    for f in found[:n]:
+    for f in sorted(found, key=lambda f: not is_cause(f))[:n]:
         items.append(html.Li(className="ms-finding", children=[
             html.Div(finding_title(f), className="ms-finding-title"),
-            html.Div(f"{f.get('start', '')} → {f.get('end', '')}", className="ms-note"),
+            html.Div(span_text(f.get("start"), f.get("end")), className="ms-note"),
             html.Div(finding_links(f, state, n_traces=2), className="ms-finding-links"),
         ]))
     more = dcc.Link(f"all {len(found)} findings →", href=st.to_href("/anomalies", st.carried(state)),

@@ -328,7 +328,7 @@ def finding_card(f: dict, i: int, state: dict, chart: bool, hint=None, role: str
     cls = f"ms-panel ms-finding-card ms-finding-{f.get('severity', 'info')} {role}".strip()
     return html.Article(className=cls, children=[
         html.Div(c.finding_title(f), className="ms-finding-title"),
-        html.Div(f"{f.get('start', '')} → {f.get('end', '')}", className="ms-note"),
+        html.Div(c.span_text(f.get("start"), f.get("end")), className="ms-note"),
         html.P(hint if hint is not None else str(f.get("hint") or ""), className="ms-finding-hint"),
         html.Div(className="ms-grid-2", children=[
             c.text_table([("name", "evidence"), ("value", "value")], ev_rows, className="ms-table ms-evidence"),

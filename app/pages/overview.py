@@ -46,7 +46,7 @@ def layout(**query):
                     actions=[html.Span("box-select to narrow the window", className="ms-note"),
                              dcc.Link("Compare this window →", href=links.compare_href(state), id=ids.OV_COMPARE,
                                       className="ms-compare-link")]),
-            c.panel("Top findings", c.loading(html.Div(id=ids.OV_FINDINGS)),
+            c.panel("Top findings (causes first)", c.loading(html.Div(id=ids.OV_FINDINGS)),
                     actions=dcc.Link("all findings", href=st.to_href("/anomalies", st.carried(state)))),
         ]),
         c.panel("Tokens per request by input type and model", c.loading(html.Div(id=tokens.OV_TOKENS)),

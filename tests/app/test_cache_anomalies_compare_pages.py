@@ -88,6 +88,14 @@ def test_top_findings_panel_lists_three_with_links():
     assert "No findings in this window." in empty
 
 
+def test_top_findings_put_causes_before_the_symptoms_they_explain():
+    symptoms = [dict(FINDING, kind="baseline_regression", subject={"input_type": f"t{i}"}) for i in range(3)]
+    cause = dict(FINDING, kind="cold_start", severity="warning", subject={"service": "llm"})
+    panel = _dump(c.top_findings(symptoms + [cause], {"range": "1h"}))
+    assert panel.index("cold_start") < panel.index("baseline_regression"), panel
+    assert "2026-11-30 14:00 \\u2192 14:20 UTC" in panel
+
+
 # -- the pages' callbacks on the pattern store -----------------------------------------
 @pytest.fixture(scope="module")
 def window():

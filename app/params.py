@@ -13,11 +13,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Mapping
 
+from ..durations import window_seconds
 from ..models.reader import Filters
 
 DEFAULT_RANGE = "1h"
-_RANGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _HEX32 = re.compile(r"^[0-9a-fA-F]{32}$")
 FILTER_NAMES = ("service", "caller", "callee", "stage", "input_type", "model")
 MAX_FILTER_LEN = 1024
@@ -31,13 +30,10 @@ class ParamError(ValueError):
 
 
 def parse_duration(value: str, parameter: str = "range") -> float:
-    m = _RANGE.match(value or "")
-    if not m:
-        raise ParamError(parameter, f"{parameter} must look like 15m, 1h, 24h or 7d, not {value!r}")
-    seconds = float(m.group(1)) * _UNIT[m.group(2)]
-    if seconds <= 0 or seconds > 400 * 86400:
-        raise ParamError(parameter, f"{parameter} must be between 1s and 400d")
-    return seconds
+    try:
+        return window_seconds(value, parameter)
+    except ValueError as exc:
+        raise ParamError(parameter, str(exc)) from None
 
 
 #: The store keeps signed 64-bit nanoseconds: times from 1970 up to April 2262.

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import sys
 
+from .command_kit import catalog_window, open_reading_store
+
 
 def add_anomalies_parser(sub) -> None:
     """Register `modalscope anomalies` on the CLI's subparsers."""
@@ -36,42 +38,12 @@ def format_finding(f: dict) -> str:
     return "\n".join(lines)
 
 
-def catalog_window(args):
-    """The window of ``--since``/``--range`` (one of them; default 1 h), checked as the API
-    checks ``range``, with the settings and thresholds: what both catalog commands read."""
-    from .app.detectors import Thresholds
-    from .app.findings import MAX_WINDOW_S
-    from .app.params import ParamError, parse_window
-    from .cli import CommandError
-    from .settings import Settings
-
-    if args.since and args.range:
-        raise CommandError("give either --since or --range, not both")
-    flag = "--range" if args.range else "--since"
-    try:
-        window = parse_window({"range": args.range or args.since or "1h"})
-    except ParamError as exc:
-        raise CommandError(f"{flag}: {exc.message.replace('range', flag)}") from None
-    if window.seconds > MAX_WINDOW_S:
-        raise CommandError(f"{flag}: at most {MAX_WINDOW_S // 86400}d (the detectors judge minute by minute)")
-    return window, Settings.from_env(), Thresholds.from_env()
-
-
-def open_store(settings):
-    """The store's engine, refusing one that is missing or not upgraded (one-line errors)."""
-    from .models.engine import make_engine
-    from .models.schema import ensure_schema
-
-    ensure_schema(settings.database_url, create=False)
-    return make_engine(settings.database_url)
-
-
 def cmd_anomalies(args) -> int:
     from .app.findings import find
     from .models.reader import StoreReader
 
     window, settings, thresholds = catalog_window(args)
-    engine = open_store(settings)
+    engine = open_reading_store(settings)
     try:
         found = find(StoreReader(engine), window, th=thresholds)
     finally:

@@ -5,51 +5,17 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-import threading
 
 from . import __version__
+from .anomalies_cmd import add_anomalies_parser
+from .cloud_cmd import add_cloud_parsers
+from .command_kit import (STOP, CommandError, install_stop_handlers, load_rules, load_settings, open_store,
+                          progress, serve_dashboard, wait_for_signal)
+from .demo_cmd import add_demo_parser
+from .incidents_cmd import add_incidents_parser
 
 log = logging.getLogger("modalscope")
-
-
-class CommandError(Exception):
-    """A failure the user can act on; printed as one line, exit status 2."""
-
-
-def _settings():
-    from .settings import Settings
-
-    return Settings.from_env()
-
-
-def _open_store(settings, *, create: bool = True, writes: bool = True):
-    from .models.engine import check_writable, make_engine
-    from .models.schema import ensure_schema
-
-    ensure_schema(settings.database_url, create=create)
-    engine = make_engine(settings.database_url, write=True)
-    if writes:
-        try:
-            check_writable(engine)  # a read-only store is one line now, not a failed write later
-        except BaseException:
-            engine.dispose()
-            raise
-    return engine
-
-
-def _rules(settings):
-    from .ingest.stages import load_rules
-
-    return load_rules(settings.rules_path or None)
-
-
-def _progress(total: int | None, desc: str, unit: str = "it", unit_scale: bool = False):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit_scale, file=sys.stderr,
-                dynamic_ncols=True, mininterval=0.5, disable=None if sys.stderr.isatty() else False)
 
 
 # -- commands -----------------------------------------------------------------------------
@@ -58,12 +24,12 @@ def cmd_db_prune(args) -> int:
     from .models.engine import make_engine
     from .models.schema import ensure_schema
 
-    settings = _settings()
+    settings = load_settings()
     ensure_schema(settings.database_url, create=False)
     engine = make_engine(settings.database_url, write=True)
     policy = RetentionPolicy.from_settings(settings)
     try:
-        with _progress(None, "pruning", unit=" rows") as bar:
+        with progress(None, "pruning", unit=" rows") as bar:
             result = prune(engine, policy, progress=bar.update)
     finally:
         engine.dispose()
@@ -79,7 +45,7 @@ def cmd_db_upgrade(args) -> int:
     from .models.migrate import pending_steps, upgrade
     from .models.schema import current_revision, known_revision, newer_release_error
 
-    settings = _settings()
+    settings = load_settings()
     engine = make_engine(settings.database_url)  # validates the URL and directory first
     try:
         before = current_revision(engine)
@@ -103,17 +69,17 @@ def cmd_db_upgrade(args) -> int:
 def cmd_import(args) -> int:
     from .ingest.importer import ImportRefused, check_retention, import_files
 
-    settings = _settings()
-    rules = _rules(settings)  # a bad rules file stops us before anything is written
+    settings = load_settings()
+    rules = load_rules(settings)  # a bad rules file stops us before anything is written
     try:
         # Spans past the retention would be pruned minutes later: refused before the store
         # is even opened (created), so a refused import leaves no trace.
         check_retention(args.files, settings.retention_days)
     except ImportRefused as exc:
         raise CommandError(str(exc)) from None
-    engine = _open_store(settings)
+    engine = open_store(settings)
     total = sum(os.path.getsize(p) for p in args.files if os.path.isfile(p))
-    bar = _progress(total, "importing", unit="B", unit_scale=True)
+    bar = progress(total, "importing", unit="B", unit_scale=True)
     try:
         report = import_files(engine, args.files, rules, progress=bar.update)
     finally:
@@ -128,17 +94,17 @@ def cmd_import(args) -> int:
 def cmd_retag(args) -> int:
     from .ingest.retag import retag
 
-    settings = _settings()
-    rules = _rules(settings)
-    engine = _open_store(settings, create=False)
+    settings = load_settings()
+    rules = load_rules(settings)
+    engine = open_store(settings, create=False)
     try:
-        bar = _progress(None, "retagging", unit=" spans", unit_scale=True)
+        bar = progress(None, "retagging", unit=" spans", unit_scale=True)
         bars = {}
 
         def settling(n: int, total: int) -> None:
             if "settle" not in bars:
                 bar.close()
-                bars["settle"] = _progress(total, "re-settling", unit=" traces", unit_scale=True)
+                bars["settle"] = progress(total, "re-settling", unit=" traces", unit_scale=True)
             bars["settle"].update(n)
 
         try:
@@ -153,43 +119,14 @@ def cmd_retag(args) -> int:
     return 0
 
 
-_STOP = threading.Event()
-
-
-def install_stop_handlers() -> None:
-    """From here on, SIGINT and SIGTERM ask the running servers to stop cleanly.
-
-    Called before servers start, so a signal that arrives during start-up is not lost
-    (nor kills the process half-started): ``_wait_for_signal`` then returns at once.
-    """
-    def handler(signum, frame):
-        _STOP.set()
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
-
-
-def _wait_for_signal() -> None:
-    install_stop_handlers()
-    while not _STOP.wait(1.0):
-        pass
-
-
-def start_receivers(settings, engine, rules=None, settle="process"):
-    """Start the pipeline and both OTLP receivers of this process; returns a stop() callable."""
-    from .ingest.receivers import start_receivers as start
-
-    return start(settings, engine, rules, settle=settle).stop
-
-
 def cmd_ingest_otlp(args) -> int:
     from .ingest.receivers import ReceiverProcesses, ReceiverStartError, start_receivers as start, with_ports
 
-    settings = _settings()
-    rules = _rules(settings)
+    settings = load_settings()
+    rules = load_rules(settings)
     if args.processes < 1:
         raise CommandError(f"--processes {args.processes}: need at least 1")
-    engine = _open_store(settings)
+    engine = open_store(settings)
     install_stop_handlers()
     shared = args.processes > 1
     receivers = start(settings, engine, rules, reuse_port=shared)
@@ -205,7 +142,7 @@ def cmd_ingest_otlp(args) -> int:
               f"OTLP/gRPC on {settings.bind}:{receivers.grpc_port}"
               f"{f' ({args.processes} processes)' if shared else ''}; "
               f"store {engine.url.render_as_string()}; Ctrl-C stops", flush=True)
-        while not _STOP.wait(1.0):
+        while not STOP.wait(1.0):
             if others is not None:
                 others.check()
     finally:
@@ -219,25 +156,16 @@ def cmd_ingest_otlp(args) -> int:
     return 0
 
 
-def serve_dashboard(settings, port: int | None = None):
-    """Start the dashboard on a thread; returns the server (``.shutdown()``, ``.url``)."""
-    from .app import create_app
-    from .ingest.otlp_http import serve_http
-
-    app = create_app(settings)
-    return serve_http(app, settings.bind, port or settings.port, what="dashboard")
-
-
 def cmd_serve(args) -> int:
-    settings = _settings()
-    engine = _open_store(settings, writes=False)  # the dashboard may read a replica
+    settings = load_settings()
+    engine = open_store(settings, writes=False)  # the dashboard may read a replica
     engine.dispose()
     install_stop_handlers()
     server = serve_dashboard(settings, args.port)
     print(f"modalscope {__version__} at http://{settings.bind}:{server.port}/ (development server; "
           "use gunicorn in production); Ctrl-C stops", flush=True)
     try:
-        _wait_for_signal()
+        wait_for_signal()
     finally:
         server.shutdown()
     return 0
@@ -253,11 +181,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
                            help="what to do (modalscope COMMAND --help describes each)")
-
-    from .anomalies_cmd import add_anomalies_parser
-    from .cloud_cmd import add_cloud_parsers
-    from .demo_cmd import add_demo_parser
-    from .incidents_cmd import add_incidents_parser
 
     add_demo_parser(sub)
     add_anomalies_parser(sub)

@@ -11,6 +11,8 @@ import argparse
 import logging
 import sys
 
+from .command_kit import STOP, CommandError, install_stop_handlers, load_rules, load_settings, open_store
+
 log = logging.getLogger("modalscope")
 
 
@@ -51,7 +53,6 @@ def _page_size(text: str) -> int:
 
 
 def _project(args, settings) -> str:
-    from .cli import CommandError
 
     project = args.project or settings.google_cloud_project
     if not project:
@@ -60,22 +61,21 @@ def _project(args, settings) -> str:
 
 
 def cmd_cloud_trace(args) -> int:
-    from .cli import CommandError, _STOP, _open_store, _rules, _settings, install_stop_handlers
     from .ingest.cloud_trace import CloudTracePoller, PollError, PollerConfig, make_trace_client
 
-    settings = _settings()
+    settings = load_settings()
     project = _project(args, settings)
-    rules = _rules(settings)
+    rules = load_rules(settings)
     config = PollerConfig(
         project=project, interval=args.interval, backfill=args.backfill, overlap=args.overlap, lag=args.lag,
         page_size=args.page_size, calls_per_minute=args.calls_per_minute,
         min_latency_ms=args.min_latency * 1000 if args.min_latency else None,
     )
-    engine = _open_store(settings)
+    engine = open_store(settings)
     install_stop_handlers()
     try:
         client = make_trace_client(settings.cloud_trace_endpoint)
-        poller = CloudTracePoller(engine, client, config, rules, stop=_STOP, once=args.once)
+        poller = CloudTracePoller(engine, client, config, rules, stop=STOP, once=args.once)
         if not args.once:
             print(f"polling Cloud Trace project {project} every {config.interval:g}s "
                   f"({config.calls_per_minute:g} calls/min at most"
@@ -98,18 +98,17 @@ def cmd_cloud_trace(args) -> int:
 
 
 def cmd_export_metrics(args) -> int:
-    from .cli import CommandError, _STOP, _open_store, _settings, install_stop_handlers
     from .ingest.cloud_monitoring import ExportConfig, ExportError, MetricsExporter, make_monitoring_client
 
-    settings = _settings()
+    settings = load_settings()
     project = _project(args, settings)
     config = ExportConfig(project=project, interval=args.interval, delay=args.delay,
                           backfill_minutes=max(1, int(args.backfill // 60)), spacing=args.spacing)
-    engine = _open_store(settings, create=False)
+    engine = open_store(settings, create=False)
     install_stop_handlers()
     try:
         client = make_monitoring_client(settings.cloud_monitoring_endpoint)
-        exporter = MetricsExporter(engine, client, config, stop=_STOP, once=args.once)
+        exporter = MetricsExporter(engine, client, config, stop=STOP, once=args.once)
         if not args.once:
             print(f"exporting latency metrics to Cloud Monitoring project {project} every {config.interval:g}s; "
                   "Ctrl-C stops", flush=True)

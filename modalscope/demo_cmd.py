@@ -18,6 +18,9 @@ import socket
 import sys
 import time
 
+from .command_kit import (CommandError, install_stop_handlers, load_rules, load_settings, open_store, progress,
+                          serve_dashboard, start_receivers, wait_for_signal)
+
 # Kept equal to modalscope.ingest.demo's DEFAULT_SEED / DEFAULT_HOURS / DEFAULT_RATE
 # (tests/ingest/test_demo.py checks); repeated here so building the parser stays cheap.
 DEFAULT_SEED = 42
@@ -78,7 +81,6 @@ def add_demo_parser(sub) -> None:
 
 def _check_free(host: str, port: int, what: str) -> None:
     """Fail early, before filling anything, when a port we will listen on is taken."""
-    from .cli import CommandError
     from .ingest.errors import bind_error
 
     try:
@@ -120,13 +122,12 @@ def _subject(subject: dict) -> str:
 
 
 def _fill(engine, settings, rules, config) -> None:
-    from .cli import _progress
     from .ingest import demo
     from .ingest.settle import settle
 
     url = engine.url.render_as_string()
     t0 = time.monotonic()
-    bar = _progress(demo.expected_traces(config), "generating", unit=" requests")
+    bar = progress(demo.expected_traces(config), "generating", unit=" requests")
     try:
         # (generating in a child process: the writer leaves the second core idle)
         result = demo.fill(engine, config, rules, progress=bar.update, background=True)
@@ -135,7 +136,7 @@ def _fill(engine, settings, rules, config) -> None:
         print(f"interrupted: {url} is only partly filled; delete it for a complete demo", file=sys.stderr)
         raise
     bar.close()
-    bar = _progress(result.traces, "settling", unit=" traces")
+    bar = progress(result.traces, "settling", unit=" traces")
     try:
         settle(engine, force=True, progress=bar.update)
     finally:
@@ -155,21 +156,20 @@ def _fill(engine, settings, rules, config) -> None:
 
 
 def cmd_demo(args) -> int:
-    from . import cli
     from .ingest import demo
 
-    settings = cli._settings()
+    settings = load_settings()
     ports = {k: v for k, v in (("otlp_http_port", args.otlp_http_port), ("otlp_grpc_port", args.otlp_grpc_port))
              if v is not None}
     if ports:
         settings = dataclasses.replace(settings, **ports)
-    rules = cli._rules(settings)  # a bad rules file stops us before anything is written
+    rules = load_rules(settings)  # a bad rules file stops us before anything is written
     port = args.port if args.port is not None else settings.port
     if not args.generate_only:
         for p, what in ((port, "dashboard"), (settings.otlp_http_port, "OTLP/HTTP"),
                         (settings.otlp_grpc_port, "OTLP/gRPC")):
             _check_free(settings.bind, p, what)
-    engine = cli._open_store(settings)
+    engine = open_store(settings)
     try:
         config = demo.DemoConfig(now_ns=time.time_ns(), seed=args.seed, hours=args.hours, rate=args.rate,
                                  clean=args.clean)
@@ -186,23 +186,23 @@ def cmd_demo(args) -> int:
 
 
 def _serve(engine, settings, rules, config, port: int) -> int:
-    from . import __version__, cli
+    from . import __version__
     from .ingest import demo
     from .ingest.errors import ListenError
     from .ingest.pipeline import IngestPipeline
     from .ingest.settle import settle
 
-    cli.install_stop_handlers()
+    install_stop_handlers()
     try:
-        dashboard = cli.serve_dashboard(settings, port)
+        dashboard = serve_dashboard(settings, port)
     except ListenError as exc:  # one line naming the port
-        raise cli.CommandError(str(exc)) from None
+        raise CommandError(str(exc)) from None
     stop_receivers = live = pipeline = None
     try:
         try:
-            stop_receivers = cli.start_receivers(settings, engine, rules)
+            stop_receivers = start_receivers(settings, engine, rules)
         except ListenError as exc:
-            raise cli.CommandError(str(exc)) from None
+            raise CommandError(str(exc)) from None
         # Live traffic goes through a pipeline of its own (decode -> tag -> writer queue);
         # the receivers' settler settles it with everything else.
         pipeline = IngestPipeline(engine, settings, rules, settle=False).start()
@@ -211,7 +211,7 @@ def _serve(engine, settings, rules, config, port: int) -> int:
         print(f"modalscope {__version__} demo at http://{host}:{dashboard.port}/  "
               f"(OTLP/HTTP :{settings.otlp_http_port}, OTLP/gRPC :{settings.otlp_grpc_port}; "
               f"live traffic ~{demo.LIVE_RATE:g} requests/s); Ctrl-C stops", flush=True)
-        cli._wait_for_signal()
+        wait_for_signal()
     finally:
         print("stopping ...", file=sys.stderr, flush=True)
         if live is not None:

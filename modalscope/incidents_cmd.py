@@ -7,6 +7,8 @@ import json
 import sys
 from datetime import datetime
 
+from .command_kit import catalog_window, open_reading_store
+
 
 def add_incidents_parser(sub) -> None:
     """Register `modalscope incidents` on the CLI's subparsers."""
@@ -70,13 +72,12 @@ def format_incidents(incidents: list[dict]) -> str:
 
 
 def cmd_incidents(args) -> int:
-    from .anomalies_cmd import catalog_window, open_store
     from .app import incidents as inc
     from .app.findings import find
     from .models.reader import StoreReader
 
     window, settings, thresholds = catalog_window(args)
-    engine = open_store(settings)
+    engine = open_reading_store(settings)
     try:
         reader = StoreReader(engine)
         found = inc.incidents(reader, window, lambda w: find(reader, w, th=thresholds))

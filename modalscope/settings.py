@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
 
+from .durations import window_seconds
+
 # name: (default, one-line description) — README's settings table is generated from, and
 # checked against, this mapping.
 DOCUMENTED: dict[str, tuple[str, str]] = {
@@ -106,17 +108,15 @@ def _str(env: Mapping[str, str], name: str) -> str:
 
 def _ranges(env: Mapping[str, str], name: str) -> tuple[int, ...]:
     """Comma-separated durations (``1h,24h``) as whole seconds, each at most 7 days."""
-    from .app.params import ParamError, parse_duration
-
     raw = env.get(name) or DOCUMENTED[name][0]
     out = []
     for part in raw.replace(" ", ",").split(","):
         if not part.strip():
             continue
         try:
-            seconds = int(parse_duration(part.strip(), name))
-        except ParamError as exc:
-            raise SettingsError(f"{name}={raw!r}: {exc.message}") from None
+            seconds = int(window_seconds(part.strip(), name))
+        except ValueError as exc:
+            raise SettingsError(f"{name}={raw!r}: {exc}") from None
         if not 60 <= seconds <= 7 * 86400:
             raise SettingsError(f"{name}={raw!r}: each range must be between 1m and 7d")
         out.append(seconds)

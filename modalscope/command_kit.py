@@ -1,0 +1,117 @@
+"""What the command modules share: one-line errors, settings, opening the store, the stage
+rules, progress bars, stop signals, and starting the servers.
+
+Heavy packages (SQLAlchemy engines, the Dash app, the receivers) are imported inside the
+functions that need them, so `modalscope --help` and a mistyped flag answer at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+
+class CommandError(Exception):
+    """A failure the user can act on; printed as one line, exit status 2."""
+
+
+def load_settings():
+    from .settings import Settings
+
+    return Settings.from_env()
+
+
+def open_store(settings, *, create: bool = True, writes: bool = True):
+    from .models.engine import check_writable, make_engine
+    from .models.schema import ensure_schema
+
+    ensure_schema(settings.database_url, create=create)
+    engine = make_engine(settings.database_url, write=True)
+    if writes:
+        try:
+            check_writable(engine)  # a read-only store is one line now, not a failed write later
+        except BaseException:
+            engine.dispose()
+            raise
+    return engine
+
+
+def load_rules(settings):
+    from .ingest.stages import load_rules
+
+    return load_rules(settings.rules_path or None)
+
+
+def progress(total: int | None, desc: str, unit: str = "it", unit_scale: bool = False):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit_scale, file=sys.stderr,
+                dynamic_ncols=True, mininterval=0.5, disable=None if sys.stderr.isatty() else False)
+
+
+STOP = threading.Event()
+
+
+def install_stop_handlers() -> None:
+    """From here on, SIGINT and SIGTERM ask the running servers to stop cleanly.
+
+    Called before servers start, so a signal that arrives during start-up is not lost
+    (nor kills the process half-started): ``wait_for_signal`` then returns at once.
+    """
+    def handler(signum, frame):
+        STOP.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def wait_for_signal() -> None:
+    install_stop_handlers()
+    while not STOP.wait(1.0):
+        pass
+
+
+def start_receivers(settings, engine, rules=None, settle="process"):
+    """Start the pipeline and both OTLP receivers of this process; returns a stop() callable."""
+    from .ingest.receivers import start_receivers as start
+
+    return start(settings, engine, rules, settle=settle).stop
+
+
+def serve_dashboard(settings, port: int | None = None):
+    """Start the dashboard on a thread; returns the server (``.shutdown()``, ``.url``)."""
+    from .app import create_app
+    from .ingest.otlp_http import serve_http
+
+    app = create_app(settings)
+    return serve_http(app, settings.bind, port or settings.port, what="dashboard")
+
+
+def catalog_window(args):
+    """The window of ``--since``/``--range`` (one of them; default 1 h), checked as the API
+    checks ``range``, with the settings and thresholds: what both catalog commands read."""
+    from .app.detectors import Thresholds
+    from .app.findings import MAX_WINDOW_S
+    from .app.params import ParamError, parse_window
+    from .settings import Settings
+
+    if args.since and args.range:
+        raise CommandError("give either --since or --range, not both")
+    flag = "--range" if args.range else "--since"
+    try:
+        window = parse_window({"range": args.range or args.since or "1h"})
+    except ParamError as exc:
+        raise CommandError(f"{flag}: {exc.message.replace('range', flag)}") from None
+    if window.seconds > MAX_WINDOW_S:
+        raise CommandError(f"{flag}: at most {MAX_WINDOW_S // 86400}d (the detectors judge minute by minute)")
+    return window, Settings.from_env(), Thresholds.from_env()
+
+
+def open_reading_store(settings):
+    """The store's engine for reading, refusing one that is missing or not upgraded (one-line errors)."""
+    from .models.engine import make_engine
+    from .models.schema import ensure_schema
+
+    ensure_schema(settings.database_url, create=False)
+    return make_engine(settings.database_url)

@@ -28,7 +28,7 @@ def assets_folder() -> Path:
 def create_app(settings: Settings | None = None) -> Flask:
     from ..models.engine import make_engine
     from ..models.reader import StoreReader
-    from . import api, auth, embed, evaluations, render
+    from . import api, auth, embed, evaluations, render, window_budget
 
     settings = settings or Settings.from_env()
     public_url = _public_url(settings)
@@ -41,9 +41,11 @@ def create_app(settings: Settings | None = None) -> Flask:
     engine = make_engine(settings.database_url)
     server.extensions["modalscope"] = {"settings": settings, "engine": engine, "reader": StoreReader(engine),
                                        "render_gate": render.RenderGate(settings.render_queue),
-                                       "window_budget": (evaluations.WindowBudget(settings.new_windows_per_hour)
+                                       "window_budget": (window_budget.WindowBudget(settings.new_windows_per_hour)
                                                          if settings.new_windows_per_hour > 0 else None)}
     render.configure(settings.render_timeout_s)
+    if window_budget.admit not in evaluations.FIRST_EVALUATION_GATES:  # (a no-op outside a request)
+        evaluations.FIRST_EVALUATION_GATES.append(window_budget.admit)
     server.register_blueprint(api.bp)
     server.register_blueprint(embed.bp)  # /embed/<panel>, /render/<panel>.png|svg
 

@@ -27,17 +27,17 @@ for fresh ones.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import logging
 import math
-import threading
+import random
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import orjson
 from sqlalchemy import Engine, and_, delete, or_, select
-from werkzeug.exceptions import TooManyRequests
-from werkzeug.wrappers import Response
 
 from ..models import FindingEvaluation, changes
 from ..models.reader import Filters, StoreReader
@@ -306,6 +306,12 @@ def find_for(reader: StoreReader, window: Window, filters: Filters, th: d.Thresh
     return dataclasses.replace(hit, findings=d.sort_findings(kept))
 
 
+#: Called before the detectors run for an absolute window no stored evaluation answers (each
+#: costs seconds and a stored row); the dashboard adds its per-client budget
+#: (``window_budget.admit``), the settler and the commands add nothing.
+FIRST_EVALUATION_GATES: list[Callable[[], None]] = []
+
+
 def _absolute(reader: StoreReader, window: Window, th: d.Thresholds) -> Evaluation:
     """An absolute window's findings (unfiltered): stored ones still valid, else computed
     now and stored."""
@@ -316,7 +322,8 @@ def _absolute(reader: StoreReader, window: Window, th: d.Thresholds) -> Evaluati
         hit = None
     if hit is not None:
         return hit
-    _admit_first_evaluation()
+    for gate in FIRST_EVALUATION_GATES:
+        gate()  # may refuse: the web layer's per-client budget raises its 429 here
     started_ns = time.time_ns()  # before the first read: a write after it makes the result stale
     found = fnd.find(reader, window, Filters(), th, known=StoredFindings(reader, window, th))
     try:
@@ -324,90 +331,6 @@ def _absolute(reader: StoreReader, window: Window, th: d.Thresholds) -> Evaluati
     except Exception:  # noqa: BLE001 - a cache: a store that refuses the write (read-only role) still answers
         log.warning("could not store the findings of an absolute window", exc_info=True)
     return Evaluation(found, window.start_ns, window.end_ns, started_ns, stored=False)
-
-
-class WindowBudget:
-    """Token buckets, one per client, for first evaluations of absolute windows: each costs
-    seconds of detector time and a stored row, and a client choosing a new ``start``/``end``
-    on every request must not be able to buy them without bound. ``per_hour`` tokens an hour,
-    at most ``burst`` saved; per process (each gunicorn worker keeps its own), at most
-    ``max_clients`` buckets (the fullest are forgotten first: a full bucket is a fresh one)."""
-
-    def __init__(self, per_hour: float, burst: int = 10, max_clients: int = 10_000) -> None:
-        self.rate = per_hour / 3600.0
-        self.burst = float(burst)
-        self.max_clients = max_clients
-        self._buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, at monotonic s)
-        self._lock = threading.Lock()
-
-    def take(self, client: str, now: float | None = None) -> float:
-        """0 when ``client`` may start one more evaluation now (a token is spent), else the
-        seconds until it may."""
-        now = time.monotonic() if now is None else now
-        with self._lock:
-            tokens, at = self._buckets.get(client, (self.burst, now))
-            tokens = min(self.burst, tokens + (now - at) * self.rate)
-            if tokens >= 1:
-                self._buckets[client] = (tokens - 1, now)
-                self._forget(now)
-                return 0.0
-            self._buckets[client] = (tokens, now)
-            return (1 - tokens) / self.rate if self.rate > 0 else 3600.0
-
-    def _forget(self, now: float) -> None:
-        if len(self._buckets) <= self.max_clients:
-            return
-        full = sorted(self._buckets, key=lambda c: -(self._buckets[c][0] + (now - self._buckets[c][1]) * self.rate))
-        for c in full[: len(self._buckets) - self.max_clients]:
-            del self._buckets[c]
-
-
-def _admit_first_evaluation() -> None:
-    """In a web request, spend one of the client's tokens (``WindowBudget``) before the
-    detectors run for a new absolute window; once per request (an incident list's own windows
-    come from the data, not the caller). None left: a 429 with ``Retry-After``. Outside a
-    request (the worker's settler, the CLI) nothing is limited."""
-    from flask import g, has_request_context
-
-    if not has_request_context():
-        return
-    from flask import current_app
-
-    budget = current_app.extensions.get("modalscope", {}).get("window_budget")
-    if budget is None or g.get("modalscope_window_admitted"):
-        return
-    client = _client_key()
-    wait = budget.take(client)
-    if wait > 0:
-        log.info("refused a new absolute anomaly window for %s: retry in %d s", client, math.ceil(wait))
-        raise TooManyWindows(math.ceil(wait))
-    g.modalscope_window_admitted = True
-
-
-def _client_key() -> str:
-    """Who pays: the signed-in session (its id), else the client's address."""
-    from flask import request, session
-
-    data = session.get("ms_auth") if session else None
-    if isinstance(data, dict) and isinstance(data.get("sid"), str):
-        return f"session:{data['sid']}"
-    return f"addr:{request.remote_addr}"
-
-
-class TooManyWindows(TooManyRequests):
-    """A 429 ``{"error"}`` with ``Retry-After``: this client started too many new absolute
-    anomaly windows lately."""
-
-    def __init__(self, retry_after: int) -> None:
-        seconds = max(1, int(retry_after))
-        super().__init__(description=(
-            "too many new anomaly windows from this client: each fixed start/end is evaluated once "
-            f"and stored; try again in {seconds} s, or use a relative range (range=24h)"))
-        self.retry_after = seconds
-
-    def get_response(self, environ=None, scope=None) -> Response:  # noqa: ARG002 - werkzeug's signature
-        return Response(orjson.dumps({"error": self.description}), 429, mimetype="application/json",
-                        headers={"Retry-After": str(self.retry_after), "Cache-Control": "no-store"})
 
 
 #: Past days evaluated ahead at most (``past_days``).
@@ -430,6 +353,24 @@ def past_windows(now_ns: int, days: int) -> list[Window]:
     """The ``days`` windows of 24 h before the last 24 h, ending on whole hours, newest first."""
     hour = now_ns // HOUR_NS * HOUR_NS
     return [Window(hour - (k + 1) * DAY_NS, hour - k * DAY_NS) for k in range(1, days + 1)]
+
+
+def settler_evaluations(settings):
+    """What a settler evaluates between passes, as a picklable ``engine -> EvaluationSchedule``
+    (a settler may run in a process of its own), or None when the settings turn it off: each
+    of ``findings_ranges_s`` every ``findings_every_s``, and the days before the last 24 h as
+    far back as the rollups and spans they read (``past_days``)."""
+    if not settings.findings_every_s or not settings.findings_ranges_s:
+        return None
+    return functools.partial(_settler_schedule, ranges_s=tuple(settings.findings_ranges_s),
+                             every_s=float(settings.findings_every_s),
+                             past_days=past_days(settings.retention_days, settings.minute_rollup_days))
+
+
+def _settler_schedule(engine: Engine, *, ranges_s: tuple[int, ...], every_s: float, past_days: int):
+    # a random first delay: receivers started together fall out of step, so one evaluation serves all
+    return EvaluationSchedule(engine, ranges_s, every_s, first_delay_s=random.uniform(0, min(every_s / 4, 15)),
+                              past_days=past_days)
 
 
 class EvaluationSchedule:

@@ -11,7 +11,7 @@ from ..models.packs import EVERY_S as PACK_EVERY_S
 from ..settings import Settings
 from .records import SpanRecord
 from .retention import RetentionPolicy
-from .settle import Settler, SettlerProcess
+from .settle import Settler, SettlerJobs, SettlerProcess
 from .stages import StageRules, load_rules
 from .writer import BatchWriter, SettleLag, WriterClosed, WriterFull
 
@@ -29,12 +29,16 @@ class IngestPipeline:
     """
 
     def __init__(self, engine: Engine, settings: Settings, rules: StageRules | None = None,
-                 *, settle: bool | str = True, settle_interval: float = 0.5, limit_lag: bool = False) -> None:
+                 *, settle: bool | str = True, settle_interval: float = 0.5, limit_lag: bool = False,
+                 evaluations=None) -> None:
         """``settle``: True/"thread" settles in a thread of this process, "process" in a
         process of its own (a second core for ``modalscope ingest otlp``), False not at all.
         ``limit_lag``: refuse spans while the settler is more than
         ``settings.max_settle_lag_s`` behind (receivers, whose spans a settler of some process
-        settles; not an import, which settles at its end)."""
+        settles; not an import, which settles at its end).
+        ``evaluations``: a picklable ``engine -> schedule`` whose ``maybe_run()`` the settler
+        calls between passes (the anomaly catalog evaluated ahead of requests; the commands
+        pass it, so ingest does not import the analysis layer), or None."""
         self.engine = engine
         self.settings = settings
         self.rules = rules if rules is not None else load_rules(settings.rules_path or None)
@@ -42,20 +46,13 @@ class IngestPipeline:
         if limit_lag and settings.max_settle_lag_s > 0:
             lag = SettleLag(engine, settings.max_settle_lag_s, settings.settle_seconds)
         self.writer = BatchWriter(engine, max_queue_spans=settings.max_queue_spans, lag=lag)
-        retention = RetentionPolicy.from_settings(settings)  # the settler prunes every 10 minutes
-        # ... and evaluates the anomaly catalog ahead of requests (app/evaluations.py)
-        # (and the days before the last 24 h, as far back as the rollups and spans they read)
-        from ..app.evaluations import past_days  # (pandas: imported where a pipeline is built)
-
-        findings = (settings.findings_ranges_s, settings.findings_every_s,
-                    past_days(settings.retention_days, settings.minute_rollup_days))
-        # ... and packs closed hours of rollups for the detectors (models/packs.py)
+        jobs = SettlerJobs(retention=RetentionPolicy.from_settings(settings), pack_every_s=PACK_EVERY_S,
+                           evaluations=evaluations)
         if settle == "process":
             self.settler = SettlerProcess(settings.database_url, settings.settle_seconds, interval=settle_interval,
-                                          retention=retention, findings=findings, pack_every_s=PACK_EVERY_S)
+                                          jobs=jobs)
         elif settle:
-            self.settler = Settler(engine, settings.settle_seconds, interval=settle_interval, retention=retention,
-                                   findings=findings, pack_every_s=PACK_EVERY_S)
+            self.settler = Settler(engine, settings.settle_seconds, interval=settle_interval, jobs=jobs)
         else:
             self.settler = None
 

@@ -41,14 +41,15 @@ class Receivers:
 
 
 def start_receivers(settings: Settings, engine: Engine, rules=None, settle: bool | str = "process",
-                    *, reuse_port: bool = False) -> Receivers:
+                    *, reuse_port: bool = False, evaluations=None) -> Receivers:
     """Start the pipeline and both OTLP receivers. ``reuse_port``: bind with SO_REUSEPORT,
-    so other receiver processes can share the ports (see :class:`ReceiverProcesses`)."""
+    so other receiver processes can share the ports (see :class:`ReceiverProcesses`);
+    ``evaluations``: what the settler evaluates between passes (``IngestPipeline``)."""
     from .otlp_grpc import serve_grpc
     from .otlp_http import IngestGate, create_ingest_app, serve_http
     from .pipeline import IngestPipeline
 
-    pipeline = IngestPipeline(engine, settings, rules, settle=settle, limit_lag=True).start()
+    pipeline = IngestPipeline(engine, settings, rules, settle=settle, limit_lag=True, evaluations=evaluations).start()
     gate = IngestGate()
     http_server = grpc_server = None
     try:

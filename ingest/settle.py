@@ -42,7 +42,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import orjson
@@ -741,8 +741,52 @@ def settle(engine: Engine, *, settle_seconds: float = 5.0, trace_ids: Sequence[s
     return total
 
 
+@dataclass(frozen=True)
+class SettlerJobs:
+    """The periodic work a settler does between passes: retention (a
+    ``retention.RetentionPolicy``, every 10 minutes), packing closed hours of rollups every
+    ``pack_every_s`` (0 never), and ``evaluations``, a picklable ``engine -> schedule`` whose
+    ``maybe_run()`` evaluates the anomaly catalog ahead of requests (None: not here)."""
+
+    retention: Any = None
+    pack_every_s: float = 0.0
+    evaluations: Callable[[Engine], Any] | None = None
+
+
+def settle_loop(engine: Engine, settle_seconds: float, interval: float, jobs: SettlerJobs,
+                stopping: Callable[[float], bool], on_settled: Callable[[int], None] = lambda n: None) -> None:
+    """The settler's one loop, in a thread or a process of its own: settle what has been idle
+    long enough, then the jobs that are due, until ``stopping(wait_s)`` (waits up to
+    ``wait_s``) says stop; then one last pass over what is due (the rest stays pending,
+    durably, for the next settler)."""
+    from ..models.packs import PackSchedule
+    from .retention import PruneSchedule
+
+    pruning = PruneSchedule(engine, jobs.retention)
+    packing = PackSchedule(engine, jobs.pack_every_s)
+    evaluating = jobs.evaluations(engine) if jobs.evaluations is not None else None
+    while not stopping(interval):
+        try:
+            on_settled(settle(engine, settle_seconds=settle_seconds, max_batches=20))
+        except Exception:  # noqa: BLE001 - keep settling; the next pass retries
+            log.exception("settling failed")
+        pruning.tick(should_stop=lambda: stopping(0))
+        if not stopping(0):
+            packing.maybe_run()
+        if evaluating is not None and not stopping(0):
+            evaluating.maybe_run()
+
+
+def final_settle(engine: Engine, settle_seconds: float) -> int:
+    try:
+        return settle(engine, settle_seconds=settle_seconds)
+    except Exception:  # noqa: BLE001 - what is left settles on the next start
+        log.exception("final settle failed")
+        return 0
+
+
 def run_settler_process(database_url: str, settle_seconds: float, interval: float, stop_reader,
-                        retention=None, findings=None, pack_every_s: float = 0.0) -> None:
+                        jobs: SettlerJobs) -> None:
     """Entry point of the settler process (``IngestPipeline(settle="process")``).
 
     Runs until its parent writes to, or closes, the other end of ``stop_reader`` (a pipe,
@@ -763,66 +807,26 @@ def run_settler_process(database_url: str, settle_seconds: float, interval: floa
     except OSError:
         pass
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from .retention import PruneSchedule
-
-    from ..models.packs import PackSchedule
-
     engine = make_engine(database_url, write=True)
-    pruning = PruneSchedule(engine, retention)
-    packing = PackSchedule(engine, pack_every_s)
-    evaluating = evaluation_schedule(engine, findings)
     try:
-        while not stop_reader.poll(interval):  # True on a message, or on EOF: parent gone
-            try:
-                settle(engine, settle_seconds=settle_seconds, max_batches=20)
-            except Exception:  # noqa: BLE001 - keep settling; the next pass retries
-                log.exception("settling failed")
-            pruning.tick(should_stop=lambda: stop_reader.poll(0))
-            packing.maybe_run()
-            if evaluating is not None:
-                evaluating.maybe_run()
-        # Stopping: one last pass over what is due (the rest stays pending, durably, for
-        # the next process).
-        try:
-            settle(engine, settle_seconds=settle_seconds)
-        except Exception:  # noqa: BLE001
-            log.exception("final settle failed")
+        # poll() is True on a message, or on EOF: the parent is gone
+        settle_loop(engine, settle_seconds, interval, jobs, stopping=stop_reader.poll)
+        final_settle(engine, settle_seconds)
     finally:
         engine.dispose()
-
-
-def evaluation_schedule(engine: Engine, findings: tuple | None):
-    """The findings evaluation the settler runs between passes (``app/evaluations.py``):
-    ``findings`` is (ranges in seconds, every how many seconds[, past days]), None or every 0
-    for none."""
-    if not findings or not findings[1] or not findings[0]:
-        return None
-    import random
-
-    from ..app.evaluations import EvaluationSchedule
-
-    every = float(findings[1])
-    return EvaluationSchedule(engine, tuple(findings[0]), every, first_delay_s=random.uniform(0, min(every / 4, 15)),
-                              past_days=int(findings[2]) if len(findings) > 2 else 0)
 
 
 class SettlerProcess:
     """The settler in its own process, so settling has a core of its own."""
 
-    def __init__(self, database_url: str, settle_seconds: float, interval: float = 0.5, retention=None,
-                 findings=None, pack_every_s: float = 0.0) -> None:
-        """``retention``: a ``retention.RetentionPolicy`` the settler applies every 10 minutes, or None;
-        ``findings``: (ranges in seconds, every seconds, past days) to evaluate the anomaly
-        catalog (``evaluation_schedule``), or None;
-        ``pack_every_s``: how often to pack closed hours of rollups (``models/packs.py``), 0 never."""
+    def __init__(self, database_url: str, settle_seconds: float, interval: float = 0.5,
+                 jobs: SettlerJobs = SettlerJobs()) -> None:
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")
         reader, self._stop_writer = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(target=run_settler_process, name="modalscope-settler",
-                                 args=(database_url, settle_seconds, interval, reader, retention, findings,
-                                       pack_every_s),
-                                 daemon=True)
+                                 args=(database_url, settle_seconds, interval, reader, jobs), daemon=True)
         self._reader = reader
 
     def start(self) -> "SettlerProcess":
@@ -843,19 +847,14 @@ class SettlerProcess:
 
 
 class Settler:
-    """Background thread settling idle traces every ``interval`` seconds."""
+    """Background thread settling idle traces every ``interval`` seconds (``settle_loop``)."""
 
-    def __init__(self, engine: Engine, settle_seconds: float, interval: float = 0.5, retention=None,
-                 findings=None, pack_every_s: float = 0.0) -> None:
-        from ..models.packs import PackSchedule
-        from .retention import PruneSchedule
-
+    def __init__(self, engine: Engine, settle_seconds: float, interval: float = 0.5,
+                 jobs: SettlerJobs = SettlerJobs()) -> None:
         self.engine = engine
         self.settle_seconds = settle_seconds
         self.interval = interval
-        self._pruning = PruneSchedule(engine, retention)
-        self._packing = PackSchedule(engine, pack_every_s)
-        self._evaluating = evaluation_schedule(engine, findings)
+        self.jobs = jobs
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="modalscope-settler", daemon=True)
         self.settled = 0
@@ -865,22 +864,14 @@ class Settler:
         return self
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.settled += settle(self.engine, settle_seconds=self.settle_seconds, max_batches=20)
-            except Exception:  # noqa: BLE001 - keep settling; the next pass retries
-                log.exception("settling failed")
-            self._pruning.tick(should_stop=self._stop.is_set)
-            if not self._stop.is_set():
-                self._packing.maybe_run()
-            if self._evaluating is not None and not self._stop.is_set():
-                self._evaluating.maybe_run()
+        settle_loop(self.engine, self.settle_seconds, self.interval, self.jobs, stopping=self._stop.wait,
+                    on_settled=self._count)
+
+    def _count(self, n: int) -> None:
+        self.settled += n
 
     def stop(self, final: bool = True) -> None:
         self._stop.set()
         self._thread.join(30)
         if final:
-            try:
-                self.settled += settle(self.engine, settle_seconds=self.settle_seconds)
-            except Exception:  # noqa: BLE001
-                log.exception("final settle failed")
+            self.settled += final_settle(self.engine, self.settle_seconds)

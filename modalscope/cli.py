@@ -120,6 +120,7 @@ def cmd_retag(args) -> int:
 
 
 def cmd_ingest_otlp(args) -> int:
+    from .app.evaluations import settler_evaluations
     from .ingest.receivers import ReceiverProcesses, ReceiverStartError, start_receivers as start, with_ports
 
     settings = load_settings()
@@ -129,7 +130,7 @@ def cmd_ingest_otlp(args) -> int:
     engine = open_store(settings)
     install_stop_handlers()
     shared = args.processes > 1
-    receivers = start(settings, engine, rules, reuse_port=shared)
+    receivers = start(settings, engine, rules, reuse_port=shared, evaluations=settler_evaluations(settings))
     others = None
     try:
         if shared:

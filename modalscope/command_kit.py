@@ -73,10 +73,12 @@ def wait_for_signal() -> None:
 
 
 def start_receivers(settings, engine, rules=None, settle="process"):
-    """Start the pipeline and both OTLP receivers of this process; returns a stop() callable."""
+    """Start the pipeline and both OTLP receivers of this process, with the settler evaluating
+    the anomaly catalog ahead of requests; returns a stop() callable."""
+    from .app.evaluations import settler_evaluations
     from .ingest.receivers import start_receivers as start
 
-    return start(settings, engine, rules, settle=settle).stop
+    return start(settings, engine, rules, settle=settle, evaluations=settler_evaluations(settings)).stop
 
 
 def serve_dashboard(settings, port: int | None = None):

@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import pytest
 
-from modalscope.app import create_app, evaluations, figures, panels, render, signing
+from modalscope.app import create_app, figures, panels, render, signing, window_budget
 from modalscope.ingest.settle import settle
 from modalscope.ingest.writer import write_spans
 from modalscope.models.engine import make_engine
@@ -336,13 +336,13 @@ def test_sign_out_revokes_the_session_on_every_worker(db_url):
 
 # -- new absolute anomaly windows ---------------------------------------------------------------
 def test_window_budget_refills():
-    budget = evaluations.WindowBudget(per_hour=60, burst=2)
+    budget = window_budget.WindowBudget(per_hour=60, burst=2)
     assert budget.take("a", now=0) == 0 and budget.take("a", now=0) == 0
     wait = budget.take("a", now=0)
     assert 59 <= wait <= 60
     assert budget.take("b", now=0) == 0  # one client's spending is its own
     assert budget.take("a", now=61) == 0
-    small = evaluations.WindowBudget(per_hour=60, burst=1, max_clients=3)
+    small = window_budget.WindowBudget(per_hour=60, burst=1, max_clients=3)
     for n in range(10):
         small.take(f"client-{n}", now=0)
     assert len(small._buckets) <= 4  # noqa: SLF001 - bounded memory
@@ -350,7 +350,7 @@ def test_window_budget_refills():
 
 def test_new_absolute_windows_are_rate_limited_per_client(make_app, caplog):
     limited = make_app()
-    limited.extensions["modalscope"]["window_budget"] = evaluations.WindowBudget(per_hour=3600, burst=2)
+    limited.extensions["modalscope"]["window_budget"] = window_budget.WindowBudget(per_hour=3600, burst=2)
     now = int(time.time())
 
     def anomalies(i: int, addr: str = "10.0.0.1"):

@@ -21,7 +21,7 @@ from modalscope.app import findings as fnd
 from modalscope.app.detectors import Thresholds
 from modalscope.app.params import Window, parse_time
 from modalscope.ingest import demo
-from modalscope.ingest.settle import Settler, SettlerProcess, settle
+from modalscope.ingest.settle import Settler, SettlerJobs, SettlerProcess, settle
 from modalscope.models import FindingEvaluation, RollupChange, changes
 from modalscope.models.reader import Filters, StoreReader
 from modalscope.settings import Settings
@@ -455,7 +455,9 @@ EVERY_S = 4.0
 
 
 def test_the_settler_thread_evaluates_ahead(filled):
-    settler = Settler(filled, 5.0, interval=0.05, findings=((3600,), EVERY_S)).start()
+    # one range and no past days (raw spans kept for one day)
+    plan = ev.settler_evaluations(Settings(findings_ranges_s=(3600,), findings_every_s=EVERY_S, retention_days=1))
+    settler = Settler(filled, 5.0, interval=0.05, jobs=SettlerJobs(evaluations=plan)).start()
     try:
         deadline = time.monotonic() + 60
         while _rows(filled) == 0 and time.monotonic() < deadline:
@@ -471,7 +473,9 @@ def test_the_settler_thread_evaluates_ahead(filled):
 
 
 def test_the_settler_process_evaluates_ahead(filled, db_url):
-    settler = SettlerProcess(db_url, 5.0, interval=0.05, findings=((3600, 86400), EVERY_S, 1)).start()
+    plan = ev.settler_evaluations(Settings(findings_ranges_s=(3600, 86400), findings_every_s=EVERY_S))
+    assert plan.keywords["past_days"] == 1  # the defaults: the day before the last 24 h
+    settler = SettlerProcess(db_url, 5.0, interval=0.05, jobs=SettlerJobs(evaluations=plan)).start()
     try:
         deadline = time.monotonic() + 90
         while _rows(filled) < 3 and time.monotonic() < deadline:

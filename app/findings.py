@@ -205,7 +205,7 @@ def load_frames(reader: StoreReader, window: Window, th: d.Thresholds, known: Kn
     if reader.engine.dialect.name in THREADED_DIALECTS:
         # The largest read, and the raw reads around new instances, beside the others: the
         # server packs their rows while this process decodes the rest (PostgreSQL, 24 h at ten
-        # million spans: the pairs 236 -> 178 ms; see BENCHMARKS.md for the births).
+        # million spans: the pairs 236 -> 178 ms; see docs/benchmarks.md for the births).
         with ThreadPoolExecutor(2, thread_name_prefix="frames") as pool:
             pairs_read = pool.submit(read_pairs)
             births_read = pool.submit(read_births)
@@ -299,7 +299,7 @@ def _exemplar_rows(reader: StoreReader, f: dict, w: Window) -> list[dict]:
 EXEMPLAR_THREADS = 3
 #: Where reads run beside each other (``add_exemplars``, ``load_frames``). (Exemplar look-ups
 #: beside the detectors were tried: the look-ups' own Python work slowed the detectors as much
-#: as it saved, see BENCHMARKS.md.)
+#: as it saved, see docs/benchmarks.md.)
 THREADED_DIALECTS = frozenset({"postgresql"})
 
 

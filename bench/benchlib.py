@@ -171,7 +171,7 @@ def machine_info(database_url: str | None = None) -> dict:
 def python_loop_ms() -> float:
     """Milliseconds CPython takes for a fixed loop (5 M additions, best of 3): how fast this
     machine runs our kind of code, so results from different machines can be compared
-    (the sessions' machines differed about twofold; BENCHMARKS.md)."""
+    (hosts differ about twofold; docs/benchmarks.md)."""
     best = float("inf")
     for _ in range(3):
         t = time.perf_counter()

@@ -696,7 +696,7 @@ def span_signals_of(signals: str | None, attributes: str | None) -> dict | None:
 
 
 def input_type_from_signals(root: dict | None, others: list[tuple[int, str, dict | None]]) -> str:
-    """A trace's input type from its spans' signals (DESIGN.md "Input types", the settler's
+    """A trace's input type from its spans' signals (docs/design.md "Input types", the settler's
     ``signals.trace_input_type``): the root's signals first, then the other spans' by start
     (then span id, the settler's row order). ``others``: (start, span id, signals)."""
     from modalscope.ingest.signals import trace_input_type
@@ -788,7 +788,7 @@ def _text_value(sig: dict | None, key: str) -> str:
 
 
 def exact_pairs(engine, window) -> dict[tuple, dict]:
-    """Per (caller, callee), the calls starting in the window (DESIGN.md "Service pairs",
+    """Per (caller, callee), the calls starting in the window (docs/design.md "Service pairs",
     as ``ingest.traces.trace_calls`` makes them): a model call (signals ``call``, any kind but
     SERVER/CONSUMER) or a CLIENT span names its callee by its earliest SERVER/CONSUMER child
     in another service, else (a model call) its provider, else its address
@@ -911,7 +911,7 @@ def _handoffs(conn, a: int, b: int) -> list[tuple[str, str, int, int]]:
 
 
 def _cache_hit(value) -> bool | None:
-    """``cache.hit`` re-stated from DESIGN.md: a boolean, or from sources without booleans a
+    """``cache.hit`` re-stated from docs/design.md: a boolean, or from sources without booleans a
     number (non-zero: hit) or one of true/1/hit/yes, false/0/miss/no; anything else is no
     lookup."""
     if isinstance(value, bool):

@@ -5,7 +5,7 @@
 Fills a temporary SQLite store with ``--hours`` of demo traffic (``ingest/demo.py``
 ``fill``, default rate, every pattern injected; ``--db PATH`` keeps / reuses that file)
 and times ``app.findings.find`` over the whole window: the rollup and raw-span reads, the
-ten detectors, and the exemplar look-ups. Target (DESIGN.md): < 2 s.
+ten detectors, and the exemplar look-ups. Target (docs/design.md): < 2 s.
 
 Then the findings of that absolute window as a request gets them (``app/evaluations.py``):
 the first request (detectors run, result stored) and the next ones (answered from it while no

@@ -1,6 +1,6 @@
 """`modalscope export-metrics`: per-minute latency metrics from the rollups to Cloud Monitoring.
 
-Metrics (DESIGN.md, "Cloud Monitoring export"), GAUGE, one point a minute, monitored
+Metrics (docs/design.md, "Cloud Monitoring export"), GAUGE, one point a minute, monitored
 resource ``global``:
 
 * ``custom.googleapis.com/modalscope/pair_latency_ms`` — labels ``caller``, ``callee``,

@@ -1,6 +1,6 @@
 """Cloud Trace (v1 API) -> ``SpanRecord``, and the poller behind `modalscope ingest cloud-trace`.
 
-Mapping (DESIGN.md, "Cloud Trace mapping"): uint64 ids -> 16 lowercase hex digits;
+Mapping (docs/design.md, "Cloud Trace mapping"): uint64 ids -> 16 lowercase hex digits;
 ``RPC_SERVER`` -> SERVER, ``RPC_CLIENT`` -> CLIENT, unspecified -> INTERNAL; labels ->
 attributes (values of known numeric keys coerced to numbers, ``cache.hit`` to a bool);
 ``/http/status_code`` >= 500 or an error label -> status ERROR; the service from the

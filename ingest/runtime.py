@@ -9,7 +9,7 @@ import gc
 #: per span attribute (an OTLP/JSON request of 5,000 spans: hundreds of thousands), freed by
 #: reference counting and never in a cycle, while tens of thousands of decoded spans wait in
 #: the writer's queue; at the default the collector ran every few spans and walked those
-#: again and again: 28 % of an OTLP/JSON import, 12 % of a protobuf one (BENCHMARKS.md).
+#: again and again: 28 % of an OTLP/JSON import, 12 % of a protobuf one (docs/benchmarks.md).
 #: Cycles are still collected, a little later.
 YOUNG_COLLECTION_ALLOCATIONS = 50_000
 

@@ -36,7 +36,7 @@ NS_PER_MINUTE = 60_000_000_000
 TID, SID, PARENT, SERVICE, NAME, KIND, STAGE, START, DUR, STATUS, ATTRS, INSTANCE, BATCH, GRAPH, RESOURCE, ROW, \
     LAYER, SIGNALS, LINKS = range(19)
 
-# Convention rollups (DESIGN.md "Span conventions"), what the attribute-based detectors read:
+# Convention rollups (docs/design.md "Span conventions"), what the attribute-based detectors read:
 #
 # * ``cache`` (service, name = cache.name, caller = tag key, callee = tag value): a lookup
 #   per tag of a span carrying ``cache.name`` and a ``cache.hit`` that says hit or miss

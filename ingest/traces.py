@@ -136,7 +136,7 @@ def signals_of(span: SpanRecord) -> dict[str, Any] | None:
 
 
 def input_type_of(spans: Iterable[SpanRecord]) -> str:
-    """The trace's input type (DESIGN.md "Input types"), from every span's signals.
+    """The trace's input type (docs/design.md "Input types"), from every span's signals.
 
     ``signals.trace_input_type`` over the spans' signals (``signals_of``), the root's first,
     then by start time (list order breaks ties): an explicit ``mm.input_type`` first, then
@@ -169,7 +169,7 @@ class _StageView:
 
 def resolve_stages(spans: Iterable[SpanRecord]) -> dict[str, tuple[str | None, bool]]:
     """span_id -> (stage, inherited) for the spans whose signals carry ``inh`` (a transport
-    span that may sit under a model call; DESIGN.md "Stages").
+    span that may sit under a model call; docs/design.md "Stages").
 
     The rule is ``stages.apply_parent_stages`` over the whole trace: such a span takes its
     parent's stage when the parent is in the same service, is a model call (its signals
@@ -315,7 +315,7 @@ def _url_host_port(url: str) -> str | None:
 
 
 def address_callee(attributes: dict[str, Any]) -> str | None:
-    """The callee an uninstrumented call's attributes name (DESIGN.md "Service pairs"), best
+    """The callee an uninstrumented call's attributes name (docs/design.md "Service pairs"), best
     first: ``peer.service``; ``server.address`` with ``:server.port`` when present; host and
     port of ``url.full``, then of ``http.url``; ``net.peer.name`` with ``:net.peer.port``.
     Two APIs on one host with different ports are two callees. None when nothing names it."""
@@ -432,7 +432,7 @@ def _model_callers(spans: Sequence[SpanRecord]) -> list[SpanRecord]:
 
 def trace_calls(spans: Iterable[SpanRecord],
                 linked: Mapping[tuple[str, str], SpanRecord] | None = None) -> dict[str, Call]:
-    """span_id -> the :class:`Call` the span makes, per DESIGN.md "Service pairs"; a span
+    """span_id -> the :class:`Call` the span makes, per docs/design.md "Service pairs"; a span
     makes at most one, first match wins:
 
     1. A model call (signals ``call``) of any kind but SERVER/CONSUMER (the serving side is

@@ -55,7 +55,7 @@ def plan_for_parameters(conn: Connection) -> None:
     Compare's stretches of one service's spans) that plan was the wrong one: a day's Compare
     of one pair took 420-565 ms on every call after the first, 57-153 ms planned each time
     (10 M spans). Not for every read: planning each statement anew made the raw-span reads
-    slower (BENCHMARKS.md)."""
+    slower (docs/benchmarks.md)."""
     if conn.dialect.name == "postgresql":
         conn.execute(text("SET LOCAL plan_cache_mode = force_custom_plan"))
 

@@ -80,7 +80,7 @@ def make_engine(url: str, *, write: bool = False, pool_size: int = 5) -> Engine:
 #: - ``parallel_setup_cost`` (the server's default is 1000): starting parallel workers took
 #:   10-15 ms here, and the planner chose them for reads of a millisecond: the Stages view's
 #:   hour of rollups (1,900 rows) took 36 ms with two workers and 23 ms without (1 M spans,
-#:   BENCHMARKS.md). At this cost only plans that are large by the planner's
+#:   docs/benchmarks.md). At this cost only plans that are large by the planner's
 #:   estimate run in parallel.
 SESSION_SETTINGS = {"parallel_setup_cost": "10000"}
 

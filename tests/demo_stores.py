@@ -50,7 +50,7 @@ def _build(path, config: demo.DemoConfig) -> None:
 def _shared_store(tmp_path_factory, worker: str, name: str, config: demo.DemoConfig) -> str:
     root = tmp_path_factory.getbasetemp()
     if worker != "master":
-        root = root.parent  # shared by this session's xdist workers
+        root = root.parent  # shared by this pytest run's xdist workers
     path = root / f"demo-{name}.db"
     with open(root / f"demo-{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker builds, the other waits

@@ -16,7 +16,7 @@ exporting with the real OTLP/HTTP exporter to a real modalscope receiver:
 - the feature store: no instrumentation at all.
 
 The store is settled and read back through the dashboard's JSON API: input types, service
-pairs, stages per span, tokens and span links, as DESIGN.md's contracts promise. The
+pairs, stages per span, tokens and span links, as docs/design.md's contracts promise. The
 requests instrumentation runs once with its default HTTP conventions and once with
 ``OTEL_SEMCONV_STABILITY_OPT_IN=http``.
 """

@@ -1,5 +1,5 @@
 """The anomaly catalog's detectors on small hand-made frames: each fires on its pattern and
-stays quiet on the negatives DESIGN.md names (few samples, one outlier, the daily volume
+stays quiet on the negatives docs/design.md names (few samples, one outlier, the daily volume
 curve). Service and span names are deliberately not the demo's."""
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def test_block_matrices_are_the_minute_matrices_summed_into_blocks():
 
 
 def _hot_cells_one_by_one(counts, p99, min_samples):
-    """The hot-spot rule cell by cell, as DESIGN.md states it."""
+    """The hot-spot rule cell by cell, as docs/design.md states it."""
     hot = np.zeros(counts.shape, dtype=bool)
     for j in range(counts.shape[1]):
         ok = counts[:, j] >= min_samples

@@ -32,7 +32,7 @@ from tests.faults.helpers import (
 )
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
-#: The design's target for the ingest process under load (DESIGN.md, Targets: memory).
+#: The design's target for the ingest process under load (docs/design.md, Targets: memory).
 RSS_LIMIT_MB = 300
 
 

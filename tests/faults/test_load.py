@@ -1,6 +1,6 @@
 """A small, fast run of bench/load_bench.py: 200 API requests from 4 clients against
 `modalscope serve` while `modalscope ingest otlp` takes a generator's traces. No timing is
-asserted (the numbers live in BENCHMARKS.md); what must hold under load is no 5xx, no
+asserted (the numbers live in docs/benchmarks.md); what must hold under load is no 5xx, no
 failed request and every acknowledged span stored."""
 
 from __future__ import annotations

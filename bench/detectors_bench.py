@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/detectors_bench.py [--hours 24] [--db PATH] [--repeat 3]
 
-Fills a temporary SQLite store with ``--hours`` of demo traffic (``ingest/demo.py``
+Fills a temporary SQLite store with ``--hours`` of demo traffic (``ingest/demo/``
 ``fill``, default rate, every pattern injected; ``--db PATH`` keeps / reuses that file)
 and times ``app.findings.find`` over the whole window: the rollup and raw-span reads, the
 ten detectors, and the exemplar look-ups. Target (docs/design.md): < 2 s.

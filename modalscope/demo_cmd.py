@@ -1,7 +1,7 @@
 """`modalscope demo`: a newcomer's first command.
 
 Creates the store if needed (``MODALSCOPE_DATABASE_URL``, default ``./modalscope.db``),
-fills it with the last few hours of synthetic multimodal traffic (``ingest/demo.py``,
+fills it with the last few hours of synthetic multimodal traffic (``ingest/demo/``,
 with the anomaly catalog's patterns injected) when it holds no spans yet, settles it,
 then starts the OTLP receivers and the dashboard, keeps live demo traffic flowing and
 prints the URL. Ctrl-C (or SIGTERM) stops everything cleanly. ``--generate-only`` fills

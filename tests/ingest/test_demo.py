@@ -1,4 +1,4 @@
-"""The demo generator (ingest/demo.py) and `modalscope demo`.
+"""The demo generator (ingest/demo/) and `modalscope demo`.
 
 The numbers are checked where a user sees them: through /api/v1 (rollups built by the real
 decode -> tag -> write -> settle path), and through the stored spans for what the API

@@ -130,7 +130,6 @@ def _usage(in_text: int, images: int, audio: int, out_tokens: int) -> list[KeyVa
     return attrs
 
 
-
 def _cache_attrs(tier: str, hit: bool) -> list[KeyValue]:
     return [_kv("db.system", "redis"), _kv("db.operation.name", "GET"), _kv("cache.name", "profile"),
             _kv("cache.hit", hit), _kv("user_tier", tier), _kv("peer.service", "profile-cache"),

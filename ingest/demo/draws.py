@@ -8,6 +8,7 @@ import random
 
 from .profiles import HOUR_NS
 
+
 def _lognorm(rng: random.Random, median: float, sigma: float) -> float:
     return median * math.exp(sigma * rng.gauss(0.0, 1.0))
 

@@ -23,7 +23,6 @@ from .trace_parts import _TraceParts
 class _Factory(_TraceParts):
     """Builds traces for one config (and its plan) into requests."""
 
-    # -- one trace --------------------------------------------------------------------
     def trace(self, rng: random.Random, t_ns: int, itype: str, req: _Request, load: float = 1.0,
               giant: bool = False) -> None:
         """Add one request's trace starting at ``t_ns`` to ``req``, and the trace of its usage

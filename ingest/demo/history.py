@@ -13,6 +13,7 @@ from .plan import DemoConfig, _Plan
 from .profiles import LB_GIANT_PER_MINUTE, MIN_NS, NS
 from .protobuf import _Request
 
+
 class _Schedule:
     """Requests per minute of the history window: the daily curve, normalised so the
     window averages ``rate``, with the batching-failure surge when injected."""

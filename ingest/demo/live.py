@@ -15,8 +15,9 @@ from .plan import DemoConfig
 from .profiles import LIVE_RATE, NS
 from .protobuf import _Request
 
-# The package's logger: the name the demo has always logged under.
+# Logged under the package's name (``modalscope.ingest.demo``), as one generator.
 log = logging.getLogger(__package__)
+
 
 class LiveTraffic:
     """A thread sending "now" traffic through a pipeline's ``accept`` while the demo runs.

@@ -27,7 +27,6 @@ _WINDOWS_3H = {
 }
 
 
-
 @dataclass(frozen=True)
 class DemoConfig:
     """What to generate. ``now_ns`` anchors the window ``[now - hours, now)``: pass it

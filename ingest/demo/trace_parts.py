@@ -30,7 +30,7 @@ class _TraceParts:
             acc += w
             self.cum_weights.append(acc)
 
-    # -- helpers ----------------------------------------------------------------------
+    # -- patterns and instances ---------------------------------------------------
     def _on(self, kind: str, t_ns: int) -> bool:
         w = self.windows.get(kind)
         return w is not None and w[0] <= t_ns < w[1]
@@ -45,7 +45,6 @@ class _TraceParts:
     def pick_type(self, rng: random.Random) -> str:
         i = bisect.bisect_right(self.cum_weights, rng.random() * self.cum_weights[-1])
         return self.types[min(i, len(self.types) - 1)]
-
 
     # -- vision encoder -------------------------------------------------------------
     def _vision_parts(self, rng, seg, images, load, batch_fail, t_ns):

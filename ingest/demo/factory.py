@@ -89,7 +89,7 @@ class _Factory(_TraceParts):
             audio = 1
             images = 1 if rng.random() < 0.2 else 0
 
-        # End-to-end latency, from the seed's distribution.
+        # End-to-end latency, from the reference latency table's distribution.
         T = math.exp(profile.mu + profile.sigma * rng.gauss(0.0, 1.0))
         if giant:
             images = rng.choice((6, 7, 8))
@@ -200,7 +200,7 @@ class _Factory(_TraceParts):
                 vis_parts, vis_d, vis_pod, stall = self._vision_parts(rng, seg, images, load, batch_fail, t_ns)
                 long_d = vis_d + stall
             if sync_fail:
-                long_d *= 1.12  # encoders running at once contend for PCIe / L2 (the seed: 82% / 79%)
+                long_d *= 1.12  # encoders running at once contend for PCIe / L2 (the source document: 82% / 79%)
             last_end = t + long_d
             modalities = 1 + (1 if images else 0) + (1 if audio else 0)  # + text
             spread = max(0.002, rng.gauss(SYNC_SPREAD_S[min(modalities, 3)], 0.004))

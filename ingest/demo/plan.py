@@ -236,7 +236,7 @@ class _Plan:
             ),
             InjectedPattern(
                 "baseline_regression", {"input_type": "multi_image"}, *w("baseline_regression"),
-                "multi-image P95 over its SLO (the seed's 6.4 s) by more than 10%, from the "
+                "multi-image P95 over its reference (the reference latency table's 6.4 s) by more than 10%, from the "
                 "CPU-bound image decode of the same window",
                 {"slo_p95_ms": PROFILES["multi_image"].p95_s * 1000, "margin": 0.10},
             ),

@@ -1,4 +1,4 @@
-"""The anomaly catalog (DESIGN.md): one pure, documented function per kind.
+"""The anomaly catalog (docs/design.md): one pure, documented function per kind.
 
 Every detector takes :class:`Frames` (pandas frames read from the store by
 ``app/findings.py``, or built by hand in tests) and :class:`Thresholds`, and returns a list
@@ -7,7 +7,7 @@ of finding dicts shaped as ``/api/v1/anomalies`` answers them::
     {"kind", "severity", "subject", "start", "end", "evidence", "exemplar_trace_ids", "hint"}
 
 Nothing here reads the database or the clock. Detectors know no service or span names:
-they use stages, span kinds, the trace's input type and the conventions of DESIGN.md
+they use stages, span kinds, the trace's input type and the conventions of docs/design.md
 (``cache.name``/``cache.hit``, ``gpu.cuda_graph``, ``batch.size``,
 ``service.instance.id``). They are deliberately not trigger-happy:
 
@@ -62,7 +62,7 @@ MAX_EXEMPLARS = 5
 KIND_SERVER_CODES = (2, 5)  # SERVER, CONSUMER
 STATUS_ERROR_CODE = 2
 
-# The seed's table (P50, P95 in ms per input type) lives with the overview's queries.
+# The reference latency table (P50, P95 in ms per input type) lives with the overview's queries.
 from .queries import SEED_BASELINE  # noqa: E402
 
 
@@ -92,7 +92,7 @@ class Thresholds:
     cold_factor: float = 3.0
     cold_warmup_s: float = 120.0
     baseline_margin: float = 0.10
-    baseline: str = ""  # "text:320:410,image:1300:2100,..." (P50:P95 ms); empty: the seed's table
+    baseline: str = ""  # "text:320:410,image:1300:2100,..." (P50:P95 ms); empty: the reference latency table
     max_spans: int = 400_000
 
     @classmethod
@@ -684,7 +684,7 @@ def detect_hot_spot(frames: Frames, th: Thresholds) -> list[dict]:
 #: ~140 MB of (minutes x bins) arrays a pair.
 BAND_CHUNK_MINUTES = 1440
 #: Minutes of the pair's own data (minutes with at least one call of the pair) its trailing
-#: baseline must hold before a break can start (DESIGN.md: at least 30), whatever the window
+#: baseline must hold before a break can start (docs/design.md: at least 30), whatever the window
 #: asked: the look-back before a window, or before the data began, holds no data, and a
 #: baseline of two minutes made a heavy tail look like a break.
 BAND_BASELINE_DATA_MINUTES = 30
@@ -1586,7 +1586,7 @@ def _counts_above(keys_col, counts_col, key: int) -> np.ndarray:
 
 def detect_baseline_regression(frames: Frames, th: Thresholds) -> list[dict]:
     """``baseline_regression``: P95 per input type over its baseline P95 (``baseline``
-    setting, default the seed's table) by more than ``baseline_margin``.
+    setting, default the reference latency table) by more than ``baseline_margin``.
 
     Blocks (with ``min_samples`` traces) where more than 5 % of the traces are slower
     than baseline x (1 + margin) merge into runs; a run fires only when that share is

@@ -778,7 +778,7 @@ def _exemplar_rows(reader: StoreReader, found: dict[str, dict]) -> list[dict]:
 
 # -- overview --------------------------------------------------------------------------
 def parse_baseline(text: str | None) -> dict[str, tuple[float, float]]:
-    """``text:320:410,image:1300:2100`` -> {input type: (P50 ms, P95 ms)}; the seed's table
+    """``text:320:410,image:1300:2100`` -> {input type: (P50 ms, P95 ms)}; the reference latency table
     for input types not named. Raises ValueError naming the bad entry."""
     base = dict(SEED_BASELINE)
     if not text:
@@ -806,7 +806,7 @@ def overview_rows(reader: StoreReader, window: Window, filters: Filters = Filter
     """``input_types`` rows with the baseline, the P95 change and a regression mark.
 
     A row regresses when its P95 is more than ``margin`` over the baseline P95 (the
-    ``baseline_regression`` rule of DESIGN.md); input types without a baseline are never
+    ``baseline_regression`` rule of docs/design.md); input types without a baseline are never
     marked. Every baseline type appears, with no traffic if none was seen.
     """
     baseline = SEED_BASELINE if baseline is None else baseline
@@ -897,7 +897,7 @@ def vit_layers(reader: StoreReader, window: Window, filters: Filters = Filters()
 
     Counts, time and percentiles come from the ``layer`` rollups the settler writes (one
     series per operation, stage, input type and layer). ``share`` is the layer's time over
-    the encoder stage's self time in the window (per DESIGN.md, ViT MLP ~36 %, attention
+    the encoder stage's self time in the window (per docs/design.md, ViT MLP ~36 %, attention
     ~18 %). A store settled before ``layer`` rollups existed (no such series at all) is
     read as before: the layer operations from the newest raw spans, their numbers from the
     ``op`` rollups (``modalscope retag`` writes the rollups for its old spans).

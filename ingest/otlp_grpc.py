@@ -130,16 +130,8 @@ class _TraceService:
             return _Failure(grpc.StatusCode.INTERNAL, "internal error while receiving spans (logged by the receiver)")
 
     def _authorized(self, context: grpc.ServicerContext) -> bool:
-        if self.token is None:
-            return True
-        value = ""
-        for key, v in context.invocation_metadata() or ():
-            if key.lower() == "authorization":
-                value = v.decode("latin-1") if isinstance(v, bytes) else str(v)
-                break
-        scheme, _, credentials = value.strip().partition(" ")
-        ok = hmac.compare_digest(credentials.strip().encode("utf-8", "replace"), self.token)
-        return scheme.lower() == "bearer" and ok
+        # (the interceptor refused callers without the token before their message was read)
+        return self.token is None or bearer_matches(context.invocation_metadata(), self.token)
 
     def _export(self, request: bytes, context: grpc.ServicerContext) -> bytes | _Failure:
         if not self._authorized(context):
@@ -188,6 +180,42 @@ class _TraceService:
         return encode_response(result.rejected, result.error_message, _PROTOBUF)
 
 
+def bearer_matches(metadata, token: bytes) -> bool:
+    """Whether gRPC ``metadata`` carries ``authorization: Bearer <token>`` (constant time)."""
+    value = ""
+    for key, v in metadata or ():
+        if key.lower() == "authorization":
+            value = v.decode("latin-1") if isinstance(v, bytes) else str(v)
+            break
+    scheme, _, credentials = value.strip().partition(" ")
+    ok = hmac.compare_digest(credentials.strip().encode("utf-8", "replace"), token)
+    return scheme.lower() == "bearer" and ok
+
+
+class _TokenInterceptor(grpc.ServerInterceptor):
+    """Checks the ingest token in the call's metadata before the request message is read.
+
+    A unary handler's worker thread waits for the whole message, so a caller without the
+    token that announces a large message and trickles it would hold a thread for as long as
+    it likes; refused here, the call is answered by a handler that never reads its request,
+    and the thread is free at once."""
+
+    def __init__(self, token: bytes) -> None:
+        self.token = token
+        self._refuse = grpc.stream_unary_rpc_method_handler(self._unauthenticated)
+
+    def intercept_service(self, continuation, handler_call_details):
+        if bearer_matches(handler_call_details.invocation_metadata, self.token):
+            return continuation(handler_call_details)
+        return self._refuse
+
+    @staticmethod
+    def _unauthenticated(request_iterator, context):
+        log.debug("OTLP/gRPC UNAUTHENTICATED from %s (before reading the request)", context.peer())
+        context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                      "missing or invalid ingest token: send metadata authorization: Bearer <token>")
+
+
 def _address(host: str, port: int) -> str:
     if ":" in host and not host.startswith("["):
         return f"[{host}]:{port}"
@@ -204,8 +232,10 @@ def serve_grpc(pipeline: IngestPipeline, settings: Settings, host: str, port: in
     ``reuse_port``: share the port with other receiver processes of ours (SO_REUSEPORT).
     """
     cap = int(settings.max_request_bytes)
+    token = settings.ingest_token.encode("utf-8") if settings.ingest_token else None
     server = grpc.server(
         ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="modalscope-otlp-grpc"),
+        interceptors=[_TokenInterceptor(token)] if token else None,
         options=[
             ("grpc.max_receive_message_length", cap),
             # grpc sets SO_REUSEPORT by default on Linux, so a second receiver would silently

@@ -710,6 +710,11 @@ def decode_json(data: bytes | str | dict, source: str = "otlp") -> DecodeResult:
         raise DecodeError("invalid OTLP JSON: nested too deeply") from None
 
 
+def _short_reason(exc: Exception) -> str:
+    text = str(exc).split(";")[0]
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
 def _load_json(data: bytes | str | dict) -> Any:
     if isinstance(data, dict):
         # Already parsed, so escapes cannot be seen: check the strings themselves (this
@@ -738,6 +743,8 @@ def _load_json(data: bytes | str | dict) -> Any:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DecodeError(f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except ValueError as exc:  # an integer of more digits than Python converts (4,300)
+        raise DecodeError(f"invalid OTLP JSON: {_short_reason(exc)}") from None
     # A lone surrogate (\ud800) cannot be encoded as UTF-8 and would fail in the writer;
     # valid UTF-8 text holds one only as an escape, so the search is cheap and rarely true.
     if _SURROGATE_ESCAPE(text) is not None or (isinstance(data, str) and not _encodable(text)):

@@ -1036,3 +1036,16 @@ def test_oldest_start_ns_reads_only_start_times(sdk_request):
     assert otlp.oldest_start_ns(legacy) == 12345
     with pytest.raises(DecodeError):
         otlp.oldest_start_ns(b"\xff\xff\xff\xff not protobuf")
+
+
+@pytest.mark.parametrize("where", ["startTimeUnixNano", "intValue"])
+def test_a_number_too_long_for_python_is_a_decode_error_not_a_crash(where):
+    digits = "9" * 5000
+    span = {"traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331", "name": "x",
+            "startTimeUnixNano": "1", "endTimeUnixNano": "2",
+            "attributes": [{"key": "k", "value": {"intValue": "1"}}]}
+    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})
+    body = body.replace('"1"', digits, 1) if where == "startTimeUnixNano" else body.replace('{"intValue": "1"}', '{"intValue": %s}' % digits)
+    assert digits in body
+    with pytest.raises(DecodeError, match="4300 digits"):
+        decode_json(body.encode())

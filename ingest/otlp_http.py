@@ -17,8 +17,9 @@
   kept (it is read and discarded, so the client sees the answer, not a reset); at most
   ``MAX_READING`` requests hold a body at once (the others wait their turn, 503 after
   ``READ_WAIT`` seconds) and ``MAX_DECODING`` decode at once; the writer's queue is capped
-  in spans. A client that stops sending its body for ``IDLE_TIMEOUT`` seconds is cut off,
-  so slow uploads cannot hold the reading slots.
+  in spans. A client that stops sending for ``IDLE_TIMEOUT`` seconds is cut off, and a body
+  that arrives slower than ``MIN_BODY_BYTES_PER_S`` (after ``BODY_GRACE_S``) or takes over
+  ``MAX_BODY_S`` too (:class:`SlowBodyReaper`), so trickled uploads cannot hold the slots.
 * Stopping (:class:`IngestGate`): requests arriving after the stop began get 503 with
   ``Retry-After``; the ones already taken are answered once their spans are committed.
 * 200 means committed: the response is sent after the writer's commit, with an
@@ -37,6 +38,7 @@ import hmac
 import logging
 import math
 import socket
+import time
 import threading
 import zlib
 
@@ -74,6 +76,13 @@ MAX_DECODING = 4
 READ_WAIT = 10.0
 #: Seconds a connection may send nothing before it is dropped.
 IDLE_TIMEOUT = 30.0
+#: A body being read must keep arriving at this rate after a grace period, or its connection
+#: is closed: a byte every few seconds never trips the idle timeout, but would hold a reading
+#: slot for as long as the client likes.
+MIN_BODY_BYTES_PER_S = 8 * 1024
+BODY_GRACE_S = 5.0
+#: No body is read for longer than this, however fast it trickles.
+MAX_BODY_S = 120.0
 
 _PROTOBUF = "application/x-protobuf"
 _JSON = "application/json"
@@ -199,21 +208,90 @@ def _discard_body(stream, cap: int) -> None:
         pass
 
 
-def _read_body(stream, cap: int) -> bytes:
+class _BodyProgress:
+    __slots__ = ("sock", "started", "read")
+
+    def __init__(self, sock) -> None:
+        self.sock = sock
+        self.started = time.monotonic()
+        self.read = 0
+
+
+class SlowBodyReaper:
+    """Closes the connection of a body that arrives slower than ``MIN_BODY_BYTES_PER_S``
+    (after ``BODY_GRACE_S``, with one read's worth of credit) or takes over ``MAX_BODY_S``.
+
+    The reading thread is blocked inside a socket read, which the idle timeout never ends
+    while bytes keep trickling in; shutting the socket down from this watcher ends the read,
+    and the request is answered as a body that ended early."""
+
+    def __init__(self, min_rate: float = MIN_BODY_BYTES_PER_S, grace_s: float = BODY_GRACE_S,
+                 max_s: float = MAX_BODY_S, check_every_s: float = 0.5) -> None:
+        self.min_rate, self.grace_s, self.max_s, self.check_every_s = min_rate, grace_s, max_s, check_every_s
+        self._reading: set[_BodyProgress] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.cut = 0
+
+    def watch(self, sock) -> _BodyProgress:
+        progress = _BodyProgress(sock)
+        with self._lock:
+            self._reading.add(progress)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="modalscope-slow-bodies", daemon=True)
+                self._thread.start()
+        return progress
+
+    def done(self, progress: _BodyProgress) -> None:
+        with self._lock:
+            self._reading.discard(progress)
+
+    def too_slow(self, progress: _BodyProgress, now: float) -> bool:
+        elapsed = now - progress.started
+        owed = self.min_rate * (elapsed - self.grace_s)
+        return elapsed > self.max_s or progress.read + _BODY_READ < owed
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.check_every_s)
+            now = time.monotonic()
+            with self._lock:
+                slow = [p for p in self._reading if self.too_slow(p, now)]
+                self._reading.difference_update(slow)
+            for p in slow:
+                self.cut += 1
+                log.info("OTLP/HTTP: closed a connection whose body arrived too slowly (%d bytes in %.0f s)",
+                         p.read, now - p.started)
+                try:
+                    p.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+#: Bytes a body read asks for at once while watched: small enough that a legitimate slow
+#: client's progress shows within the grace period.
+_BODY_READ = 64 * 1024
+
+
+def _read_body(stream, cap: int, progress: _BodyProgress | None = None) -> bytes:
     """Read the whole body, refusing it (413) as soon as it passes ``cap`` bytes.
 
     Never holds more than cap + 1 bytes. Works for ``Content-Length`` bodies (Werkzeug
     limits the stream to it) and chunked ones (the server de-chunks and ends the stream).
+    ``progress`` counts what has arrived, for :class:`SlowBodyReaper`.
     """
     parts: list[bytes] = []
     size = 0
+    step = _BODY_READ if progress is not None else _READ_CHUNK
     try:
         while True:
-            chunk = stream.read(min(_READ_CHUNK, cap + 1 - size))
+            chunk = stream.read(min(step, cap + 1 - size))
             if not chunk:
                 break
             parts.append(chunk)
             size += len(chunk)
+            if progress is not None:
+                progress.read = size
             if size > cap:
                 raise _Reject(413, _RESOURCE_EXHAUSTED,
                               f"request body exceeds the limit of {cap} bytes (MODALSCOPE_MAX_REQUEST_BYTES)")
@@ -283,6 +361,7 @@ def create_ingest_app(pipeline: IngestPipeline, settings: Settings, *,
     token = settings.ingest_token.encode("utf-8") if settings.ingest_token else None
     gate = gate or IngestGate()
     app.extensions["modalscope_ingest_gate"] = gate
+    reaper = app.extensions["modalscope_slow_bodies"] = SlowBodyReaper()
 
     def refuse_early() -> None:
         """Refuse without keeping the body when the writer cannot take it anyway."""
@@ -350,8 +429,14 @@ def create_ingest_app(pipeline: IngestPipeline, settings: Settings, *,
             _discard_body(request.stream, cap)
             raise _Reject(503, _UNAVAILABLE, "receiver busy reading other requests; retry",
                           {"Retry-After": "1"})
+        sock = request.environ.get("werkzeug.socket")
+        progress = reaper.watch(sock) if sock is not None else None
         try:
-            body = _read_body(request.stream, cap)
+            try:
+                body = _read_body(request.stream, cap, progress)
+            finally:
+                if progress is not None:
+                    reaper.done(progress)
             with gate.decoding:
                 if coding is not None:
                     body = _inflate(body, coding, cap)

@@ -230,9 +230,13 @@ def test_a_new_window_takes_the_exemplars_of_identical_stored_findings_while_the
     again = ev.find_for(reader, Window(window.start_ns + 10 * S, window.end_ns), Filters(), th, relative=False)
     by_id = {fnd.finding_identity(f): f for f in again.findings}
     exact = {fnd.finding_identity(f): f["exemplar_trace_ids"] for f in plain}
-    assert set(lookups) == {f["kind"] for f in looked_up if fnd.finding_identity(f) in touched}
+    # Every finding over the written minute is looked up again; one whose baseline look-back
+    # (not its own window) holds the minute may be too, depending on where the hour falls.
+    assert {f["kind"] for f in looked_up if fnd.finding_identity(f) in touched} <= set(lookups)
+    assert set(lookups) <= {f["kind"] for f in looked_up}
+    assert len(lookups) < len(looked_up), "findings far from the written minute keep theirs"
     for i in ids:
-        assert by_id[i]["exemplar_trace_ids"] == (exact[i] if i in touched else [marker])
+        assert by_id[i]["exemplar_trace_ids"] in ([exact[i]] if i in touched else [[marker], exact[i]])
 
     # Other thresholds: nothing is taken from an evaluation made with different settings.
     lookups.clear()

@@ -213,8 +213,8 @@ def test_input_types_carry_tokens_per_request(stored):
 def _table_rows(table) -> list[list[str]]:
     head, body = table.children
     rows = [[th.children for th in head.children.children]]
-    for tr in body.children:
-        rows.append([td.children for td in tr.children])
+    for tr in body.children:  # (a one-word cell wraps its text in a no-break span)
+        rows.append([getattr(td.children, "children", td.children) for td in tr.children])
     return rows
 
 

@@ -80,16 +80,72 @@ __all__ = [
 #: Span names are cut to this many characters.
 MAX_NAME_CHARS = 1024
 _MAX_NAME = MAX_NAME_CHARS
-#: String attribute values (and status messages) are cut to this many UTF-8 bytes. This
-#: bounds the size of a stored row: one runaway attribute (a whole prompt, a base64 image)
-#: must not blow up the spans table or the memory of a dashboard worker reading it.
+#: String attribute values (and status messages) are cut to this many UTF-8 bytes
+#: (``MODALSCOPE_MAX_VALUE_BYTES``). This bounds the size of a stored row: one runaway
+#: attribute (a whole prompt, a base64 image) must not blow up the spans table or the memory
+#: of a dashboard worker reading it.
 MAX_STRING_BYTES = 64 * 1024
+#: Array and key-value-list values keep this many elements, nested ones counted
+#: (``MODALSCOPE_MAX_VALUE_ITEMS``): a legal 16 MiB request of one 4-million-element array
+#: would otherwise become gigabytes of Python objects.
+MAX_VALUE_ITEMS = 4096
+#: The span attribute listing the keys whose values were cut by either limit.
+TRUNCATED_KEY = "modalscope.truncated"
 # A string of at most this many characters is at most MAX_STRING_BYTES bytes in UTF-8
 # (4 bytes a character at most), so the common case is bounded without encoding it.
 _SAFE_CHARS = MAX_STRING_BYTES // 4
 # Raw bytes values are cut before base64 so the encoded text stays within the bound and
 # is still valid base64 (3 bytes -> 4 characters).
 _MAX_RAW_BYTES = MAX_STRING_BYTES // 4 * 3
+# KeyValues longer than this are read field by field (_wire_any) rather than by the protobuf
+# parser, which would build every element of a huge array before the cap could drop it.
+_WIRE_WALK_BYTES = 64 * 1024
+# Values nested deeper than this are refused, as the protobuf parser does past its limit.
+_MAX_DEPTH = 64
+
+
+def set_value_limits(max_value_bytes: int, max_value_items: int) -> None:
+    """Apply ``MODALSCOPE_MAX_VALUE_BYTES`` / ``MODALSCOPE_MAX_VALUE_ITEMS`` to this process's
+    decoders (called once by the ingest pipeline; the defaults hold until then)."""
+    global MAX_STRING_BYTES, MAX_VALUE_ITEMS, _SAFE_CHARS, _MAX_RAW_BYTES
+    # The hand decoder of short KeyValues (_scalar_kv) never cuts strings under 16 KiB.
+    MAX_STRING_BYTES = max(16 * 1024, int(max_value_bytes))
+    MAX_VALUE_ITEMS = max(1, int(max_value_items))
+    _SAFE_CHARS = MAX_STRING_BYTES // 4
+    _MAX_RAW_BYTES = MAX_STRING_BYTES // 4 * 3
+    _KV_CACHE.clear()
+
+
+class _Budget:
+    """Elements an attribute value may still take, and whether anything was cut."""
+
+    __slots__ = ("items", "cut")
+
+    def __init__(self) -> None:
+        self.items = MAX_VALUE_ITEMS
+        self.cut = False
+
+    def take(self) -> bool:
+        if self.items <= 0:
+            self.cut = True
+            return False
+        self.items -= 1
+        return True
+
+    def bound(self, s: str) -> str:
+        if len(s) <= _SAFE_CHARS:
+            return s
+        out = _bound_str(s)
+        if out is not s:
+            self.cut = True
+        return out
+
+
+def _mark_cut(out: dict[str, Any], key: str) -> None:
+    cut = out.get(TRUNCATED_KEY)
+    if type(cut) is not list:  # (a client's own attribute of that name is replaced)
+        cut = out[TRUNCATED_KEY] = []
+    cut.append(key)
 
 _ZERO_TRACE = bytes(16)
 _ZERO_SPAN = bytes(8)
@@ -350,11 +406,11 @@ def decode_request_message(msg: ExportTraceServiceRequest, source: str = "otlp")
     return _decode_pb(msg, source, _pb_attrs, _pb_scope_spans)
 
 
-def _pb_any(v: Any) -> Any:
+def _pb_any(v: Any, budget: _Budget) -> Any:
     """Protobuf AnyValue -> str, bool, int, float, list, dict, base64 str, or None."""
     which = v.WhichOneof("value")
     if which == "string_value":
-        return _bound_str(v.string_value)
+        return budget.bound(v.string_value)
     if which == "int_value":
         return v.int_value
     if which == "bool_value":
@@ -362,11 +418,24 @@ def _pb_any(v: Any) -> Any:
     if which == "double_value":
         return v.double_value
     if which == "array_value":
-        return [_pb_any(x) for x in v.array_value.values]
+        out = []
+        for x in v.array_value.values:
+            if not budget.take():
+                break
+            out.append(_pb_any(x, budget))
+        return out
     if which == "kvlist_value":
-        return {kv.key: _pb_any(kv.value) for kv in v.kvlist_value.values}
+        kvs = {}
+        for kv in v.kvlist_value.values:
+            if not budget.take():
+                break
+            kvs[kv.key] = _pb_any(kv.value, budget)
+        return kvs
     if which == "bytes_value":
-        return _b64(v.bytes_value)
+        raw = v.bytes_value
+        if len(raw) > _MAX_RAW_BYTES:
+            budget.cut = True
+        return _b64(raw)
     return None
 
 
@@ -378,15 +447,24 @@ def _pb_attrs(kvs: Any) -> dict[str, Any]:
         which = v.WhichOneof("value")
         if which == "string_value":
             s = v.string_value
-            out[kv.key] = s if len(s) <= _SAFE_CHARS else _bound_str(s)
+            if len(s) <= _SAFE_CHARS:
+                out[kv.key] = s
+                continue
         elif which == "int_value":
             out[kv.key] = v.int_value
+            continue
         elif which == "bool_value":
             out[kv.key] = v.bool_value
+            continue
         elif which == "double_value":
             out[kv.key] = v.double_value
-        elif which is not None:
-            out[kv.key] = _pb_any(v)
+            continue
+        elif which is None:
+            continue
+        budget = _Budget()
+        out[kv.key] = _pb_any(v, budget)
+        if budget.cut:
+            _mark_cut(out, kv.key)
     return out
 
 
@@ -400,16 +478,18 @@ def _raw_attrs(raws: Any) -> dict[str, Any]:
             pair = _kv_miss(raw)
             if pair is None:  # a key without a value
                 continue
+            if len(pair) == 3:  # (key, value, cut)
+                _mark_cut(out, pair[0])
         out[pair[0]] = pair[1]
     return out
 
 
-def _kv_miss(raw: bytes) -> tuple[str, Any] | None:
+def _kv_miss(raw: bytes) -> tuple[str, Any] | tuple[str, Any, bool] | None:
     pair = _scalar_kv(raw)
     if pair is None:
         pair = _any_kv(raw)
-        if pair is None or type(pair[1]) is list or type(pair[1]) is dict:
-            return pair  # mutable values are never cached, so never shared by two records
+        if pair is None or len(pair) == 3 or type(pair[1]) is list or type(pair[1]) is dict:
+            return pair  # mutable or cut values are never cached, so never shared by two records
     if len(raw) <= _KV_CACHE_MAX_RAW:
         if len(_KV_CACHE) >= _KV_CACHE_MAX_ENTRIES:
             _KV_CACHE.clear()
@@ -493,15 +573,123 @@ def _scalar_kv(raw: bytes) -> tuple[str, Any] | None:
         return None
 
 
-def _any_kv(raw: bytes) -> tuple[str, Any] | None:
-    """``(key, value)`` of any KeyValue, by the protobuf parser; None without a value."""
+def _any_kv(raw: bytes) -> tuple[str, Any] | tuple[str, Any, bool] | None:
+    """``(key, value)`` of any KeyValue, ``(key, value, True)`` when the value was cut to the
+    limits; None without a value."""
+    budget = _Budget()
+    if len(raw) > _WIRE_WALK_BYTES:
+        key, value = _wire_kv(memoryview(raw), 0, len(raw), budget, 0)
+    else:
+        try:
+            kv = _KeyValue.FromString(raw)
+        except (_ProtobufDecodeError, RecursionError) as exc:
+            detail = str(exc).partition("': ")[2] or "corrupt"
+            raise DecodeError(f"invalid protobuf: an attribute is not a parsable KeyValue ({detail})") from None
+        key, value = kv.key, _pb_any(kv.value, budget)
+    if value is None:
+        return None
+    return (key, value, True) if budget.cut else (key, value)
+
+
+# -- large KeyValues, field by field --------------------------------------------------
+
+
+def _corrupt(what: str) -> DecodeError:
+    return DecodeError(f"invalid protobuf: an attribute is not a parsable KeyValue ({what})")
+
+
+def _varint(buf: memoryview, i: int, end: int) -> tuple[int, int]:
+    value = 0
+    shift = 0
+    while i < end:
+        b = buf[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, i
+        shift += 7
+        if shift > 63:
+            break
+    raise _corrupt("bad varint")
+
+
+def _fields(buf: memoryview, i: int, end: int):
+    """``(field number, wire type, value)`` of each field in ``buf[i:end]``: the varint, the
+    offset of a fixed64/fixed32, or ``(start, end)`` of a length-delimited field."""
+    while i < end:
+        key, i = _varint(buf, i, end)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _varint(buf, i, end)
+        elif wire == 2:
+            length, i = _varint(buf, i, end)
+            if i + length > end:
+                raise _corrupt("truncated")
+            value = (i, i + length)
+            i += length
+        elif wire == 1 or wire == 5:
+            value = i
+            i += 8 if wire == 1 else 4
+            if i > end:
+                raise _corrupt("truncated")
+        else:  # groups: no OTLP message has them
+            raise _corrupt(f"unexpected wire type {wire}")
+        yield number, wire, value
+
+
+def _text(buf: memoryview, span: tuple[int, int]) -> str:
     try:
-        kv = _KeyValue.FromString(raw)
-    except (_ProtobufDecodeError, RecursionError) as exc:
-        detail = str(exc).partition("': ")[2] or "corrupt"
-        raise DecodeError(f"invalid protobuf: an attribute is not a parsable KeyValue ({detail})") from None
-    value = _pb_any(kv.value)
-    return None if value is None else (kv.key, value)
+        return str(buf[span[0]:span[1]], "utf-8")
+    except UnicodeDecodeError:
+        raise _corrupt("string field has invalid UTF-8") from None
+
+
+def _wire_kv(buf: memoryview, i: int, end: int, budget: _Budget, depth: int) -> tuple[str, Any]:
+    key = ""
+    value = None
+    for number, wire, v in _fields(buf, i, end):
+        if number == 1 and wire == 2:
+            key = _text(buf, v)
+        elif number == 2 and wire == 2:
+            value = _wire_any(buf, v[0], v[1], budget, depth + 1)
+    return key, value
+
+
+def _wire_any(buf: memoryview, i: int, end: int, budget: _Budget, depth: int) -> Any:
+    """An AnyValue read field by field: arrays and key-value lists stop at the budget, so the
+    elements past it are never built (the last field of the oneof wins, as in protobuf)."""
+    if depth > _MAX_DEPTH:
+        raise _corrupt("nested too deeply")
+    value = None
+    for number, wire, v in _fields(buf, i, end):
+        if number == 1 and wire == 2:
+            value = budget.bound(_text(buf, v))
+        elif number == 2 and wire == 0:
+            value = v != 0
+        elif number == 3 and wire == 0:
+            value = v - (1 << 64) if v >= 1 << 63 else v
+        elif number == 4 and wire == 1:
+            value = _unpack_double(buf, v)[0]
+        elif number == 5 and wire == 2:
+            value = []
+            for n, w, element in _fields(buf, v[0], v[1]):
+                if n == 1 and w == 2:
+                    if not budget.take():
+                        break
+                    value.append(_wire_any(buf, element[0], element[1], budget, depth + 1))
+        elif number == 6 and wire == 2:
+            value = {}
+            for n, w, entry in _fields(buf, v[0], v[1]):
+                if n == 1 and w == 2:
+                    if not budget.take():
+                        break
+                    k, item = _wire_kv(buf, entry[0], entry[1], budget, depth + 1)
+                    value[k] = item
+        elif number == 7 and wire == 2:
+            if v[1] - v[0] > _MAX_RAW_BYTES:
+                budget.cut = True
+            value = _b64(bytes(buf[v[0]:min(v[1], v[0] + _MAX_RAW_BYTES)]))
+    return value
 
 
 def _fast_scope_spans(rs: Any) -> Any:
@@ -1104,18 +1292,21 @@ def _json_attrs(kvs: Any) -> dict[str, Any]:
         v = kv.get("value")
         if type(v) is dict:
             s = v.get("stringValue")
-            if type(s) is str:  # the fast path: most attributes are strings
-                out[key] = s if len(s) <= _SAFE_CHARS else _bound_str(s)
+            if type(s) is str and len(s) <= _SAFE_CHARS:  # the fast path: most attributes are strings
+                out[key] = s
                 continue
-            value = _json_any(v)
+            budget = _Budget()
+            value = _json_any(v, budget)
             if value is not None:
                 out[key] = value
+                if budget.cut:
+                    _mark_cut(out, key)
         elif v is not None:
             raise _SpanProblem("attribute value must be an AnyValue object")
     return out
 
 
-def _json_any(v: Any) -> Any:
+def _json_any(v: Any, budget: _Budget) -> Any:
     """OTLP/JSON AnyValue -> Python value (None for an empty AnyValue)."""
     if type(v) is not dict:
         if v is None:
@@ -1125,7 +1316,7 @@ def _json_any(v: Any) -> Any:
         s = v["stringValue"]
         if type(s) is not str:
             raise _SpanProblem("stringValue must be a string")
-        return _bound_str(s)
+        return budget.bound(s)
     if "intValue" in v:
         i = v["intValue"]
         t = type(i)
@@ -1170,7 +1361,12 @@ def _json_any(v: Any) -> Any:
             return []
         if type(values) is not list:
             raise _SpanProblem("arrayValue.values must be a list")
-        return [_json_any(x) for x in values]
+        items = []
+        for x in values:
+            if not budget.take():
+                break
+            items.append(_json_any(x, budget))
+        return items
     if "kvlistValue" in v:
         kvl = v["kvlistValue"]
         if kvl is None:
@@ -1184,12 +1380,14 @@ def _json_any(v: Any) -> Any:
             raise _SpanProblem("kvlistValue.values must be a list")
         out: dict[str, Any] = {}
         for kv in values:
+            if not budget.take():
+                break
             if type(kv) is not dict:
                 raise _SpanProblem("kvlistValue entry must be a {key, value} object")
             key = kv.get("key", "")  # proto3 JSON leaves an empty key out
             if type(key) is not str:
                 raise _SpanProblem("kvlistValue entry must be a {key, value} object")
-            out[key] = _json_any(kv.get("value"))
+            out[key] = _json_any(kv.get("value"), budget)
         return out
     if "bytesValue" in v:
         b64 = v["bytesValue"]
@@ -1199,9 +1397,10 @@ def _json_any(v: Any) -> Any:
         # like any string, cut on a 4-character boundary so it stays decodable.
         if len(b64) > MAX_STRING_BYTES:
             b64 = b64[:MAX_STRING_BYTES]
+            budget.cut = True
         return b64
     if not _SNAKE_KEYS.isdisjoint(v):  # snake_case: string_value, int_value, ...
-        return _json_any(_camel(v))
+        return _json_any(_camel(v), budget)
     return None  # empty AnyValue, or only fields we do not know
 
 

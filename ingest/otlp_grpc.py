@@ -154,7 +154,7 @@ class _TraceService:
 
         if result.spans:
             try:
-                future = self.pipeline.accept(result.spans)
+                future = self.pipeline.accept(result.spans, len(request))
             except WriterFull as exc:
                 return _unavailable(f"receiver busy: {exc.reason}; retry later", exc.retry_after)
             except WriterClosed:

@@ -444,13 +444,14 @@ def create_ingest_app(pipeline: IngestPipeline, settings: Settings, *,
                     result = decode(body, source="otlp")
                 except DecodeError as exc:
                     raise _Reject(400, _INVALID_ARGUMENT, str(exc)) from None
+            nbytes = len(body)
             del body
         finally:
             gate.reading.release()
 
         if result.spans:
             try:
-                future = pipeline.accept(result.spans)
+                future = pipeline.accept(result.spans, nbytes)
             except WriterFull as exc:
                 wait = _retry_after(exc.retry_after)
                 raise _Reject(429, _UNAVAILABLE, f"receiver busy: {exc.reason}; retry after {wait} s",

@@ -9,6 +9,7 @@ from sqlalchemy import Engine
 
 from ..models.packs import EVERY_S as PACK_EVERY_S
 from ..settings import Settings
+from .otlp import set_value_limits
 from .records import SpanRecord
 from .retention import RetentionPolicy
 from .settle import Settler, SettlerJobs, SettlerProcess
@@ -45,7 +46,9 @@ class IngestPipeline:
         lag = None
         if limit_lag and settings.max_settle_lag_s > 0:
             lag = SettleLag(engine, settings.max_settle_lag_s, settings.settle_seconds)
-        self.writer = BatchWriter(engine, max_queue_spans=settings.max_queue_spans, lag=lag)
+        self.writer = BatchWriter(engine, max_queue_spans=settings.max_queue_spans,
+                                  max_queue_bytes=settings.max_queue_bytes, lag=lag)
+        set_value_limits(settings.max_value_bytes, settings.max_value_items)
         jobs = SettlerJobs(retention=RetentionPolicy.from_settings(settings), pack_every_s=PACK_EVERY_S,
                            evaluations=evaluations)
         if settle == "process":
@@ -62,9 +65,10 @@ class IngestPipeline:
             self.settler.start()
         return self
 
-    def accept(self, records: list[SpanRecord]) -> Future:
+    def accept(self, records: list[SpanRecord], nbytes: int = 0) -> Future:
+        """Tag and queue ``records``; ``nbytes``: the size of the request that carried them."""
         self.rules.tag(records)
-        return self.writer.submit(records)
+        return self.writer.submit(records, nbytes)
 
     def retry_after(self) -> float:
         return self.writer.retry_after()

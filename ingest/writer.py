@@ -190,6 +190,14 @@ def write_spans(engine: Engine, records: Sequence[SpanRecord], now_ns: int | Non
     return WriteResult(len(rows), inserted)
 
 
+class _Pending(Future):
+    """A queued request's acknowledgement, with the bytes it holds in the queue."""
+
+    def __init__(self, nbytes: int) -> None:
+        super().__init__()
+        self.nbytes = nbytes
+
+
 class BatchWriter:
     """A thread that writes queued requests in batches and acknowledges after commit."""
 
@@ -198,6 +206,7 @@ class BatchWriter:
         engine: Engine,
         *,
         max_queue_spans: int = 50_000,
+        max_queue_bytes: int = 64 * 1024 * 1024,
         max_batch_spans: int = 20_000,
         max_wait: float = 0.02,
         on_written=None,
@@ -213,6 +222,7 @@ class BatchWriter:
         self.isolate_failures = isolate_failures
         self.lag = lag
         self.max_queue_spans = max_queue_spans
+        self.max_queue_bytes = max_queue_bytes
         self.max_batch_spans = max_batch_spans
         self.max_wait = max_wait
         self.on_written = on_written
@@ -224,6 +234,7 @@ class BatchWriter:
         self._unavailable_since: float | None = None
         self._queue: queue.Queue = queue.Queue()
         self._queued_spans = 0
+        self._queued_bytes = 0
         self._lock = threading.Lock()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="modalscope-writer", daemon=True)
@@ -249,7 +260,7 @@ class BatchWriter:
     def busy(self) -> str | None:
         """Why another request would be refused now (receivers refuse before reading a
         body), or None."""
-        if self._queued_spans >= self.max_queue_spans:
+        if self._queued_spans >= self.max_queue_spans or self._queued_bytes >= self.max_queue_bytes:
             return QUEUE_FULL
         if self.lag is not None and self.lag.behind():
             return self.lag.reason
@@ -259,8 +270,10 @@ class BatchWriter:
     def closed(self) -> bool:
         return self._closed
 
-    def submit(self, records: list[SpanRecord]) -> Future:
-        fut: Future = Future()
+    def submit(self, records: list[SpanRecord], nbytes: int = 0) -> Future:
+        """Queue ``records``; ``nbytes``: the size of the request they came in, counted
+        against ``max_queue_bytes`` until they are written."""
+        fut = _Pending(nbytes)
         if not records:
             fut.set_result(WriteResult(0, 0))
             return fut
@@ -270,9 +283,11 @@ class BatchWriter:
             if self._closed:
                 raise WriterClosed("writer is shutting down")
             # One oversized request may always enter an empty queue; otherwise respect the cap.
-            if self._queued_spans and self._queued_spans + len(records) > self.max_queue_spans:
+            if self._queued_spans and (self._queued_spans + len(records) > self.max_queue_spans
+                                       or self._queued_bytes + nbytes > self.max_queue_bytes):
                 raise WriterFull(self.retry_after())
             self._queued_spans += len(records)
+            self._queued_bytes += nbytes
         self._queue.put((records, fut))
         return fut
 
@@ -375,6 +390,7 @@ class BatchWriter:
         # is not refused for space its own finished request still held.
         with self._lock:
             self._queued_spans -= n
+            self._queued_bytes -= sum(fut.nbytes for _, fut in batch)
         self.spans_received += n
         self.batches += 1
         elapsed = max(time.monotonic() - t0, 1e-6)

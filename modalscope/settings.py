@@ -38,6 +38,9 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "MODALSCOPE_SETTLE_SECONDS": ("5", "A trace idle this long is settled: input type, self times, pairs and rollups computed (corrected if a late span arrives)."),
     "MODALSCOPE_MAX_REQUEST_BYTES": ("20971520", "Largest OTLP request accepted, in bytes, checked before and after decompression (default 20 MiB)."),
     "MODALSCOPE_MAX_QUEUE_SPANS": ("50000", "Spans the writer holds before receivers answer 429/UNAVAILABLE with a retry delay (bounds the receiver's memory while the store is slow or down)."),
+    "MODALSCOPE_MAX_QUEUE_BYTES": ("67108864", "Bytes of requests (decompressed, as received) the writer holds before receivers answer 429/UNAVAILABLE with a retry delay: spans carrying large values fill memory long before the span count does (default 64 MiB)."),
+    "MODALSCOPE_MAX_VALUE_BYTES": ("65536", "String attribute values and status messages are cut to this many UTF-8 bytes (inline base64 media elided first; at least 16384); the span's `modalscope.truncated` attribute lists the keys cut."),
+    "MODALSCOPE_MAX_VALUE_ITEMS": ("4096", "Array and key-value-list attribute values keep this many elements, nested ones counted; the rest are dropped as the request is decoded, before they take memory, and the key is listed in `modalscope.truncated`."),
     "MODALSCOPE_MAX_SERIES_PER_KIND": ("2000", "Latency series the settler keeps per kind (operations, service pairs, traces, caches, ...); spans naming a new series past it count in the kind's `(other)` series, so a client sending thousands of service or span names cannot grow the store and the filter pickers without bound."),
     "MODALSCOPE_MAX_SETTLE_LAG_S": ("10", "When the settler has fallen this many seconds behind (a trace idle `MODALSCOPE_SETTLE_SECONDS` plus this long is still not settled), receivers answer 429/UNAVAILABLE with a retry delay until it catches up: bounds how far rollups, pairs and exemplar searches lag behind a sustained flood, while a burst passes (`0`: no limit)."),
     "MODALSCOPE_THREADS": ("4", "Threads per gunicorn worker of the dashboard (`modalscope.gunicorn_conf`; workers: `WEB_CONCURRENCY`, default 2)."),
@@ -147,6 +150,9 @@ class Settings:
     settle_seconds: float = 5.0
     max_request_bytes: int = 20 * 1024 * 1024
     max_queue_spans: int = 50_000
+    max_queue_bytes: int = 64 * 1024 * 1024
+    max_value_bytes: int = 64 * 1024
+    max_value_items: int = 4096
     max_series_per_kind: int = 2000
     max_settle_lag_s: float = 10.0
     public_url: str = ""
@@ -186,6 +192,9 @@ class Settings:
             settle_seconds=_float(env, "MODALSCOPE_SETTLE_SECONDS"),
             max_request_bytes=_int(env, "MODALSCOPE_MAX_REQUEST_BYTES", minimum=1024),
             max_queue_spans=_int(env, "MODALSCOPE_MAX_QUEUE_SPANS", minimum=1),
+            max_queue_bytes=_int(env, "MODALSCOPE_MAX_QUEUE_BYTES", minimum=1024),
+            max_value_bytes=_int(env, "MODALSCOPE_MAX_VALUE_BYTES", minimum=16384),
+            max_value_items=_int(env, "MODALSCOPE_MAX_VALUE_ITEMS", minimum=1),
             max_series_per_kind=_int(env, "MODALSCOPE_MAX_SERIES_PER_KIND", minimum=1),
             max_settle_lag_s=_float(env, "MODALSCOPE_MAX_SETTLE_LAG_S"),
             public_url=_str(env, "MODALSCOPE_PUBLIC_URL").strip().rstrip("/"),

@@ -546,7 +546,7 @@ def test_http_unexpected_error_is_500_and_the_receiver_survives(engine, start_st
     stack = start_stack()
     real_accept = stack.pipeline.accept
 
-    def broken(records):
+    def broken(records, nbytes=0):
         raise RuntimeError("secret internal detail")
 
     monkeypatch.setattr(stack.pipeline, "accept", broken)

@@ -18,10 +18,18 @@ receiver parses the request bytes itself: grpcio's default deserializer answers
 * gzip-compressed requests are inflated by grpc;
 * success (after the commit) -> ``ExportTraceServiceResponse``, with ``partial_success``
   when spans were rejected one by one.
-* An Export holds a worker thread until its spans are committed; when all but
+* The method is served as client-streaming (the same on the wire as unary), so a call takes
+  a thread as it starts and the receiver sees how long its message takes to arrive. At most
+  ``MAX_RECEIVING`` calls wait for their message at once; past that a call is answered
+  ``UNAVAILABLE`` with a ``RetryInfo`` at once, and the calls that have waited longer than
+  ``EVICT_AFTER`` are cancelled to make room. No message may take longer than
+  ``RECEIVE_TIMEOUT``. So streams that announce a message and trickle it cannot hold the
+  receiver against exporters that send theirs at once.
+* An Export then holds a worker thread until its spans are committed; when all but
   ``RESERVED_WORKERS`` are held (a slow or locked store), further Exports are answered
   ``UNAVAILABLE`` with a ``RetryInfo`` at once by the reserved ones, instead of queueing
-  behind the held workers until the client's deadline passes.
+  behind the held workers until the client's deadline passes. ``MAX_DECODING`` decode at
+  once (CPU work under the GIL; each holds its request's bytes).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import hmac
 import logging
 import math
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -40,7 +49,9 @@ from google.rpc import error_details_pb2, status_pb2
 from ..settings import Settings
 from .errors import ListenError, PortInUse, probe_bind_error, storage_unavailable
 from .otlp import DecodeError, decode_protobuf, encode_response
-from .pipeline import IngestPipeline, WriterClosed, WriterFull
+from .inflight import InflightBytes
+from .memory import trim
+from .pipeline import BODY_WEIGHT, INFLIGHT_BYTES, IngestPipeline, WriterClosed, WriterFull
 
 __all__ = ["SERVICE", "METHOD", "FULL_METHOD", "ListenError", "PortInUse", "serve_grpc"]
 
@@ -56,6 +67,20 @@ COMMIT_TIMEOUT = 60.0
 SHUTDOWN_RETRY_AFTER = 5
 #: Worker threads that never wait for a commit, so a busy receiver can still say so.
 RESERVED_WORKERS = 2
+#: Calls waiting for their request message at once (each may buffer up to the size cap, and
+#: grpc copies it once more into the bytes handed over).
+MAX_RECEIVING = 2
+#: Seconds a call waits for a receiving slot before it is refused.
+RECEIVE_SLOT_WAIT = 1.0
+#: Seconds a call may take to deliver its message; then it is cancelled.
+RECEIVE_TIMEOUT = 60.0
+#: When every receiving slot is taken, calls still waiting for their message after this many
+#: seconds are cancelled to make room: an exporter's message arrives in milliseconds.
+EVICT_AFTER = 2.0
+#: Requests decoding at once.
+MAX_DECODING = 4
+#: Seconds a received request waits for room in the process's body budget before UNAVAILABLE.
+DECODE_WAIT = 10.0
 
 _PROTOBUF = "application/x-protobuf"
 
@@ -93,14 +118,93 @@ def _short(text: object, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+class _Receiving:
+    """The calls waiting for their request message, and a thread that cancels the ones past
+    ``RECEIVE_TIMEOUT`` (a trickle never ends on its own)."""
+
+    def __init__(self, slots: int, timeout: float = RECEIVE_TIMEOUT, evict_after: float = EVICT_AFTER,
+                 check_every: float = 0.5) -> None:
+        self.slots = threading.BoundedSemaphore(max(1, slots))
+        self.timeout = timeout
+        self.evict_after = evict_after
+        self.check_every = check_every
+        self.cancelled = 0
+        self._waiting: dict[int, tuple[float, grpc.ServicerContext]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="modalscope-otlp-grpc-receiving", daemon=True)
+        self._thread.start()
+
+    def watch(self, context: grpc.ServicerContext) -> int:
+        key = id(context)
+        with self._lock:
+            self._waiting[key] = (time.monotonic(), context)
+        return key
+
+    def done(self, key: int) -> None:
+        with self._lock:
+            self._waiting.pop(key, None)
+
+    def cancel_older_than(self, seconds: float) -> int:
+        cutoff = time.monotonic() - seconds
+        with self._lock:
+            late = [key for key, (since, _) in self._waiting.items() if since <= cutoff]
+            contexts = [self._waiting.pop(key)[1] for key in late]
+        for context in contexts:
+            context.cancel()  # the handler's wait for the message ends; its slot is freed
+        self.cancelled += len(contexts)
+        return len(contexts)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.check_every):
+            if self.cancel_older_than(self.timeout):
+                log.debug("OTLP/gRPC: cancelled calls whose message took over %g s", self.timeout)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
 class _TraceService:
     def __init__(self, pipeline: IngestPipeline, settings: Settings, commit_timeout: float,
-                 max_busy: int = 1 << 30) -> None:
+                 max_busy: int = 1 << 30, receiving: _Receiving | None = None) -> None:
         self.pipeline = pipeline
         self.cap = int(settings.max_request_bytes)
         self.token = settings.ingest_token.encode("utf-8") if settings.ingest_token else None
         self.commit_timeout = commit_timeout
         self._busy = threading.BoundedSemaphore(max(1, max_busy))
+        self._decoding = threading.BoundedSemaphore(MAX_DECODING)
+        self.inflight = getattr(pipeline, "inflight", None) or InflightBytes(max(INFLIGHT_BYTES, BODY_WEIGHT * self.cap))
+        self.receiving = receiving if receiving is not None else _Receiving(MAX_RECEIVING)
+
+    def export_call(self, request_iterator, context: grpc.ServicerContext) -> bytes:
+        """The Export call as it starts: wait (bounded) for its one message, then export it."""
+        receiving = self.receiving
+        if not receiving.slots.acquire(timeout=RECEIVE_SLOT_WAIT):
+            evicted = receiving.cancel_older_than(receiving.evict_after)
+            return self._finish(_unavailable(
+                "receiver busy receiving other requests; retry" + (" (slow senders cut)" if evicted else ""), 1),
+                context)
+        try:
+            key = receiving.watch(context)
+            try:
+                request = next(request_iterator, None)
+            except Exception:  # noqa: BLE001 - cancelled (by us or the client) while waiting
+                request = None
+            finally:
+                receiving.done(key)
+        finally:
+            receiving.slots.release()
+        if request is None:
+            if not context.is_active():
+                return b""  # cancelled: nobody is listening for an answer
+            return self._finish(_Failure(grpc.StatusCode.INVALID_ARGUMENT, "the call carried no request message"),
+                                context)
+        size = len(request)
+        try:
+            return self.export(request, context)
+        finally:
+            del request
+            trim(size)
 
     def export(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         if not self._busy.acquire(blocking=False):
@@ -113,6 +217,10 @@ class _TraceService:
                 outcome = self._guarded_export(request, context)
             finally:
                 self._busy.release()
+        return self._finish(outcome, context)
+
+    @staticmethod
+    def _finish(outcome: "bytes | _Failure", context: grpc.ServicerContext) -> bytes:
         if isinstance(outcome, _Failure):
             level = logging.DEBUG if outcome.code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNAVAILABLE) \
                 else logging.INFO
@@ -147,14 +255,21 @@ class _TraceService:
             return _Failure(grpc.StatusCode.RESOURCE_EXHAUSTED,
                             f"request of {len(request)} bytes exceeds the limit of {self.cap} bytes "
                             "(MODALSCOPE_MAX_REQUEST_BYTES)")
+        nbytes = len(request)
+        hold = self.inflight.hold(BODY_WEIGHT * nbytes, DECODE_WAIT)
+        if hold is None:
+            return _unavailable("receiver busy decoding other requests; retry", 1)
         try:
-            result = decode_protobuf(bytes(request), source="otlp")
+            with self._decoding:
+                result = decode_protobuf(request, source="otlp")
         except DecodeError as exc:
             return _Failure(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        finally:
+            hold.release()
 
         if result.spans:
             try:
-                future = self.pipeline.accept(result.spans, len(request))
+                future = self.pipeline.accept(result.spans, nbytes)
             except WriterFull as exc:
                 return _unavailable(f"receiver busy: {exc.reason}; retry later", exc.retry_after)
             except WriterClosed:
@@ -224,17 +339,21 @@ def _address(host: str, port: int) -> str:
 
 def serve_grpc(pipeline: IngestPipeline, settings: Settings, host: str, port: int,
                max_workers: int = 16, *, commit_timeout: float = COMMIT_TIMEOUT,
-               reuse_port: bool = False) -> grpc.Server:
+               reuse_port: bool = False, max_receiving: int = MAX_RECEIVING,
+               receive_timeout: float = RECEIVE_TIMEOUT) -> grpc.Server:
     """Start the OTLP/gRPC receiver on ``host:port`` and return the started server.
 
     ``port`` 0 binds any free port; the bound port is set as ``server.port``. A taken port
     raises :class:`PortInUse` naming it; ``server.stop(grace)`` stops the receiver.
     ``reuse_port``: share the port with other receiver processes of ours (SO_REUSEPORT).
+    ``max_workers``: threads for calls past their message; ``max_receiving`` more wait for
+    messages (at most ``receive_timeout`` seconds each).
     """
     cap = int(settings.max_request_bytes)
     token = settings.ingest_token.encode("utf-8") if settings.ingest_token else None
     server = grpc.server(
-        ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="modalscope-otlp-grpc"),
+        # the receiving calls wait in threads of their own, beside the workers
+        ThreadPoolExecutor(max_workers=max_workers + max_receiving, thread_name_prefix="modalscope-otlp-grpc"),
         interceptors=[_TokenInterceptor(token)] if token else None,
         options=[
             ("grpc.max_receive_message_length", cap),
@@ -243,11 +362,13 @@ def serve_grpc(pipeline: IngestPipeline, settings: Settings, host: str, port: in
             ("grpc.so_reuseport", 1 if reuse_port else 0),
         ],
     )
-    service = _TraceService(pipeline, settings, commit_timeout, max_busy=max_workers - RESERVED_WORKERS)
+    receiving = _Receiving(max_receiving, timeout=receive_timeout)
+    service = _TraceService(pipeline, settings, commit_timeout, max_busy=max_workers - RESERVED_WORKERS,
+                            receiving=receiving)
     handler = grpc.method_handlers_generic_handler(
         SERVICE,
-        {METHOD: grpc.unary_unary_rpc_method_handler(service.export, request_deserializer=None,
-                                                     response_serializer=None)},
+        {METHOD: grpc.stream_unary_rpc_method_handler(service.export_call, request_deserializer=None,
+                                                      response_serializer=None)},
     )
     server.add_generic_rpc_handlers((handler,))
     try:
@@ -256,8 +377,17 @@ def serve_grpc(pipeline: IngestPipeline, settings: Settings, host: str, port: in
         bound = 0
     if not bound:
         server.stop(None)
+        receiving.stop()
         raise probe_bind_error(host, port, "OTLP/gRPC")
     server.start()
     server.port = bound  # type: ignore[attr-defined]
+    server.receiving = receiving  # type: ignore[attr-defined]
+    grpc_stop = server.stop
+
+    def stop(grace):  # grpc's Server cannot be subclassed: its watchdog stops with it this way
+        receiving.stop()
+        return grpc_stop(grace)
+
+    server.stop = stop  # type: ignore[method-assign]
     log.info("OTLP/gRPC receiver listening on %s:%d", host, bound)
     return server

@@ -20,6 +20,10 @@
   in spans. A client that stops sending for ``IDLE_TIMEOUT`` seconds is cut off, and a body
   that arrives slower than ``MIN_BODY_BYTES_PER_S`` (after ``BODY_GRACE_S``) or takes over
   ``MAX_BODY_S`` too (:class:`SlowBodyReaper`), so trickled uploads cannot hold the slots.
+  At most ``MAX_CONNECTIONS`` connections are served at once (each is a thread); past it a
+  connection is answered 503 with ``Retry-After`` and closed, and connections that have
+  waited over ``EVICT_AFTER`` for a request head are closed to make room; no head may take
+  longer than ``HEAD_TIMEOUT`` (:class:`Connections`).
 * Stopping (:class:`IngestGate`): requests arriving after the stop began get 503 with
   ``Retry-After``; the ones already taken are answered once their spans are committed.
 * 200 means committed: the response is sent after the writer's commit, with an
@@ -37,6 +41,7 @@ import concurrent.futures
 import hmac
 import logging
 import math
+import queue
 import socket
 import time
 import threading
@@ -44,12 +49,14 @@ import zlib
 
 from flask import Flask, Response, request
 from werkzeug.exceptions import ClientDisconnected, HTTPException
-from werkzeug.serving import WSGIRequestHandler, get_sockaddr, make_server, select_address_family
+from werkzeug.serving import ThreadedWSGIServer, WSGIRequestHandler, get_sockaddr, select_address_family
 
 from ..settings import Settings
 from .errors import ListenError, PortInUse, bind_error, storage_unavailable
 from .otlp import DecodeError, decode_json, decode_protobuf, encode_response, encode_status
-from .pipeline import IngestPipeline, WriterClosed, WriterFull
+from .inflight import Hold, InflightBytes
+from .memory import trim
+from .pipeline import BODY_WEIGHT, INFLIGHT_BYTES, IngestPipeline, WriterClosed, WriterFull
 
 __all__ = [
     "COMMIT_TIMEOUT",
@@ -83,6 +90,15 @@ MIN_BODY_BYTES_PER_S = 8 * 1024
 BODY_GRACE_S = 5.0
 #: No body is read for longer than this, however fast it trickles.
 MAX_BODY_S = 120.0
+#: Connections served at once; past it a new connection is answered 503 with Retry-After.
+MAX_CONNECTIONS = 128
+#: A request head (request line and headers) must be complete this many seconds after the
+#: connection is ready for it, however it trickles; on a kept-alive connection the wait for
+#: the next request counts too, so this also ends idle connections.
+HEAD_TIMEOUT = IDLE_TIMEOUT
+#: At the connection cap, connections that have waited this long for a request head (idle or
+#: trickling) are closed to make room: an exporter sends its head at once.
+EVICT_AFTER = 2.0
 
 _PROTOBUF = "application/x-protobuf"
 _JSON = "application/json"
@@ -273,12 +289,13 @@ class SlowBodyReaper:
 _BODY_READ = 64 * 1024
 
 
-def _read_body(stream, cap: int, progress: _BodyProgress | None = None) -> bytes:
+def _read_body(stream, cap: int, progress: _BodyProgress | None = None, hold: Hold | None = None) -> bytes:
     """Read the whole body, refusing it (413) as soon as it passes ``cap`` bytes.
 
     Never holds more than cap + 1 bytes. Works for ``Content-Length`` bodies (Werkzeug
     limits the stream to it) and chunked ones (the server de-chunks and ends the stream).
-    ``progress`` counts what has arrived, for :class:`SlowBodyReaper`.
+    ``progress`` counts what has arrived, for :class:`SlowBodyReaper`; ``hold`` grows with
+    a body of unknown length (503 when the process's body budget stays full).
     """
     parts: list[bytes] = []
     size = 0
@@ -290,6 +307,9 @@ def _read_body(stream, cap: int, progress: _BodyProgress | None = None) -> bytes
                 break
             parts.append(chunk)
             size += len(chunk)
+            if hold is not None and not hold.grow(BODY_WEIGHT * (size + step), READ_WAIT):
+                raise _Reject(503, _UNAVAILABLE, "receiver busy reading other requests; retry",
+                              {"Retry-After": "1"})
             if progress is not None:
                 progress.read = size
             if size > cap:
@@ -362,6 +382,7 @@ def create_ingest_app(pipeline: IngestPipeline, settings: Settings, *,
     gate = gate or IngestGate()
     app.extensions["modalscope_ingest_gate"] = gate
     reaper = app.extensions["modalscope_slow_bodies"] = SlowBodyReaper()
+    inflight = getattr(pipeline, "inflight", None) or InflightBytes(max(INFLIGHT_BYTES, BODY_WEIGHT * cap))
 
     def refuse_early() -> None:
         """Refuse without keeping the body when the writer cannot take it anyway."""
@@ -429,17 +450,25 @@ def create_ingest_app(pipeline: IngestPipeline, settings: Settings, *,
             _discard_body(request.stream, cap)
             raise _Reject(503, _UNAVAILABLE, "receiver busy reading other requests; retry",
                           {"Retry-After": "1"})
+        hold = inflight.hold(BODY_WEIGHT * (length if length is not None else _BODY_READ), READ_WAIT)
+        if hold is None:
+            gate.reading.release()
+            _discard_body(request.stream, cap)
+            raise _Reject(503, _UNAVAILABLE, "receiver busy reading other requests; retry", {"Retry-After": "1"})
         sock = request.environ.get("werkzeug.socket")
         progress = reaper.watch(sock) if sock is not None else None
         try:
             try:
-                body = _read_body(request.stream, cap, progress)
+                body = _read_body(request.stream, cap, progress, hold if length is None else None)
             finally:
                 if progress is not None:
                     reaper.done(progress)
             with gate.decoding:
                 if coding is not None:
                     body = _inflate(body, coding, cap)
+                    if not hold.grow(BODY_WEIGHT * len(body), READ_WAIT):
+                        raise _Reject(503, _UNAVAILABLE, "receiver busy decoding other requests; retry",
+                                      {"Retry-After": "1"})
                 try:
                     result = decode(body, source="otlp")
                 except DecodeError as exc:
@@ -447,7 +476,9 @@ def create_ingest_app(pipeline: IngestPipeline, settings: Settings, *,
             nbytes = len(body)
             del body
         finally:
+            hold.release()
             gate.reading.release()
+            trim(length or 0)
 
         if result.spans:
             try:
@@ -520,11 +551,153 @@ def create_ingest_app(pipeline: IngestPipeline, settings: Settings, *,
 # --------------------------------------------------------------------------- server
 
 
+class Connections:
+    """The connections being served: admits up to ``limit``, and closes those whose request
+    head has not arrived ``head_timeout`` seconds after they were ready for one.
+
+    A thread blocked reading a head that trickles in is never ended by the socket timeout;
+    shutting the socket down from this watcher ends the read."""
+
+    def __init__(self, limit: int = MAX_CONNECTIONS, head_timeout: float = HEAD_TIMEOUT,
+                 evict_after: float = EVICT_AFTER, check_every_s: float = 0.5) -> None:
+        self.limit, self.head_timeout, self.evict_after = limit, head_timeout, evict_after
+        self.check_every_s = check_every_s
+        self.active = 0
+        self.refused = 0
+        self.closed = 0
+        self._heads: dict[socket.socket, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="modalscope-otlp-http-heads", daemon=True)
+        self._thread.start()
+
+    def admit(self) -> bool:
+        with self._lock:
+            if self.active >= self.limit:
+                self.refused += 1
+                return False
+            self.active += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self.active -= 1
+
+    def awaiting_head(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._heads[sock] = time.monotonic()
+
+    def head_done(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._heads.pop(sock, None)
+
+    def close_waiting(self, seconds: float) -> int:
+        """Close the connections that have waited ``seconds`` or more for a request head."""
+        cutoff = time.monotonic() - seconds
+        with self._lock:
+            late = [sock for sock, since in self._heads.items() if since <= cutoff]
+            for sock in late:
+                del self._heads[sock]
+        for sock in late:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.closed += len(late)
+        return len(late)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.check_every_s):
+            if self.close_waiting(self.head_timeout):
+                log.debug("OTLP/HTTP: closed connections whose request head took over %g s", self.head_timeout)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+_BUSY_BODY = b'{"code":14,"message":"receiver busy: too many connections; retry in a second"}'
+_BUSY_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: application/json\r\n"
+                  b"Connection: close\r\nContent-Length: " + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY)
+
+
+class _Refuser:
+    """Answers refused connections 503 and closes them, in a thread of its own so the accept
+    loop never waits on a client; the request is drained briefly first, so the answer is not
+    lost to a reset. Past ``backlog`` waiting, connections are closed without an answer."""
+
+    def __init__(self, backlog: int = 64) -> None:
+        self._queue: queue.Queue = queue.Queue(backlog)
+        threading.Thread(target=self._run, name="modalscope-otlp-http-refuser", daemon=True).start()
+
+    def refuse(self, sock: socket.socket) -> None:
+        try:
+            self._queue.put_nowait(sock)
+        except queue.Full:
+            sock.close()
+
+    def _run(self) -> None:
+        while True:
+            sock = self._queue.get()
+            try:
+                sock.settimeout(0.5)
+                sock.sendall(_BUSY_RESPONSE)
+                sock.shutdown(socket.SHUT_WR)
+                drained = 0
+                while drained < 1 << 20:
+                    data = sock.recv(65536)
+                    if not data:
+                        break
+                    drained += len(data)
+            except OSError:
+                pass
+            finally:
+                sock.close()
+
+
+class _ReceiverServer(ThreadedWSGIServer):
+    """Werkzeug's threaded server, serving at most ``connections.limit`` connections."""
+
+    connections: Connections
+    refuser: _Refuser
+
+    def process_request(self, request, client_address) -> None:
+        if not self.connections.admit():
+            self.connections.close_waiting(self.connections.evict_after)
+            self.refuser.refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.connections.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.connections.head_done(request)
+            self.connections.release()
+
+
 class _RequestHandler(WSGIRequestHandler):
-    """Werkzeug's handler, with access logs sent to our logger at DEBUG (not stderr), and a
-    socket timeout: a client silent for IDLE_TIMEOUT seconds is dropped."""
+    """Werkzeug's handler, with access logs sent to our logger at DEBUG (not stderr), a socket
+    timeout (a client silent for IDLE_TIMEOUT seconds is dropped), and each request head
+    watched by the server's :class:`Connections`."""
 
     timeout = IDLE_TIMEOUT
+
+    def handle_one_request(self) -> None:
+        connections = getattr(self.server, "connections", None)
+        if connections is not None:
+            connections.awaiting_head(self.connection)
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()  # reads the headers
+        connections = getattr(self.server, "connections", None)
+        if connections is not None:
+            connections.head_done(self.connection)
+        return ok
 
     def log(self, type: str, message: str, *args) -> None:  # noqa: A002 - Werkzeug's signature
         level = logging.DEBUG if type == "info" else logging.WARNING
@@ -553,6 +726,7 @@ class HTTPReceiver:
             self.server.shutdown()
             self.thread.join(timeout)
         self.server.server_close()
+        self.server.connections.stop()
 
     def __enter__(self) -> "HTTPReceiver":
         return self
@@ -580,20 +754,23 @@ def _listen(host: str, port: int, what: str, reuse_port: bool = False) -> socket
 
 
 def serve_http(app, host: str, port: int, *, what: str = "OTLP/HTTP",
-               poll_interval: float = 0.1, reuse_port: bool = False) -> HTTPReceiver:
+               poll_interval: float = 0.1, reuse_port: bool = False,
+               connections: Connections | None = None) -> HTTPReceiver:
     """Serve ``app`` on ``host:port`` (``port`` 0: any free port, see ``.port``), threaded.
 
     The socket is bound here, not by Werkzeug (which prints and calls ``sys.exit`` when it
     cannot bind), so a taken port raises :class:`PortInUse` naming it. ``reuse_port``: bind
     with SO_REUSEPORT, so other receiver processes of ours can share the port.
+    ``connections``: the connection cap and head deadline (default :class:`Connections`).
     """
     sock = _listen(host, port, what, reuse_port)
     try:
         # Werkzeug duplicates the descriptor; ours is closed right after.
-        server = make_server(host, int(port), app, threaded=True, request_handler=_RequestHandler,
-                             fd=sock.fileno())
+        server = _ReceiverServer(host, int(port), app, _RequestHandler, fd=sock.fileno())
     finally:
         sock.close()
+    server.connections = connections if connections is not None else Connections()
+    server.refuser = _Refuser()
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": poll_interval},
                               name=f"modalscope-{what.lower().replace('/', '-')}-{server.port}", daemon=True)
     thread.start()

@@ -45,10 +45,12 @@ def start_receivers(settings: Settings, engine: Engine, rules=None, settle: bool
     """Start the pipeline and both OTLP receivers. ``reuse_port``: bind with SO_REUSEPORT,
     so other receiver processes can share the ports (see :class:`ReceiverProcesses`);
     ``evaluations``: what the settler evaluates between passes (``IngestPipeline``)."""
+    from .memory import limit_arenas
     from .otlp_grpc import serve_grpc
     from .otlp_http import IngestGate, create_ingest_app, serve_http
     from .pipeline import IngestPipeline
 
+    limit_arenas()
     pipeline = IngestPipeline(engine, settings, rules, settle=settle, limit_lag=True, evaluations=evaluations).start()
     gate = IngestGate()
     http_server = grpc_server = None

@@ -16,7 +16,6 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import orjson
-import pandas as pd
 
 from .records import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, STATUS_ERROR, SpanRecord
 from .signals import span_signals, trace_input_type
@@ -238,6 +237,8 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
 
     ``linked``: spans outside the batch that CONSUMER spans' links point at, keyed
     (trace_id, span_id) (``settle.load_link_targets``); a link into the batch is resolved in it."""
+    import pandas as pd  # heavy: only a settling pass needs it, not the receivers
+
     n = len(rows)
     cols = list(zip(*rows)) if n else [()] * 19
     t_codes, t_uniques = pd.factorize(pd.Series(cols[TID], dtype=object), sort=False)
@@ -714,6 +715,8 @@ def _factorize_rows(*columns) -> tuple[np.ndarray, list[tuple]]:
     gives, without the MultiIndex (5x slower: most of a settle batch's convention work when
     every span carries ``gpu.cuda_graph``). Each column is factorized alone and the codes
     combined into one integer a row (None is a value, as it is in a MultiIndex)."""
+    import pandas as pd  # heavy: only a settling pass needs it, not the receivers
+
     combined = np.zeros(len(columns[0]), dtype=np.int64)
     uniques = []
     for col in columns:
@@ -734,6 +737,7 @@ def _factorize_rows(*columns) -> tuple[np.ndarray, list[tuple]]:
 def _batch_and_cuda(cols, t_codes: np.ndarray, start: np.ndarray, dur: np.ndarray, key_id, parts) -> None:
     """Append the ``batch`` and ``cuda`` contributions (see ``convention_contributions``) of
     every span with an extracted BATCH or GRAPH value to ``parts``."""
+    import pandas as pd  # heavy: only a settling pass needs it, not the receivers
     parts_t, parts_k, parts_m, parts_v, parts_e = parts
     services = np.asarray(cols[SERVICE], dtype=object)
     batch_raw = cols[BATCH]

@@ -120,7 +120,7 @@ def cmd_retag(args) -> int:
 
 
 def cmd_ingest_otlp(args) -> int:
-    from .app.evaluations import settler_evaluations
+    from .command_kit import settler_evaluations
     from .ingest.receivers import ReceiverProcesses, ReceiverStartError, start_receivers as start, with_ports
 
     settings = load_settings()

@@ -7,6 +7,7 @@ functions that need them, so `modalscope --help` and a mistyped flag answer at o
 
 from __future__ import annotations
 
+import functools
 import signal
 import sys
 import threading
@@ -72,10 +73,25 @@ def wait_for_signal() -> None:
         pass
 
 
+def settler_evaluations(settings):
+    """What the settler evaluates between passes (``app.evaluations.settler_evaluations``),
+    as a picklable callable that imports the analysis layer where the settler runs: a
+    receiver process whose settler is a process of its own never loads pandas and the
+    detectors (about 50 MB of its memory)."""
+    if not settings.findings_every_s or not settings.findings_ranges_s:
+        return None
+    return functools.partial(_evaluation_schedule, settings)
+
+
+def _evaluation_schedule(settings, engine):
+    from .app.evaluations import settler_evaluations as evaluations
+
+    return evaluations(settings)(engine)
+
+
 def start_receivers(settings, engine, rules=None, settle="process"):
     """Start the pipeline and both OTLP receivers of this process, with the settler evaluating
     the anomaly catalog ahead of requests; returns a stop() callable."""
-    from .app.evaluations import settler_evaluations
     from .ingest.receivers import start_receivers as start
 
     return start(settings, engine, rules, settle=settle, evaluations=settler_evaluations(settings)).stop

@@ -25,16 +25,25 @@ MIN = 60 * S
 HOUR = 3600 * S
 
 
+_FILLED_AT: dict[str, int] = {}  # backend -> the ``now`` its filled template was built for
+
+
 @pytest.fixture
-def store(engine):
-    """Three hours of demo traffic (every pattern injected) ending two minutes ago, settled,
-    its writes logged ten minutes ago (as a store settled a while back)."""
-    now = time.time_ns() // MIN * MIN - 2 * MIN
-    demo.fill(engine, demo.DemoConfig(now_ns=now, hours=3.0, rate=0.12, seed=11))
-    settle(engine, force=True)
-    with engine.begin() as conn:
-        conn.execute(update(RollupChange).values(changed_ns=RollupChange.changed_ns - 600 * S))
-    return engine, now
+def store(engine, db_url, filled_templates):
+    """Three hours of demo traffic (every pattern injected) ending two minutes before the
+    module's first test, settled, its writes logged ten minutes before that (as a store
+    settled a while back); built once a backend and copied for each test."""
+
+    def build(eng):
+        now = time.time_ns() // MIN * MIN - 2 * MIN
+        demo.fill(eng, demo.DemoConfig(now_ns=now, hours=3.0, rate=0.12, seed=11))
+        settle(eng, force=True)
+        with eng.begin() as conn:
+            conn.execute(update(RollupChange).values(changed_ns=RollupChange.changed_ns - 600 * S))
+        _FILLED_AT[eng.dialect.name] = now
+
+    filled_templates.fill_like(engine, db_url, "packs-demo", build)
+    return engine, _FILLED_AT[engine.dialect.name]
 
 
 def _as_rows(cols: packs.Columns, dims_of: dict) -> list[tuple]:

@@ -111,12 +111,10 @@ def is_overflow(key: tuple[str, ...]) -> bool:
 def max_series_setting() -> int:
     """``MODALSCOPE_MAX_SERIES_PER_KIND`` of this process's environment (the settler may run
     in a process of its own, which inherits it)."""
-    import os
-
-    from ..settings import SettingsError, _int
+    from ..settings import SettingsError, setting_from_env
 
     try:
-        return _int(os.environ, "MODALSCOPE_MAX_SERIES_PER_KIND", minimum=1)
+        return setting_from_env("max_series_per_kind")
     except SettingsError:
         log.warning("ignoring a bad MODALSCOPE_MAX_SERIES_PER_KIND; using %d", MAX_SERIES_PER_KIND)
         return MAX_SERIES_PER_KIND

@@ -11,10 +11,12 @@ directly; a buffering proxy in front (nginx, a cloud load balancer) does no harm
 
 import os
 
-bind = f"{os.environ.get('MODALSCOPE_BIND', '127.0.0.1')}:{os.environ.get('MODALSCOPE_PORT', '8050')}"
-workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+from modalscope.settings import setting_from_env
+
+bind = f"{setting_from_env('bind')}:{setting_from_env('port')}"
+workers = int(os.environ.get("WEB_CONCURRENCY", "2"))  # gunicorn's own variable
 worker_class = "modalscope.gunicorn_worker.HeadFirstWorker"
-threads = int(os.environ.get("MODALSCOPE_THREADS", "4"))
+threads = setting_from_env("threads")
 timeout = 60
 graceful_timeout = 30
 keepalive = 5

@@ -18,7 +18,6 @@ Use it through ``modalscope.gunicorn_conf`` (``worker_class``); the Docker image
 from __future__ import annotations
 
 import errno
-import os
 import select
 import selectors
 import time
@@ -29,7 +28,9 @@ from gunicorn.http.errors import NoMoreData
 from gunicorn.workers.gthread import ThreadWorker
 from werkzeug.exceptions import RequestTimeout
 
-HEAD_TIMEOUT_S = float(os.environ.get("MODALSCOPE_HEAD_TIMEOUT_S") or 10)
+from .settings import setting_from_env
+
+HEAD_TIMEOUT_S = setting_from_env("head_timeout_s")
 MAX_HEAD_BYTES = 64 * 1024
 # Connections one client address may have waiting for their head at once: one address cannot
 # take all of a worker's ``worker_connections`` (1000). Behind a proxy every client shares its

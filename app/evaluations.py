@@ -38,6 +38,7 @@ from typing import Callable
 
 import orjson
 from sqlalchemy import Engine, and_, delete, or_, select
+from sqlalchemy.exc import DBAPIError
 
 from ..models import FindingEvaluation, changes
 from ..models.reader import Filters, StoreReader
@@ -195,16 +196,12 @@ class StoredFindings:
         if self._stored is not None:
             return self._stored
         fe, self._stored = FindingEvaluation, []
-        try:
-            q = (select(fe.findings, fe.start_ns, fe.end_ns, fe.evaluated_ns)
-                 .where(fe.thresholds_key == thresholds_key(self.th), fe.start_ns < self.window.end_ns,
-                        fe.end_ns > self.window.start_ns)
-                 .order_by(fe.evaluated_ns.desc()).limit(KNOWN_SOURCES))
-            with self.reader.engine.connect() as conn:
-                rows = conn.execute(q).all()
-        except Exception:  # noqa: BLE001 - a store not yet upgraded to 0004 computes everything
-            log.warning("could not read stored findings evaluations", exc_info=True)
-            return self._stored
+        q = (select(fe.findings, fe.start_ns, fe.end_ns, fe.evaluated_ns)
+             .where(fe.thresholds_key == thresholds_key(self.th), fe.start_ns < self.window.end_ns,
+                    fe.end_ns > self.window.start_ns)
+             .order_by(fe.evaluated_ns.desc()).limit(KNOWN_SOURCES))
+        with self.reader.engine.connect() as conn:
+            rows = conn.execute(q).all()
         for found, start_ns, end_ns, evaluated_ns in rows:  # newest first
             stored = _Stored(fnd.judged_window(Window(start_ns, end_ns)), evaluated_ns, orjson.loads(found))
             self._stored.append(stored)
@@ -215,16 +212,13 @@ class StoredFindings:
 
     def _unchanged(self, evaluated_ns: int, first_minute: int, last_minute: int) -> bool:
         since = evaluated_ns - CHANGE_MARGIN_S * NS
-        try:
-            if since not in self._changes:  # one read a stored evaluation, not one a finding
-                with self.reader.engine.connect() as conn:
-                    self._changes[since] = changes.changes_since(conn, since, changes.READ_AT_MOST)
-            logged = self._changes[since]
-            if logged is None:  # (too many to hold: ask about these minutes alone)
-                with self.reader.engine.connect() as conn:
-                    return not changes.changed_since(conn, since, first_minute, last_minute)
-        except Exception:  # noqa: BLE001 - a store not yet upgraded to 0009: compute it
-            return False
+        if since not in self._changes:  # one read a stored evaluation, not one a finding
+            with self.reader.engine.connect() as conn:
+                self._changes[since] = changes.changes_since(conn, since, changes.READ_AT_MOST)
+        logged = self._changes[since]
+        if logged is None:  # (too many to hold: ask about these minutes alone)
+            with self.reader.engine.connect() as conn:
+                return not changes.changed_since(conn, since, first_minute, last_minute)
         return not any(a <= last_minute and b >= first_minute for a, b in logged)
 
     def exemplars(self, f: dict) -> dict | None:
@@ -274,7 +268,7 @@ def evaluate(reader: StoreReader, window: Window, th: d.Thresholds) -> Evaluatio
     ev = Evaluation(found, window.start_ns, window.end_ns, time.time_ns(), stored=False)
     try:
         store(reader.engine, window, thresholds_key(th), found, ev.evaluated_ns)
-    except Exception:  # noqa: BLE001 - a cache: a store that refuses the write (read-only role) still answers
+    except DBAPIError:  # a cache: a store that refuses the write (a read-only role) still answers
         log.warning("could not store the findings evaluation", exc_info=True)
     return ev
 
@@ -293,11 +287,7 @@ def find_for(reader: StoreReader, window: Window, filters: Filters, th: d.Thresh
     detectors run now and the result is stored for the next request."""
     if relative:
         key = thresholds_key(th)
-        try:
-            hit = latest(reader.engine, round(window.seconds), key, window.end_ns - FRESH_S * NS)
-        except Exception:  # noqa: BLE001 - a store not yet upgraded to 0004 answers without the cache
-            log.warning("could not read stored findings evaluations", exc_info=True)
-            hit = None
+        hit = latest(reader.engine, round(window.seconds), key, window.end_ns - FRESH_S * NS)
         if hit is None:
             hit = evaluate(reader, window, th)
     else:
@@ -315,11 +305,7 @@ FIRST_EVALUATION_GATES: list[Callable[[], None]] = []
 def _absolute(reader: StoreReader, window: Window, th: d.Thresholds) -> Evaluation:
     """An absolute window's findings (unfiltered): stored ones still valid, else computed
     now and stored."""
-    try:
-        hit = cached_absolute(reader.engine, window, th)
-    except Exception:  # noqa: BLE001 - a store not yet upgraded to 0009 answers without the cache
-        log.warning("could not read stored findings of an absolute window", exc_info=True)
-        hit = None
+    hit = cached_absolute(reader.engine, window, th)
     if hit is not None:
         return hit
     for gate in FIRST_EVALUATION_GATES:
@@ -328,7 +314,7 @@ def _absolute(reader: StoreReader, window: Window, th: d.Thresholds) -> Evaluati
     found = fnd.find(reader, window, Filters(), th, known=StoredFindings(reader, window, th))
     try:
         store_absolute(reader.engine, window, th, found, started_ns)
-    except Exception:  # noqa: BLE001 - a cache: a store that refuses the write (read-only role) still answers
+    except DBAPIError:  # a cache: a store that refuses the write (a read-only role) still answers
         log.warning("could not store the findings of an absolute window", exc_info=True)
     return Evaluation(found, window.start_ns, window.end_ns, started_ns, stored=False)
 

@@ -219,7 +219,6 @@ class StoreReader:
                        if engine.dialect.name == "postgresql" else engine)
         self._remembered: dict[Any, tuple[float, Any]] = {}
         self.pack_cache = packs.PackCache()  # decoded hour packs kept between reads
-        self._pack_read_failed = False  # (said once)
 
     def _recent(self, key: Any, read) -> Any:
         """``read()``, or its value from at most ``REMEMBER_S`` ago: for facts about the whole
@@ -1142,16 +1141,7 @@ class StoreReader:
             if not dims_of:
                 return packs.empty_columns(), dims_of
             packed = kind in packs.PACK_KINDS and not (sketches and kind in packs.SKETCHLESS_KINDS)
-            try:
-                hours = packs.read(conn, kind, -(-first // 60), last // 60, self.pack_cache) if packed else {}
-            except Exception:  # noqa: BLE001 - a store not yet upgraded to 0010 reads minute rows
-                conn.rollback()
-                hours = {}
-                # (said once a reader: answers stay right, but every read is then slower)
-                if not self._pack_read_failed:
-                    self._pack_read_failed = True
-                    log.warning("hour packs could not be read (is the store upgraded? `modalscope db "
-                                "upgrade`): reading minute rollups instead", exc_info=True)
+            hours = packs.read(conn, kind, -(-first // 60), last // 60, self.pack_cache) if packed else {}
             ranges, at = [], first
             for hour in sorted(hours):
                 if hour * 60 > at:

@@ -394,25 +394,3 @@ def test_merge_equals_concatenating_and_sorting_the_parts():
         for name in packs.Columns.__dataclass_fields__:
             assert np.array_equal(getattr(got, name), getattr(want, name)), name
         assert len(got) == len(want)
-
-
-def test_packs_that_cannot_be_read_fall_back_to_minute_rows_said_once(store, monkeypatch, caplog):
-    """A pack read that fails (a store not upgraded to 0010, or a bug) still answers, from the
-    minute rows, and the reader says so once in the log rather than silently going slow."""
-    import logging
-
-    engine, now = store
-    packs.pack_everything(engine)
-    reader = StoreReader(engine)
-
-    def broken(*a, **k):
-        raise RuntimeError("no packs here")
-
-    monkeypatch.setattr(packs, "read", broken)
-    w, dims = Window(now - 3 * HOUR, now), ("caller", "callee")
-    with caplog.at_level(logging.WARNING, logger="modalscope.models.reader"):
-        for _ in range(2):
-            cols, dims_of = reader.rollup_columns("pair", w.start_ns, w.end_ns, dims)
-            assert _as_rows(cols, dims_of) == _minute_rows(reader, "pair", w.start_ns, w.end_ns, dims)
-    said = [r for r in caplog.records if "hour packs could not be read" in r.getMessage()]
-    assert len(said) == 1 and "no packs here" in (said[0].exc_text or "")

@@ -45,8 +45,7 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
@@ -55,6 +54,7 @@ import pandas as pd
 
 from ..ingest.settle_fast import cache_hit_value
 from ..models import sketch
+from ..settings import DetectorThresholds, SettingsError, declared, read_settings
 
 NS_MIN = 60_000_000_000
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
@@ -68,32 +68,9 @@ from .queries import SEED_BASELINE  # noqa: E402
 
 # -- thresholds: every one a documented setting ------------------------------------------
 @dataclass(frozen=True)
-class Thresholds:
-    """Detector thresholds. Each field is one documented setting (:data:`SETTINGS` names
-    it; ``modalscope/settings.py`` and the README give its default and meaning)."""
-
-    min_samples: int = 20
-    block_minutes: int = 5
-    baseline_minutes: int = 60
-    band_ratio: float = 2.0
-    band_p50_tolerance: float = 0.25
-    band_min_outliers: int = 3
-    cache_drop: float = 0.5
-    cache_dominant_share: float = 0.5
-    sync_spread_ms: float = 50.0
-    preprocess_ratio: float = 1.4
-    preprocess_min_share: float = 0.25
-    batch_stuck_share: float = 0.8
-    batch_load_ratio: float = 1.0
-    fallback_share: float = 0.05
-    min_events: int = 5
-    lb_band: float = 0.02
-    lb_min_ceiling_s: float = 10.0
-    cold_factor: float = 3.0
-    cold_warmup_s: float = 120.0
-    baseline_margin: float = 0.10
-    baseline: str = ""  # "text:320:410,image:1300:2100,..." (P50:P95 ms); empty: the reference latency table
-    max_spans: int = 400_000
+class Thresholds(DetectorThresholds):
+    """Detector thresholds: each field is one setting, declared (variable, default, meaning)
+    in ``modalscope/settings.py``."""
 
     @classmethod
     def kept_in(cls, store: dict) -> "Thresholds":
@@ -105,33 +82,7 @@ class Thresholds:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Thresholds":
-        from ..settings import DOCUMENTED, SettingsError
-
-        env = os.environ if env is None else env
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            name = SETTINGS[f.name]
-            raw = env.get(name) or DOCUMENTED[name][0]
-            if f.type in ("int", int):
-                try:
-                    v: Any = int(raw)
-                except ValueError:
-                    raise SettingsError(f"{name}={raw!r} is not an integer") from None
-            elif f.type in ("float", float):
-                try:
-                    v = float(raw)
-                except ValueError:
-                    raise SettingsError(f"{name}={raw!r} is not a number") from None
-            else:
-                v = raw
-            if isinstance(v, (int, float)) and (not math.isfinite(v) or v < 0):
-                raise SettingsError(f"{name}={raw!r} must be a non-negative number")
-            values[f.name] = v
-        th = cls(**values)
-        if th.baseline_minutes < 30:
-            raise SettingsError("MODALSCOPE_DETECT_BASELINE_MINUTES must be at least 30")
-        if th.block_minutes < 1:
-            raise SettingsError("MODALSCOPE_DETECT_BLOCK_MINUTES must be at least 1")
+        th = read_settings(cls, env)
         try:
             th.baseline_table()
         except ValueError as exc:
@@ -145,30 +96,7 @@ class Thresholds:
 
 
 #: The environment variable of each threshold.
-SETTINGS = {
-    "min_samples": "MODALSCOPE_DETECT_MIN_SAMPLES",
-    "block_minutes": "MODALSCOPE_DETECT_BLOCK_MINUTES",
-    "baseline_minutes": "MODALSCOPE_DETECT_BASELINE_MINUTES",
-    "band_ratio": "MODALSCOPE_DETECT_BAND_RATIO",
-    "band_p50_tolerance": "MODALSCOPE_DETECT_BAND_MEDIAN_TOLERANCE",
-    "band_min_outliers": "MODALSCOPE_DETECT_BAND_MIN_OUTLIERS",
-    "cache_drop": "MODALSCOPE_DETECT_CACHE_DROP",
-    "cache_dominant_share": "MODALSCOPE_DETECT_CACHE_DOMINANT_SHARE",
-    "sync_spread_ms": "MODALSCOPE_DETECT_SYNC_SPREAD_MS",
-    "preprocess_ratio": "MODALSCOPE_DETECT_PREPROCESS_RATIO",
-    "preprocess_min_share": "MODALSCOPE_DETECT_PREPROCESS_MIN_SHARE",
-    "batch_stuck_share": "MODALSCOPE_DETECT_BATCH_STUCK_SHARE",
-    "batch_load_ratio": "MODALSCOPE_DETECT_BATCH_LOAD_RATIO",
-    "fallback_share": "MODALSCOPE_DETECT_FALLBACK_SHARE",
-    "min_events": "MODALSCOPE_DETECT_MIN_EVENTS",
-    "lb_band": "MODALSCOPE_DETECT_LB_BAND",
-    "lb_min_ceiling_s": "MODALSCOPE_DETECT_LB_MIN_CEILING_S",
-    "cold_factor": "MODALSCOPE_DETECT_COLD_FACTOR",
-    "cold_warmup_s": "MODALSCOPE_DETECT_COLD_WARMUP_S",
-    "baseline_margin": "MODALSCOPE_DETECT_BASELINE_MARGIN",
-    "baseline": "MODALSCOPE_DETECT_BASELINE",
-    "max_spans": "MODALSCOPE_DETECT_MAX_SPANS",
-}
+SETTINGS = {name: d.env for name, d in declared(Thresholds)}
 
 
 # -- frames --------------------------------------------------------------------------------

@@ -239,36 +239,84 @@ class Settings:
         return replace(self, **changes)
 
 
-#: The anomaly detectors' thresholds (``app.detectors.Thresholds``, which parses them).
-DETECTOR_SETTINGS: dict[str, tuple[str, str]] = {
-    "MODALSCOPE_DETECT_MIN_SAMPLES": ("20", "Fewest samples (calls, traces, spans) a block or series needs before any detector looks at it."),
-    "MODALSCOPE_DETECT_BLOCK_MINUTES": ("5", "Detectors judge time in blocks of this many minutes; consecutive firing blocks make one finding."),
-    "MODALSCOPE_DETECT_BASELINE_MINUTES": ("60", "Trailing baseline of `p99_band_break` (at least 30), and how far before the window detectors read for baselines."),
-    "MODALSCOPE_DETECT_BAND_RATIO": ("2.0", "`p99_band_break`: a block's P99 at least this times the trailing baseline's P99."),
-    "MODALSCOPE_DETECT_BAND_MEDIAN_TOLERANCE": ("0.25", "`p99_band_break`: P50 \\\"holds\\\" when within this fraction of the baseline P50."),
-    "MODALSCOPE_DETECT_BAND_MIN_OUTLIERS": ("3", "`p99_band_break`: calls past the threshold a block needs (one outlier is not a band break)."),
-    "MODALSCOPE_DETECT_CACHE_DROP": ("0.5", "`cache_penetration`: a tag value's hit rate below (1 - this) times the dominant value's."),
-    "MODALSCOPE_DETECT_CACHE_DOMINANT_SHARE": ("0.5", "`cache_penetration`: the dominant tag value's least share of the lookups."),
-    "MODALSCOPE_DETECT_SYNC_SPREAD_MS": ("50", "`fusion_sync_wait`: median spread between first and last encoder end, in ms (the reference latency study measured ~12 ms for 2 modalities, ~29 ms for 3)."),
-    "MODALSCOPE_DETECT_PREPROCESS_RATIO": ("1.4", "`preprocessing_bound`: preprocessing share at least this times its median share."),
-    "MODALSCOPE_DETECT_PREPROCESS_MIN_SHARE": ("0.25", "`preprocessing_bound`: and at least this share of end-to-end latency."),
-    "MODALSCOPE_DETECT_BATCH_STUCK_SHARE": ("0.8", "`batching_failure`: share of a service's batched spans with `batch.size` 1."),
-    "MODALSCOPE_DETECT_BATCH_LOAD_RATIO": ("1.0", "`batching_failure`: only while requests per block are at least this times the median block's."),
-    "MODALSCOPE_DETECT_FALLBACK_SHARE": ("0.05", "`cuda_graph_fallback`: share of `gpu.cuda_graph` spans saying `fallback`."),
-    "MODALSCOPE_DETECT_MIN_EVENTS": ("5", "Fewest events (fallbacks, truncated traces, first requests) a finding needs."),
-    "MODALSCOPE_DETECT_LB_BAND": ("0.02", "`lb_timeout_truncation`: traces within this fraction below the longest count as piled up at the ceiling."),
-    "MODALSCOPE_DETECT_LB_MIN_CEILING_S": ("10", "`lb_timeout_truncation`: the shortest ceiling considered, in seconds."),
-    "MODALSCOPE_DETECT_COLD_FACTOR": ("3.0", "`cold_start`: a new instance's first requests at least this times slower (median) than steady state."),
-    "MODALSCOPE_DETECT_COLD_WARMUP_S": ("120", "`cold_start`: how long after an instance's first span its requests count as \\\"first\\\"."),
-    "MODALSCOPE_DETECT_BASELINE_MARGIN": ("0.10", "`baseline_regression`: P95 over its baseline by more than this fraction."),
-    "MODALSCOPE_DETECT_BASELINE": ("", "`baseline_regression` baseline, `input_type:p50_ms:p95_ms,...`; unset: the reference latency table (text 320/410, image 1300/2100, multi_image 3700/6400)."),
-    "MODALSCOPE_DETECT_MAX_SPANS": ("400000", "Raw spans the cold-start detector reads at most around one new instance (every other detector reads rollups)."),
-}
+
+@dataclass(frozen=True)
+class DetectorThresholds:
+    """The anomaly detectors' thresholds, each a setting (``app.detectors.Thresholds`` adds
+    what the detectors do with them)."""
+
+    min_samples: int = setting(
+        "MODALSCOPE_DETECT_MIN_SAMPLES", "20", integer(),
+        "Fewest samples (calls, traces, spans) a block or series needs before any detector looks at it.")
+    block_minutes: int = setting(
+        "MODALSCOPE_DETECT_BLOCK_MINUTES", "5", integer(minimum=1),
+        "Detectors judge time in blocks of this many minutes; consecutive firing blocks make one finding.")
+    baseline_minutes: int = setting(
+        "MODALSCOPE_DETECT_BASELINE_MINUTES", "60", integer(minimum=30),
+        "Trailing baseline of `p99_band_break` (at least 30), and how far before the window detectors read for baselines.")
+    band_ratio: float = setting(
+        "MODALSCOPE_DETECT_BAND_RATIO", "2.0", number(),
+        "`p99_band_break`: a block's P99 at least this times the trailing baseline's P99.")
+    band_p50_tolerance: float = setting(
+        "MODALSCOPE_DETECT_BAND_MEDIAN_TOLERANCE", "0.25", number(),
+        "`p99_band_break`: P50 \\\"holds\\\" when within this fraction of the baseline P50.")
+    band_min_outliers: int = setting(
+        "MODALSCOPE_DETECT_BAND_MIN_OUTLIERS", "3", integer(),
+        "`p99_band_break`: calls past the threshold a block needs (one outlier is not a band break).")
+    cache_drop: float = setting(
+        "MODALSCOPE_DETECT_CACHE_DROP", "0.5", number(),
+        "`cache_penetration`: a tag value's hit rate below (1 - this) times the dominant value's.")
+    cache_dominant_share: float = setting(
+        "MODALSCOPE_DETECT_CACHE_DOMINANT_SHARE", "0.5", number(),
+        "`cache_penetration`: the dominant tag value's least share of the lookups.")
+    sync_spread_ms: float = setting(
+        "MODALSCOPE_DETECT_SYNC_SPREAD_MS", "50", number(),
+        "`fusion_sync_wait`: median spread between first and last encoder end, in ms (the reference latency study measured ~12 ms for 2 modalities, ~29 ms for 3).")
+    preprocess_ratio: float = setting(
+        "MODALSCOPE_DETECT_PREPROCESS_RATIO", "1.4", number(),
+        "`preprocessing_bound`: preprocessing share at least this times its median share.")
+    preprocess_min_share: float = setting(
+        "MODALSCOPE_DETECT_PREPROCESS_MIN_SHARE", "0.25", number(),
+        "`preprocessing_bound`: and at least this share of end-to-end latency.")
+    batch_stuck_share: float = setting(
+        "MODALSCOPE_DETECT_BATCH_STUCK_SHARE", "0.8", number(),
+        "`batching_failure`: share of a service's batched spans with `batch.size` 1.")
+    batch_load_ratio: float = setting(
+        "MODALSCOPE_DETECT_BATCH_LOAD_RATIO", "1.0", number(),
+        "`batching_failure`: only while requests per block are at least this times the median block's.")
+    fallback_share: float = setting(
+        "MODALSCOPE_DETECT_FALLBACK_SHARE", "0.05", number(),
+        "`cuda_graph_fallback`: share of `gpu.cuda_graph` spans saying `fallback`.")
+    min_events: int = setting(
+        "MODALSCOPE_DETECT_MIN_EVENTS", "5", integer(),
+        "Fewest events (fallbacks, truncated traces, first requests) a finding needs.")
+    lb_band: float = setting(
+        "MODALSCOPE_DETECT_LB_BAND", "0.02", number(),
+        "`lb_timeout_truncation`: traces within this fraction below the longest count as piled up at the ceiling.")
+    lb_min_ceiling_s: float = setting(
+        "MODALSCOPE_DETECT_LB_MIN_CEILING_S", "10", number(),
+        "`lb_timeout_truncation`: the shortest ceiling considered, in seconds.")
+    cold_factor: float = setting(
+        "MODALSCOPE_DETECT_COLD_FACTOR", "3.0", number(),
+        "`cold_start`: a new instance's first requests at least this times slower (median) than steady state.")
+    cold_warmup_s: float = setting(
+        "MODALSCOPE_DETECT_COLD_WARMUP_S", "120", number(),
+        "`cold_start`: how long after an instance's first span its requests count as \\\"first\\\".")
+    baseline_margin: float = setting(
+        "MODALSCOPE_DETECT_BASELINE_MARGIN", "0.10", number(),
+        "`baseline_regression`: P95 over its baseline by more than this fraction.")
+    baseline: str = setting(
+        "MODALSCOPE_DETECT_BASELINE", "", text(),
+        "`baseline_regression` baseline, `input_type:p50_ms:p95_ms,...`; unset: the reference latency table (text 320/410, image 1300/2100, multi_image 3700/6400).")
+    max_spans: int = setting(
+        "MODALSCOPE_DETECT_MAX_SPANS", "400000", integer(),
+        "Raw spans the cold-start detector reads at most around one new instance (every other detector reads rollups).")
+
 
 #: Every variable: (default as text, meaning). README's settings table is checked against it.
 DOCUMENTED: dict[str, tuple[str, str]] = {
     **{d.env: (d.default, d.doc) for _, d in declared(Settings)},
-    **DETECTOR_SETTINGS,
+    **{d.env: (d.default, d.doc) for _, d in declared(DetectorThresholds)},
 }
 
 
@@ -280,5 +328,5 @@ def setting_from_env(name: str, env: Mapping[str, str] | None = None) -> Any:
     raise KeyError(name)
 
 
-__all__ = ["DOCUMENTED", "DETECTOR_SETTINGS", "Declared", "Settings", "SettingsError", "declared", "fields",
+__all__ = ["DOCUMENTED", "Declared", "DetectorThresholds", "Settings", "SettingsError", "declared", "fields",
            "read_settings", "setting", "setting_from_env"]

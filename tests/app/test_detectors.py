@@ -385,11 +385,13 @@ def test_run_all_orders_by_severity_and_shapes_findings():
 
 
 def test_thresholds_are_documented_settings():
+    from dataclasses import fields
+
     from modalscope.settings import DOCUMENTED, SettingsError
 
     th = d.Thresholds.from_env({})
     assert th == d.Thresholds()
-    for field in d.fields(d.Thresholds):
+    for field in fields(d.Thresholds):
         assert d.SETTINGS[field.name] in DOCUMENTED
     assert d.Thresholds.from_env({"MODALSCOPE_DETECT_BAND_RATIO": "3"}).band_ratio == 3.0
     with pytest.raises(SettingsError, match="MODALSCOPE_DETECT_BASELINE_MINUTES"):

@@ -56,7 +56,7 @@ from ..ingest.settle_fast import cache_hit_value
 from ..models import sketch
 from ..settings import DetectorThresholds, SettingsError, declared, read_settings
 
-NS_MIN = 60_000_000_000
+from ..durations import MINUTE_NS as NS_MIN
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 MAX_EXEMPLARS = 5
 KIND_SERVER_CODES = (2, 5)  # SERVER, CONSUMER

@@ -48,7 +48,7 @@ from .params import Window
 
 log = logging.getLogger(__name__)
 
-NS = 1_000_000_000
+from ..durations import DAY_NS, HOUR_NS, NS
 #: How much older than the request's window end a stored evaluation may be and still answer it.
 FRESH_S = 90
 #: Evaluations older than this are deleted when a new one is stored.
@@ -321,8 +321,6 @@ def _absolute(reader: StoreReader, window: Window, th: d.Thresholds) -> Evaluati
 
 #: Past days evaluated ahead at most (``past_days``).
 PAST_DAYS_MAX = 6
-DAY_NS = 86_400 * NS
-HOUR_NS = 3600 * NS
 
 
 def past_days(retention_days: float, minute_rollup_days: float) -> int:

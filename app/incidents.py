@@ -50,7 +50,7 @@ from . import links
 from . import state as st
 from .params import Window, parse_time, rfc3339
 
-NS_MIN = 60_000_000_000
+from ..durations import MINUTE_NS as NS_MIN
 SYMPTOM_KINDS = frozenset({"baseline_regression", "p99_band_break", "hot_spot"})
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 #: A symptom may start this long before its cause: detectors report whole blocks (5 min).

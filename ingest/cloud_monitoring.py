@@ -49,7 +49,7 @@ END_TO_END = "end_to_end"
 MAX_SERIES_PER_REQUEST = 200
 MAX_BACKLOG_MINUTES = 24 * 60
 CURSOR_PREFIX = "export-metrics:"
-NS = 1_000_000_000
+from ..durations import NS
 NS_PER_MINUTE = 60 * NS
 
 ExportError = PollError

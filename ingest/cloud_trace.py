@@ -52,7 +52,7 @@ SOURCE = "cloud-trace"
 CURSOR_PREFIX = "cloud-trace:"
 UNITS_PER_CALL = 25  # ListTraces read-quota cost
 DEFAULT_QUOTA_UNITS = 300  # per minute and project
-NS = 1_000_000_000
+from ..durations import NS
 
 # -- mapping ----------------------------------------------------------------------------------
 

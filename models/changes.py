@@ -17,7 +17,7 @@ from . import RollupChange
 KEEP_S = 86_400
 #: The last minute a change can name: ``record(conn, 0, EVERY_MINUTE)`` touches every minute.
 EVERY_MINUTE = 2**62
-_NS = 1_000_000_000
+from ..durations import NS as _NS
 #: A write logged up to this long before a result was computed from the rollups may still have
 #: been in flight (a settle batch stamps its change before it commits, and hosts' clocks
 #: differ): the cached findings (``app/evaluations.py``) and hour packs (``models/packs.py``)

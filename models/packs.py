@@ -45,7 +45,7 @@ PACK_KINDS = ("pair", "trace", "cache", "batch", "cuda", "sync")
 #: for no sketches.
 SKETCHLESS_KINDS = frozenset({"cache", "batch"})
 MAGIC = b"MSPACK01"
-NS = 1_000_000_000
+from ..durations import NS
 #: Hours packed back from now: what the detectors judge at most (7 days) and their look-back.
 HORIZON_S = 7 * 86400 + 2 * 3600
 #: An hour is packed this long after it ends (spans still settling into it cost a rebuild).

@@ -6,9 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-NS = 1_000_000_000
-MIN_NS = 60 * NS
-HOUR_NS = 3600 * NS
+from ...durations import HOUR_NS, NS  # noqa: F401 - HOUR_NS: the demo modules take it from here
+from ...durations import MINUTE_NS as MIN_NS
 
 DEFAULT_SEED = 42
 DEFAULT_HOURS = 3.0

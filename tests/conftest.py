@@ -29,12 +29,16 @@ RUN_ID = uuid.uuid4().hex[:10]
 
 # The inner-loop subset (`scripts/test.sh -m quick`): SQLite only, no browser, no child
 # processes, no shared demo stores. Everything else still runs in the whole suite.
-SLOW_FIXTURES = {"clean_store", "pattern_store", "filled_templates", "site", "procs", "empty_db_url"}
-SLOW_MODULE_WORDS = ("browser", "e2e", "bench", "scale_out", "faults", "instrumented", "big_traces")
+SLOW_FIXTURES = {"clean_store", "pattern_store", "filled_templates", "site", "procs", "empty_db_url",
+                 "auth_site", "wiki_and_site", "live_store", "hostile_app"}
+SLOW_MODULE_WORDS = ("browser", "e2e", "bench", "scale_out", "faults", "instrumented", "big_traces",
+                     "cli_incidents", "test_render")
 
 
 def _is_quick(item) -> bool:
     if any(word in item.nodeid.split("::")[0] for word in SLOW_MODULE_WORDS):
+        return False
+    if item.get_closest_marker("slow") is not None:
         return False
     if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
         return False

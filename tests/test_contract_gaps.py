@@ -136,6 +136,7 @@ def test_range_and_since_set_the_same_window(seen_windows, command, capsys):
     assert "in the last 2h" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_window_flags_fail_in_one_line_alike(store_url):
     env = {"MODALSCOPE_DATABASE_URL": store_url}
     for command in ("anomalies", "incidents"):

@@ -281,6 +281,7 @@ def test_a_huge_trace_renders_its_summarised_waterfall(make_app, tmp_path):
     assert height <= 4000
 
 
+@pytest.mark.slow
 def test_a_render_past_its_time_limit_is_a_504_and_the_browser_stays(make_app, monkeypatch):
     """A real Chromium: a picture given 50 ms is abandoned with a 504 "render timed out";
     the same browser draws the next picture."""

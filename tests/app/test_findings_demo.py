@@ -66,6 +66,7 @@ def test_bad_window_is_a_400(pattern_store):  # noqa: F811
     assert r.status_code == 400 and r.get_json()["parameter"] == "range"
 
 
+@pytest.mark.slow
 def test_cli_anomalies(tmp_path):
     url = f"sqlite:///{tmp_path / 'empty.db'}"
     env = {"MODALSCOPE_DATABASE_URL": url}

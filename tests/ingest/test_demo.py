@@ -632,6 +632,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_demo_generate_only_fills_a_fresh_sqlite_store(tmp_path):
     url = f"sqlite:///{tmp_path / 'demo.db'}"
     r = run(["demo", "--generate-only", "--hours", "0.2"], {"MODALSCOPE_DATABASE_URL": url}, cwd=tmp_path)
@@ -648,6 +649,7 @@ def test_demo_generate_only_fills_a_fresh_sqlite_store(tmp_path):
     assert r2.returncode == 0 and "already holds spans" in r2.stdout
 
 
+@pytest.mark.slow
 def test_demo_clean_command_gives_the_seed_table(tmp_path):
     """What a newcomer runs (`modalscope demo --clean`, the default mix and rate), read back
     through /api/v1/input-types: P50 and P95 per input type within 15% of the seed's."""
@@ -686,6 +688,7 @@ def test_demo_taken_port_is_one_line(tmp_path):
     assert bad.returncode == 2 and "--otlp-http-port" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow
 def test_demo_serves_and_stops_cleanly(tmp_path):
     import queue
     import threading

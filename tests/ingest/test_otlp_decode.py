@@ -30,6 +30,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from modalscope.ingest import otlp
+from modalscope.ingest.otlp import attributes as otlp_attributes
+from modalscope.ingest.otlp import common as otlp_common
 from modalscope.ingest.otlp import (
     DecodeError,
     DecodeResult,
@@ -307,15 +309,15 @@ def test_protobuf_records_do_not_share_mutable_values():
 
 
 def test_protobuf_attribute_cache_stays_bounded(monkeypatch):
-    monkeypatch.setattr(otlp, "_KV_CACHE", {})
-    monkeypatch.setattr(otlp, "_KV_CACHE_MAX_ENTRIES", 10)
+    monkeypatch.setattr(otlp_attributes, "_KV_CACHE", {})
+    monkeypatch.setattr(otlp_attributes, "_KV_CACHE_MAX_ENTRIES", 10)
     req = _request(_span())
     sp = req.resource_spans[0].scope_spans[0].spans[0]
     for i in range(25):
         sp.attributes.add(key=f"k{i}").value.int_value = i
     (rec,) = decode_protobuf(req.SerializeToString()).spans
     assert rec.attributes == {f"k{i}": i for i in range(25)}
-    assert 0 < len(otlp._KV_CACHE) <= 10
+    assert 0 < len(otlp_attributes._KV_CACHE) <= 10
 
 
 def _kv_bytes(key: str, **value) -> bytes:
@@ -348,15 +350,15 @@ def _edge_attributes() -> list[bytes]:
 
 
 def test_attribute_fast_path_matches_protobuf(monkeypatch):
-    monkeypatch.setattr(otlp, "_KV_CACHE", {})
+    monkeypatch.setattr(otlp_attributes, "_KV_CACHE", {})
     for raw in _edge_attributes():
-        expected = otlp._pb_attrs([KeyValue.FromString(raw)])
-        fast = otlp._scalar_kv(raw)
+        expected = otlp_attributes._pb_attrs([KeyValue.FromString(raw)])
+        fast = otlp_attributes._scalar_kv(raw)
         if fast is not None:
             assert dict([fast]) == expected, raw
             assert [type(v) for v in dict([fast]).values()] == [type(v) for v in expected.values()]
         for _ in range(2):  # a miss, then (when cacheable) a hit
-            got = otlp._raw_attrs([raw])
+            got = otlp_attributes._raw_attrs([raw])
             assert got == expected, raw
             assert [type(v) for v in got.values()] == [type(v) for v in expected.values()]
             if got and isinstance(next(iter(got.values())), float) and math.copysign(1, next(iter(got.values()))) < 0:
@@ -364,13 +366,13 @@ def test_attribute_fast_path_matches_protobuf(monkeypatch):
 
 
 def test_attribute_with_bad_utf8_is_never_cached(monkeypatch):
-    monkeypatch.setattr(otlp, "_KV_CACHE", {})
+    monkeypatch.setattr(otlp_attributes, "_KV_CACHE", {})
     good = _kv_bytes("k", string_value="abc")
     for bad in (good.replace(b"abc", b"a\xffc"), good.replace(b"\x0a\x01k", b"\x0a\x01\xff")):
         for _ in range(2):
             with pytest.raises(DecodeError, match="UTF-8"):
-                otlp._raw_attrs([bad])
-        assert bad not in otlp._KV_CACHE
+                otlp_attributes._raw_attrs([bad])
+        assert bad not in otlp_attributes._KV_CACHE
 
 
 def test_random_requests_decode_alike_on_both_paths():
@@ -913,8 +915,8 @@ def test_protobuf_bad_link_ids_reject_their_span_only():
         assert result.spans[1].links == [{"trace_id": "0" * 32, "span_id": "0" * 16,
                                           "attributes": {"note": "no context"}}]
         assert result.rejected == 2
-        assert sorted(result.errors) == [otlp._ERR_LINK_SPAN_ID, otlp._ERR_LINK_TRACE_ID]
-        assert "link trace id" in otlp._ERR_LINK_TRACE_ID and "link span id" in otlp._ERR_LINK_SPAN_ID
+        assert sorted(result.errors) == [otlp_common._ERR_LINK_SPAN_ID, otlp_common._ERR_LINK_TRACE_ID]
+        assert "link trace id" in otlp_common._ERR_LINK_TRACE_ID and "link span id" in otlp_common._ERR_LINK_SPAN_ID
 
 
 def test_json_bad_link_ids_reject_their_span_only():
@@ -942,8 +944,8 @@ def test_json_bad_link_ids_reject_their_span_only():
     assert result.rejected == 7
     hinted = [e for e in result.errors if "looks like base64; OTLP/JSON wants hex" in e]
     assert len(hinted) == 2 and any("link trace id" in e for e in hinted) and any("link span id" in e for e in hinted)
-    assert otlp._ERR_LINK_TRACE_ID in result.errors and otlp._ERR_LINK_SPAN_ID in result.errors
-    assert otlp._ERR_LINKS in result.errors
+    assert otlp_common._ERR_LINK_TRACE_ID in result.errors and otlp_common._ERR_LINK_SPAN_ID in result.errors
+    assert otlp_common._ERR_LINKS in result.errors
 
 
 def test_base64_ids_get_a_hint_and_other_bad_ids_do_not():
@@ -951,7 +953,7 @@ def test_base64_ids_get_a_hint_and_other_bad_ids_do_not():
     sdk_json = json_format.MessageToDict(encode_spans(list(_sdk_spans().values())))
     result = decode_json(json.dumps(sdk_json))
     assert result.spans == [] and result.rejected == 3
-    assert result.errors == [otlp._ERR_TRACE_ID + "; it looks like base64; OTLP/JSON wants hex"]
+    assert result.errors == [otlp_common._ERR_TRACE_ID + "; it looks like base64; OTLP/JSON wants hex"]
 
     tid_b64 = base64.urlsafe_b64encode(b"\xfb" * 16).decode()  # URL-safe alphabet too
     body = _json_request(
@@ -964,8 +966,8 @@ def test_base64_ids_get_a_hint_and_other_bad_ids_do_not():
     result = decode_json(json.dumps(body))
     assert result.rejected == 5
     hint = "; it looks like base64; OTLP/JSON wants hex"
-    assert sorted(result.errors) == sorted([otlp._ERR_SPAN_ID + hint, otlp._ERR_PARENT_ID + hint,
-                                            otlp._ERR_TRACE_ID + hint, otlp._ERR_TRACE_ID])
+    assert sorted(result.errors) == sorted([otlp_common._ERR_SPAN_ID + hint, otlp_common._ERR_PARENT_ID + hint,
+                                            otlp_common._ERR_TRACE_ID + hint, otlp_common._ERR_TRACE_ID])
 
 
 def test_snake_case_json_decodes_as_camel_case(sdk_request):

@@ -14,7 +14,6 @@ import time
 
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
-from opentelemetry import trace as otel_trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -24,7 +23,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from google.protobuf.json_format import MessageToDict
 from sqlalchemy import select
 
-from modalscope.ingest import otlp
+from modalscope.ingest.otlp import LIMITS, DecodeError
+from modalscope.ingest.otlp.attributes import _pb_any, _wire_kv
+from modalscope.ingest.otlp.common import _Budget
 from modalscope.ingest.otlp import (
     MAX_STRING_BYTES,
     MAX_VALUE_ITEMS,
@@ -138,7 +139,7 @@ def test_a_four_million_element_array_decodes_without_building_it():
 def test_a_corrupt_large_value_is_a_decode_error():
     data = bytearray(_request(_int_array("x", 50_000)).SerializeToString())
     del data[-3:]  # the last element's bytes, so the lengths around it lie
-    with pytest.raises(otlp.DecodeError):
+    with pytest.raises(DecodeError):
         decode_protobuf(bytes(data))
 
 
@@ -181,15 +182,15 @@ _values = st.recursive(
 @given(value=_values, items=st.integers(1, 40))
 def test_the_field_reader_agrees_with_the_protobuf_parser(value, items):
     raw = KeyValue(key="k", value=value).SerializeToString()
-    saved = otlp.MAX_VALUE_ITEMS
-    otlp.MAX_VALUE_ITEMS = items
+    saved = LIMITS.items
+    LIMITS.items = items
     try:
-        by_parser = otlp._Budget()
-        expected = otlp._pb_any(KeyValue.FromString(raw).value, by_parser)
-        by_fields = otlp._Budget()
-        key, got = otlp._wire_kv(memoryview(raw), 0, len(raw), by_fields, 0)
+        by_parser = _Budget()
+        expected = _pb_any(KeyValue.FromString(raw).value, by_parser)
+        by_fields = _Budget()
+        key, got = _wire_kv(memoryview(raw), 0, len(raw), by_fields, 0)
     finally:
-        otlp.MAX_VALUE_ITEMS = saved
+        LIMITS.items = saved
     assert key == "k"
     assert got == expected
     assert by_fields.cut == by_parser.cut

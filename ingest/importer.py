@@ -42,7 +42,8 @@ from sqlalchemy import Engine
 
 from .otlp import DecodeError, NotTracesError, decode_json, decode_protobuf, oldest_start_ns
 from .records import SpanRecord
-from .settle import SettlerProcess, settle
+from .settle import settle
+from .settler import SettlerProcess
 from .stages import StageRules
 from .writer import BatchWriter
 

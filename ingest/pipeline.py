@@ -13,7 +13,7 @@ from .inflight import InflightBytes
 from .otlp import set_value_limits
 from .records import SpanRecord
 from .retention import RetentionPolicy
-from .settle import Settler, SettlerJobs, SettlerProcess
+from .settler import Settler, SettlerJobs, SettlerProcess
 from .stages import StageRules, load_rules
 from .writer import BatchWriter, SettleLag, WriterClosed, WriterFull
 

@@ -36,25 +36,22 @@ with ``FOR UPDATE SKIP LOCKED``; SQLite serialises them with ``BEGIN IMMEDIATE``
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import threading
 import time
-import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import orjson
-from sqlalchemy import Connection, Engine, and_, bindparam, case, delete, func, literal, or_, select
+from sqlalchemy import Connection, Engine, and_, bindparam, case, delete, literal, or_, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from ..models import HourlyRollup, PairCall, QuarterRollup, Rollup, Series, Span, Trace
 from ..models import changes, sketch
-from ..models.names import NAME_CHARS, OVERFLOW, SERVICE_CHARS, cap_text
-from ..models.dialect import (contains_text, insert_ignore, json_member, keys_clause, rows_with_keys,
+from ..models.dialect import (contains_text, json_member, keys_clause, rows_with_keys,
                               supports_skip_locked, upsert)
 from .records import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, STATUS_ERROR, SpanRecord
+from .series import SeriesRegistry, cap_key, registry_for, series_key
 from .settle_fast import LAYER_KEY, LINKS, convention_contributions, summarize_rows
 from .traces import (LEGACY_SIGNAL_NEEDLES, _text_value, effective_stages, find_root, input_type_of, link_targets,
                      model_call_spans, self_times, signals_of, token_entries, trace_calls, trace_duration_ns,
@@ -65,164 +62,6 @@ log = logging.getLogger(__name__)
 NS_PER_MINUTE = 60_000_000_000
 
 CONTRIB_DTYPE = np.dtype([("series", "<i4"), ("minute", "<i4"), ("value", "<i8"), ("err", "u1")])
-
-# Dimension order of a series key.
-SERIES_FIELDS = ("kind", "service", "name", "stage", "input_type", "caller", "callee")
-
-
-def series_key(kind: str, service: str = "", name: str = "", stage: str = "", input_type: str = "",
-               caller: str = "", callee: str = "") -> tuple[str, ...]:
-    return (kind, service, name, stage, input_type, caller, callee)
-
-
-def series_hash(key: tuple[str, ...]) -> str:
-    return hashlib.sha256("\x1f".join(key).encode("utf-8", "surrogatepass")).hexdigest()
-
-
-# Longest value a series dimension keeps (``models/names.py``), in SERIES_FIELDS order;
-# None: bounded by the tagging rules (stage, input type). A pair's caller and callee are
-# services.
-_DIM_CHARS = (None, SERVICE_CHARS, NAME_CHARS, None, None, SERVICE_CHARS, NAME_CHARS)
-_PAIR_DIM_CHARS = (None, SERVICE_CHARS, NAME_CHARS, None, None, SERVICE_CHARS, SERVICE_CHARS)
-MAX_SERIES_PER_KIND = 2000  # MODALSCOPE_MAX_SERIES_PER_KIND's default
-CACHE_SECONDS = 600.0  # cached ids are looked up again this often (retention prunes series)
-
-
-def cap_key(key: tuple[str, ...]) -> tuple[str, ...]:
-    """``key`` with every unbounded dimension capped (``names.cap_text``); cheap when none is long."""
-    limits = _PAIR_DIM_CHARS if key[0] == "pair" else _DIM_CHARS
-    if all(lim is None or len(v) <= lim for v, lim in zip(key, limits)):
-        return key
-    return tuple(v if lim is None else cap_text(v, lim) for v, lim in zip(key, limits))
-
-
-def overflow_key(key: tuple[str, ...]) -> tuple[str, ...]:
-    """The series a new key of a full kind counts in: its unbounded dimensions (service, name,
-    caller, callee) ``(other)`` where set, its stage and input type kept."""
-    kind, service, name, stage, input_type, caller, callee = key
-    return (kind, OVERFLOW if service else "", OVERFLOW if name else "", stage, input_type,
-            OVERFLOW if caller else "", OVERFLOW if callee else "")
-
-
-def is_overflow(key: tuple[str, ...]) -> bool:
-    return OVERFLOW in (key[1], key[2], key[5], key[6]) and overflow_key(key) == key
-
-
-def max_series_setting() -> int:
-    """``MODALSCOPE_MAX_SERIES_PER_KIND`` of this process's environment (the settler may run
-    in a process of its own, which inherits it)."""
-    from ..settings import SettingsError, setting_from_env
-
-    try:
-        return setting_from_env("max_series_per_kind")
-    except SettingsError:
-        log.warning("ignoring a bad MODALSCOPE_MAX_SERIES_PER_KIND; using %d", MAX_SERIES_PER_KIND)
-        return MAX_SERIES_PER_KIND
-
-
-class SeriesRegistry:
-    """Maps series keys to ids, creating rows on first use; ids are cached once committed.
-
-    The one place names become series: every key is capped (``cap_key``), and a kind holds
-    at most ``max_per_kind`` series: a new key past that counts in the kind's overflow series
-    (``overflow_key``), as a cache tag's values past ``CACHE_TAG_VALUES`` do. Cached ids
-    expire after ``CACHE_SECONDS``, so a series retention pruned is created again."""
-
-    def __init__(self, max_per_kind: int | None = None) -> None:
-        self._ids: dict[tuple[str, ...], int] = {}
-        self._lock = threading.Lock()
-        self.max_per_kind = max_series_setting() if max_per_kind is None else max_per_kind
-        self._expires = time.monotonic() + CACHE_SECONDS
-
-    def resolve(self, conn: Connection, keys: Iterable[tuple[str, ...]]) -> dict[tuple[str, ...], int]:
-        out: dict[tuple[str, ...], int] = {}
-        missing = []
-        with self._lock:
-            if time.monotonic() > self._expires:
-                self._ids.clear()
-                self._expires = time.monotonic() + CACHE_SECONDS
-            for k in keys:
-                sid = self._ids.get(k)
-                if sid is None:
-                    missing.append(k)
-                else:
-                    out[k] = sid
-        if not missing:
-            return out
-        capped = {k: cap_key(k) for k in missing}
-        found = self._lookup(conn, set(capped.values()))
-        new = sorted({c for c in capped.values() if c not in found})
-        if new:
-            target = self._admit(conn, new)
-            wanted = set(target.values())
-            if wanted:
-                conn.execute(
-                    insert_ignore(conn, Series.__table__, ["key_hash"]),
-                    [dict(zip(SERIES_FIELDS, k), key_hash=series_hash(k)) for k in sorted(wanted)],
-                )
-                found.update(self._lookup(conn, wanted))
-            for c, t in target.items():
-                found[c] = found[t]
-        for k, c in capped.items():
-            out[k] = found[c]
-        return out
-
-    @staticmethod
-    def _lookup(conn: Connection, keys: set[tuple[str, ...]]) -> dict[tuple[str, ...], int]:
-        by_hash = {series_hash(k): k for k in keys}
-        hashes = list(by_hash)
-        found: dict[tuple[str, ...], int] = {}
-        for i in range(0, len(hashes), 500):
-            chunk = hashes[i : i + 500]
-            for sid, h in conn.execute(select(Series.id, Series.key_hash).where(Series.key_hash.in_(chunk))):
-                found[by_hash[h]] = sid
-        return found
-
-    def _admit(self, conn: Connection, new: list[tuple[str, ...]]) -> dict[tuple[str, ...], tuple[str, ...]]:
-        """Which series each new (capped, not stored) key gets: itself while its kind has
-        room, else the kind's overflow series (never capped). Two settlers admitting at
-        once may pass the cap by a batch each; it holds from then on."""
-        kinds = sorted({k[0] for k in new})
-        counts = dict(conn.execute(select(Series.kind, func.count()).where(Series.kind.in_(kinds))
-                                   .group_by(Series.kind)).all())
-        target: dict[tuple[str, ...], tuple[str, ...]] = {}
-        for k in new:
-            if is_overflow(k):
-                target[k] = k
-            elif counts.get(k[0], 0) < self.max_per_kind:
-                counts[k[0]] = counts.get(k[0], 0) + 1
-                target[k] = k
-            else:
-                target[k] = overflow_key(k)
-        return target
-
-    def known(self, key: tuple[str, ...]) -> bool:
-        with self._lock:
-            return key in self._ids
-
-    def remember(self, resolved: dict[tuple[str, ...], int]) -> None:
-        with self._lock:
-            if len(self._ids) > 200_000:
-                self._ids.clear()
-            self._ids.update(resolved)
-
-    def forget(self) -> None:
-        with self._lock:
-            self._ids.clear()
-
-
-# One registry per engine: cached ids are only valid for the database they came from.
-_REGISTRIES: "weakref.WeakKeyDictionary[Engine, SeriesRegistry]" = weakref.WeakKeyDictionary()
-_REGISTRIES_LOCK = threading.Lock()
-
-
-def registry_for(engine: Engine) -> SeriesRegistry:
-    with _REGISTRIES_LOCK:
-        reg = _REGISTRIES.get(engine)
-        if reg is None:
-            reg = _REGISTRIES[engine] = SeriesRegistry()
-        return reg
-
 
 @dataclass
 class SettledTrace:
@@ -737,139 +576,3 @@ def settle(engine: Engine, *, settle_seconds: float = 5.0, trace_ids: Sequence[s
         if max_batches is not None and batches >= max_batches:
             break
     return total
-
-
-@dataclass(frozen=True)
-class SettlerJobs:
-    """The periodic work a settler does between passes: retention (a
-    ``retention.RetentionPolicy``, every 10 minutes), packing closed hours of rollups every
-    ``pack_every_s`` (0 never), and ``evaluations``, a picklable ``engine -> schedule`` whose
-    ``maybe_run()`` evaluates the anomaly catalog ahead of requests (None: not here)."""
-
-    retention: Any = None
-    pack_every_s: float = 0.0
-    evaluations: Callable[[Engine], Any] | None = None
-
-
-def settle_loop(engine: Engine, settle_seconds: float, interval: float, jobs: SettlerJobs,
-                stopping: Callable[[float], bool], on_settled: Callable[[int], None] = lambda n: None) -> None:
-    """The settler's one loop, in a thread or a process of its own: settle what has been idle
-    long enough, then the jobs that are due, until ``stopping(wait_s)`` (waits up to
-    ``wait_s``) says stop; then one last pass over what is due (the rest stays pending,
-    durably, for the next settler)."""
-    from ..models.packs import PackSchedule
-    from .retention import PruneSchedule
-
-    pruning = PruneSchedule(engine, jobs.retention)
-    packing = PackSchedule(engine, jobs.pack_every_s)
-    evaluating = jobs.evaluations(engine) if jobs.evaluations is not None else None
-    while not stopping(interval):
-        try:
-            on_settled(settle(engine, settle_seconds=settle_seconds, max_batches=20))
-        except Exception:  # noqa: BLE001 - keep settling; the next pass retries
-            log.exception("settling failed")
-        pruning.tick(should_stop=lambda: stopping(0))
-        if not stopping(0):
-            packing.maybe_run()
-        if evaluating is not None and not stopping(0):
-            evaluating.maybe_run()
-
-
-def final_settle(engine: Engine, settle_seconds: float) -> int:
-    try:
-        return settle(engine, settle_seconds=settle_seconds)
-    except Exception:  # noqa: BLE001 - what is left settles on the next start
-        log.exception("final settle failed")
-        return 0
-
-
-def run_settler_process(database_url: str, settle_seconds: float, interval: float, stop_reader,
-                        jobs: SettlerJobs) -> None:
-    """Entry point of the settler process (``IngestPipeline(settle="process")``).
-
-    Runs until its parent writes to, or closes, the other end of ``stop_reader`` (a pipe,
-    not a multiprocessing Event: setting an Event whose waiter was killed blocks forever).
-    Ctrl-C goes to the parent, which stops us through the pipe.
-    """
-    import os
-    import signal
-
-    from ..models.engine import make_engine
-    from .runtime import tune_gc
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    tune_gc()
-    # Acknowledging spans comes first; settling may lag a burst and catch up after it.
-    try:
-        os.nice(5)
-    except OSError:
-        pass
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = make_engine(database_url, write=True)
-    try:
-        # poll() is True on a message, or on EOF: the parent is gone
-        settle_loop(engine, settle_seconds, interval, jobs, stopping=stop_reader.poll)
-        final_settle(engine, settle_seconds)
-    finally:
-        engine.dispose()
-
-
-class SettlerProcess:
-    """The settler in its own process, so settling has a core of its own."""
-
-    def __init__(self, database_url: str, settle_seconds: float, interval: float = 0.5,
-                 jobs: SettlerJobs = SettlerJobs()) -> None:
-        import multiprocessing
-
-        ctx = multiprocessing.get_context("spawn")
-        reader, self._stop_writer = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(target=run_settler_process, name="modalscope-settler",
-                                 args=(database_url, settle_seconds, interval, reader, jobs), daemon=True)
-        self._reader = reader
-
-    def start(self) -> "SettlerProcess":
-        self._proc.start()
-        self._reader.close()  # the child has its own copy
-        return self
-
-    def stop(self, final: bool = True) -> None:
-        # Closing our end is enough (the child sees EOF) and never blocks, dead child or not.
-        try:
-            self._stop_writer.close()
-        except OSError:
-            pass
-        self._proc.join(60)
-        if self._proc.is_alive():
-            self._proc.terminate()
-            self._proc.join(5)
-
-
-class Settler:
-    """Background thread settling idle traces every ``interval`` seconds (``settle_loop``)."""
-
-    def __init__(self, engine: Engine, settle_seconds: float, interval: float = 0.5,
-                 jobs: SettlerJobs = SettlerJobs()) -> None:
-        self.engine = engine
-        self.settle_seconds = settle_seconds
-        self.interval = interval
-        self.jobs = jobs
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="modalscope-settler", daemon=True)
-        self.settled = 0
-
-    def start(self) -> "Settler":
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        settle_loop(self.engine, self.settle_seconds, self.interval, self.jobs, stopping=self._stop.wait,
-                    on_settled=self._count)
-
-    def _count(self, n: int) -> None:
-        self.settled += n
-
-    def stop(self, final: bool = True) -> None:
-        self._stop.set()
-        self._thread.join(30)
-        if final:
-            self.settled += final_settle(self.engine, self.settle_seconds)

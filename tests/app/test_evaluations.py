@@ -21,7 +21,8 @@ from modalscope.app import findings as fnd
 from modalscope.app.detectors import Thresholds
 from modalscope.app.params import Window, parse_time
 from modalscope.ingest import demo
-from modalscope.ingest.settle import Settler, SettlerJobs, SettlerProcess, settle
+from modalscope.ingest.settle import settle
+from modalscope.ingest.settler import Settler, SettlerJobs, SettlerProcess
 from modalscope.models import FindingEvaluation, RollupChange, changes
 from modalscope.models.reader import Filters, StoreReader
 from modalscope.settings import Settings

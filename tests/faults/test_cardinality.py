@@ -22,7 +22,8 @@ from modalscope.app.params import rfc3339
 from modalscope.ingest.otlp import decode_protobuf
 from modalscope.ingest.records import KIND_SERVER, SpanRecord
 from modalscope.ingest.retention import RetentionPolicy, prune
-from modalscope.ingest.settle import SERIES_FIELDS, SeriesRegistry, series_hash, series_key, settle
+from modalscope.ingest.series import SERIES_FIELDS, SeriesRegistry, series_hash, series_key
+from modalscope.ingest.settle import settle
 from modalscope.ingest.writer import write_spans
 from modalscope.models import Rollup, Series, Span
 from modalscope.models.engine import make_engine

@@ -1,0 +1,153 @@
+"""Running the settler: its one loop (settle what is due, then the periodic jobs), in a thread
+of the ingest process (:class:`Settler`) or a process of its own (:class:`SettlerProcess`)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from sqlalchemy import Engine
+
+from .settle import settle
+
+__all__ = ["Settler", "SettlerJobs", "SettlerProcess", "final_settle", "settle_loop"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SettlerJobs:
+    """The periodic work a settler does between passes: retention (a
+    ``retention.RetentionPolicy``, every 10 minutes), packing closed hours of rollups every
+    ``pack_every_s`` (0 never), and ``evaluations``, a picklable ``engine -> schedule`` whose
+    ``maybe_run()`` evaluates the anomaly catalog ahead of requests (None: not here)."""
+
+    retention: Any = None
+    pack_every_s: float = 0.0
+    evaluations: Callable[[Engine], Any] | None = None
+
+
+def settle_loop(engine: Engine, settle_seconds: float, interval: float, jobs: SettlerJobs,
+                stopping: Callable[[float], bool], on_settled: Callable[[int], None] = lambda n: None) -> None:
+    """The settler's one loop, in a thread or a process of its own: settle what has been idle
+    long enough, then the jobs that are due, until ``stopping(wait_s)`` (waits up to
+    ``wait_s``) says stop; then one last pass over what is due (the rest stays pending,
+    durably, for the next settler)."""
+    from ..models.packs import PackSchedule
+    from .retention import PruneSchedule
+
+    pruning = PruneSchedule(engine, jobs.retention)
+    packing = PackSchedule(engine, jobs.pack_every_s)
+    evaluating = jobs.evaluations(engine) if jobs.evaluations is not None else None
+    while not stopping(interval):
+        try:
+            on_settled(settle(engine, settle_seconds=settle_seconds, max_batches=20))
+        except Exception:  # noqa: BLE001 - keep settling; the next pass retries
+            log.exception("settling failed")
+        pruning.tick(should_stop=lambda: stopping(0))
+        if not stopping(0):
+            packing.maybe_run()
+        if evaluating is not None and not stopping(0):
+            evaluating.maybe_run()
+
+
+def final_settle(engine: Engine, settle_seconds: float) -> int:
+    try:
+        return settle(engine, settle_seconds=settle_seconds)
+    except Exception:  # noqa: BLE001 - what is left settles on the next start
+        log.exception("final settle failed")
+        return 0
+
+
+def run_settler_process(database_url: str, settle_seconds: float, interval: float, stop_reader,
+                        jobs: SettlerJobs) -> None:
+    """Entry point of the settler process (``IngestPipeline(settle="process")``).
+
+    Runs until its parent writes to, or closes, the other end of ``stop_reader`` (a pipe,
+    not a multiprocessing Event: setting an Event whose waiter was killed blocks forever).
+    Ctrl-C goes to the parent, which stops us through the pipe.
+    """
+    import os
+    import signal
+
+    from ..models.engine import make_engine
+    from .runtime import tune_gc
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    tune_gc()
+    # Acknowledging spans comes first; settling may lag a burst and catch up after it.
+    try:
+        os.nice(5)
+    except OSError:
+        pass
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = make_engine(database_url, write=True)
+    try:
+        # poll() is True on a message, or on EOF: the parent is gone
+        settle_loop(engine, settle_seconds, interval, jobs, stopping=stop_reader.poll)
+        final_settle(engine, settle_seconds)
+    finally:
+        engine.dispose()
+
+
+class SettlerProcess:
+    """The settler in its own process, so settling has a core of its own."""
+
+    def __init__(self, database_url: str, settle_seconds: float, interval: float = 0.5,
+                 jobs: SettlerJobs = SettlerJobs()) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        reader, self._stop_writer = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=run_settler_process, name="modalscope-settler",
+                                 args=(database_url, settle_seconds, interval, reader, jobs), daemon=True)
+        self._reader = reader
+
+    def start(self) -> "SettlerProcess":
+        self._proc.start()
+        self._reader.close()  # the child has its own copy
+        return self
+
+    def stop(self, final: bool = True) -> None:
+        # Closing our end is enough (the child sees EOF) and never blocks, dead child or not.
+        try:
+            self._stop_writer.close()
+        except OSError:
+            pass
+        self._proc.join(60)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(5)
+
+
+class Settler:
+    """Background thread settling idle traces every ``interval`` seconds (``settle_loop``)."""
+
+    def __init__(self, engine: Engine, settle_seconds: float, interval: float = 0.5,
+                 jobs: SettlerJobs = SettlerJobs()) -> None:
+        self.engine = engine
+        self.settle_seconds = settle_seconds
+        self.interval = interval
+        self.jobs = jobs
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="modalscope-settler", daemon=True)
+        self.settled = 0
+
+    def start(self) -> "Settler":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        settle_loop(self.engine, self.settle_seconds, self.interval, self.jobs, stopping=self._stop.wait,
+                    on_settled=self._count)
+
+    def _count(self, n: int) -> None:
+        self.settled += n
+
+    def stop(self, final: bool = True) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        if final:
+            self.settled += final_settle(self.engine, self.settle_seconds)

@@ -290,7 +290,7 @@ class CloudTracePoller:
                  stop: threading.Event | None = None, once: bool = False, holder: str | None = None,
                  clock: Callable[[], int] = time.time_ns, rng: random.Random | None = None) -> None:
         if rules is None:
-            from .stages import load_rules
+            from .rules_file import load_rules
 
             rules = load_rules(None)
         self.engine = engine

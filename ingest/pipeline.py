@@ -14,7 +14,8 @@ from .otlp import set_value_limits
 from .records import SpanRecord
 from .retention import RetentionPolicy
 from .settler import Settler, SettlerJobs, SettlerProcess
-from .stages import StageRules, load_rules
+from .stages import StageRules
+from .rules_file import load_rules
 from .writer import BatchWriter, SettleLag, WriterClosed, WriterFull
 
 log = logging.getLogger(__name__)

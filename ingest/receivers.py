@@ -192,7 +192,7 @@ def run_receiver_process(settings: Settings, control) -> None:
     """Entry point of an extra receiver process (spawned): serve until ``control`` closes."""
     from ..models.engine import make_engine
     from .runtime import tune_gc
-    from .stages import load_rules
+    from .rules_file import load_rules
 
     tune_gc()
     # Ctrl-C reaches the whole process group; the first process decides when to stop.

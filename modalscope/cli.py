@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     tune_gc()  # every command decodes, writes or reads spans in bulk
     from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-    from .ingest.stages import RulesError
+    from .ingest.rules_file import RulesError
     from .models.engine import DatabaseURLError
     from .models.schema import SchemaError
     from .settings import SettingsError

@@ -39,7 +39,7 @@ def open_store(settings, *, create: bool = True, writes: bool = True):
 
 
 def load_rules(settings):
-    from .ingest.stages import load_rules
+    from .ingest.rules_file import load_rules
 
     return load_rules(settings.rules_path or None)
 

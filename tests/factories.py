@@ -7,7 +7,7 @@ import random
 from modalscope.ingest.records import (
     KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, STATUS_ERROR, STATUS_UNSET, SpanRecord,
 )
-from modalscope.ingest.stages import load_rules
+from modalscope.ingest.rules_file import load_rules
 
 MS = 1_000_000
 _RULES = None

@@ -190,7 +190,7 @@ def fill(engine, config: DemoConfig, rules=None, progress: Callable[[int], Any] 
     ``progress`` is called with the user requests each OTLP request held; ``background``
     generates in a child process (spawned: call it from a guarded ``__main__``)."""
     from ..otlp import decode_protobuf
-    from ..stages import default_rules
+    from ..rules_file import default_rules
     from ..writer import write_spans
 
     rules = rules or default_rules()

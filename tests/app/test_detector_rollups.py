@@ -350,7 +350,7 @@ def test_a_cold_start_check_a_stored_evaluation_made_is_not_read_again(engine, m
 def test_retention_and_retag_keep_the_convention_rollups_consistent(engine):
     from modalscope.ingest.retag import retag
     from modalscope.ingest.retention import RetentionPolicy, prune
-    from modalscope.ingest.stages import default_rules
+    from modalscope.ingest.rules_file import default_rules
 
     write_spans(engine, pattern_traces()[:600])
     settle(engine, force=True)

@@ -319,7 +319,7 @@ def test_minutes_after_a_closed_window_matter_only_after_a_birth_near_its_end(en
 def test_retention_and_retag_make_stored_absolute_findings_stale(filled, monkeypatch):
     from modalscope.ingest.retag import retag
     from modalscope.ingest.retention import RetentionPolicy, prune
-    from modalscope.ingest.stages import default_rules
+    from modalscope.ingest.rules_file import default_rules
 
     monkeypatch.setattr(ev, "ABSOLUTE_FRESH_S", 0)  # the change log alone decides here
     _settled_long_ago(filled)

@@ -15,7 +15,7 @@ from modalscope.app.params import Window
 from modalscope.app.queries import input_types
 from modalscope.ingest.records import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, SpanRecord
 from modalscope.ingest.settle import settle
-from modalscope.ingest.stages import load_rules
+from modalscope.ingest.rules_file import load_rules
 from modalscope.ingest.writer import write_spans
 from modalscope.models.reader import Filters, StoreReader
 from modalscope.settings import Settings

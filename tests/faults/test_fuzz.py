@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 
 from modalscope.ingest.otlp import DecodeError, decode_json, decode_protobuf
 from modalscope.ingest.otlp_grpc import FULL_METHOD, serve_grpc
-from modalscope.ingest.stages import RulesError, StageRules, load_rules, parse_rules
+from modalscope.ingest.stages import StageRules
+from modalscope.ingest.rules_file import RulesError, load_rules, parse_rules
 from modalscope.ingest.writer import span_rows, write_spans
 from modalscope.models.engine import make_engine
 from modalscope.models.migrate import upgrade
@@ -243,7 +244,7 @@ def api_client(request, tmp_path_factory):
     from modalscope.app import create_app
     from modalscope.ingest.otlp import decode_protobuf as decode
     from modalscope.ingest.settle import settle
-    from modalscope.ingest.stages import default_rules
+    from modalscope.ingest.rules_file import default_rules
     from modalscope.settings import Settings
 
     if request.param == "sqlite":

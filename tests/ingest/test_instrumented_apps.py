@@ -30,7 +30,7 @@ from opentelemetry.trace import SpanKind
 from modalscope.ingest.otlp import MAX_STRING_BYTES, decode_protobuf
 from modalscope.ingest.records import KIND_CLIENT, SpanRecord
 from modalscope.ingest.signals import span_signals, trace_input_type
-from modalscope.ingest.stages import default_rules
+from modalscope.ingest.rules_file import default_rules
 from openinference.instrumentation.google_genai import GoogleGenAIInstrumentor
 from tests.genai_standin import IMAGE_TOKENS, GeminiStandin
 

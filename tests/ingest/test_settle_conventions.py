@@ -11,7 +11,7 @@ from sqlalchemy import select
 from modalscope.ingest.records import (KIND_CLIENT, KIND_CONSUMER, KIND_INTERNAL, KIND_PRODUCER, KIND_SERVER,
                                        STATUS_ERROR, SpanRecord)
 from modalscope.ingest.settle import settle
-from modalscope.ingest.stages import load_rules
+from modalscope.ingest.rules_file import load_rules
 from modalscope.ingest.traces import address_callee, trace_calls
 from modalscope.ingest.writer import write_spans
 from modalscope.models import PairCall, Series, Span, Trace

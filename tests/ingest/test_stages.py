@@ -16,14 +16,8 @@ from modalscope.ingest.records import (
     STAGES,
     SpanRecord,
 )
-from modalscope.ingest.stages import (
-    RulesError,
-    StageRules,
-    apply_parent_stages,
-    load_rules,
-    parse_rules,
-    tokens,
-)
+from modalscope.ingest.stages import StageRules, apply_parent_stages, tokens
+from modalscope.ingest.rules_file import RulesError, load_rules, parse_rules
 
 
 def span(name: str, kind: int = KIND_INTERNAL, service: str = "gateway", *, span_id: str = "cd" * 8,

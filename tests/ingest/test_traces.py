@@ -16,7 +16,7 @@ from modalscope.ingest.records import (
     STATUS_OK,
     SpanRecord,
 )
-from modalscope.ingest.stages import load_rules
+from modalscope.ingest.rules_file import load_rules
 from modalscope.ingest.traces import (
     critical_path,
     critical_path_segments,

@@ -57,6 +57,10 @@ def create_app(settings: Settings | None = None) -> Flask:
     dash_app = _add_dashboard(server, settings)
     server.extensions["modalscope"]["dash"] = dash_app
     _guard_dash_routes(server, dash_app)
+    # Dash finishes its set-up in the first request; two first requests at once race it
+    # (one iterates the callback map while the other is still filling it). Done here, once.
+    with server.test_request_context("/"):
+        dash_app._setup_server()  # noqa: SLF001
 
     return server
 

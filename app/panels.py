@@ -255,9 +255,10 @@ def build_query(q: PanelQuery, reader, *, thresholds=None) -> Built:
         rows = queries.cache_series(reader, q.window, q.group_by, q.cache, st.step_minutes(q.window, 60))
         return Built(q, figure=figures.cache_hit_rate_figure(rows))
     if name == "anomalies":
-        from . import evaluations
+        from . import detectors, evaluations
 
-        ev = evaluations.find_for(reader, q.window, q.filters, thresholds, relative=evaluations.ends_now(q.params))
+        th = thresholds if thresholds is not None else detectors.Thresholds()
+        ev = evaluations.find_for(reader, q.window, q.filters, th, relative=evaluations.ends_now(q.params))
         return Built(q, table=anomalies_table(ev.findings))
     if name == "trace":
         trace = queries.trace_view(reader, q.trace_id, q.window)

@@ -13,6 +13,7 @@ import json
 import logging
 import random
 import threading
+from concurrent.futures import ThreadPoolExecutor
 import time
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
@@ -415,3 +416,14 @@ def test_share_signs_the_image_size_it_is_asked_for(app):
     for query, parameter in (("width=2001", "width"), ("scale=3", "scale"), ("height=tall", "height")):
         resp = client.get(f"/api/v1/share?panel=stages&range=1h&{query}", headers=BEARER)
         assert resp.status_code == 400 and resp.get_json()["parameter"] == parameter, query
+
+
+def test_a_new_app_answers_concurrent_first_requests(make_app):
+    """Dash finishes setting itself up in its first request, which two first requests at once
+    raced (a 500: the callback map changed size while iterated); the factory does it."""
+    app = make_app()
+    assert app.extensions["modalscope"]["dash"]._got_first_request["setup_server"]  # noqa: SLF001
+    paths = ["/_dash-layout", "/_dash-dependencies", "/stages", "/pairs"] * 2
+    with ThreadPoolExecutor(len(paths)) as pool:
+        codes = list(pool.map(lambda p: app.test_client().get(p).status_code, paths))
+    assert all(code != 500 for code in codes), codes

@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from modalscope.app import create_app, queries
+from modalscope.app.queries import comparison
 from modalscope.app.params import Window, rfc3339
 from modalscope.ingest import demo
 from modalscope.ingest.records import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, SpanRecord
@@ -341,7 +342,7 @@ def test_whole_trace_subject_spans_are_each_traces_own_root(engine):
 def test_compare_on_a_sample_still_names_the_injected_attribute_first(spike, monkeypatch):
     """With far fewer spans read than the windows hold, Compare ranks the same value first."""
     client, base = spike
-    monkeypatch.setattr(queries, "COMPARE_MAX_SPANS", 60)
+    monkeypatch.setattr(comparison, "COMPARE_MAX_SPANS", 60)
     q = {"start": rfc3339(base + 30 * MIN), "end": rfc3339(base + 60 * MIN),
          "caller": "gateway", "callee": "vision-encoder"}
     body = client.get("/api/v1/compare", query_string=q).get_json()

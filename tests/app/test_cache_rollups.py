@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import delete, select
 
 from modalscope.app import queries
+from modalscope.app.queries import cache as cache_queries
 from modalscope.app.params import Window
 from modalscope.ingest.records import SpanRecord
 from modalscope.ingest.settle import CACHE_TAG_VALUES, settle
@@ -254,7 +255,7 @@ class CellRows:
             self.minutes |= {r[0] - H0 // MIN for r in rows}
             return real(rows, untagged_rows, group_by, cache)
 
-        monkeypatch.setattr(queries, "cache_rollup_cells", spy)
+        monkeypatch.setattr(cache_queries, "cache_rollup_cells", spy)  # where _cache_lookups reads it
 
 
 def test_long_windows_answer_as_the_raw_spans(long_store):

@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import delete
 
 from modalscope.app import create_app, queries
+from modalscope.app.queries import stage_time
 from modalscope.app.params import Window
 from modalscope.ingest.records import KIND_INTERNAL, KIND_SERVER, SpanRecord
 from modalscope.ingest.settle import settle
@@ -88,14 +89,14 @@ def test_stack_at_p99_is_the_mean_of_the_slowest_traces(hand, monkeypatch):
     app, window = hand
     reader = app.extensions["modalscope"]["reader"]
     bands: list[int] = []
-    real_band = queries._band
+    real_band = stage_time._band
 
     def band(*args):
         rows = real_band(*args)
         bands.append(len(rows))
         return rows
 
-    monkeypatch.setattr(queries, "_band", band)
+    monkeypatch.setattr(stage_time, "_band", band)
     got = queries.stage_time_at(reader, window, Filters(), "p99")
     assert len(bands) == 2 and max(bands) < 20  # one bounded band a group, not the window's 300 traces
     for it in COUNTS:

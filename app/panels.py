@@ -9,7 +9,7 @@ its page: ``/embed/<panel>``, ``/render/<panel>.png`` and ``/render/<panel>.svg`
   shows, and its own selection such as the cache's ``group_by``), parsed strictly with
   ``app/params.py`` so a typo is a 400 naming the parameter, not a silently different view;
 - panel -> (query, figure or table) dispatch, calling the SAME pure query
-  (``app/queries.py``) and figure (``app/figures.py``) functions as the Dash pages, so an
+  (``app/queries/``) and figure (``app/figures.py``) functions as the Dash pages, so an
   embed shows what the page shows;
 - tables as rows of plain text (the embed escapes them; an image draws them as a Plotly
   Table through :func:`figures.plot_text`);

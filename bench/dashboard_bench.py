@@ -29,7 +29,7 @@ after one warm-up:
   pair, the busiest one whose callee sends spans, whole traces);
 * every page's data callback, called as the browser calls it (``POST /_dash-update-component``
   with the page's state store; figures and tables built and serialised);
-* the query functions those callbacks call (``app/queries.py``, ``app/findings.find``).
+* the query functions those callbacks call (``app/queries/``, ``app/findings.find``).
 
 The windows are absolute, so after the warm-up the anomaly calls (API, Anomalies page,
 overview's findings) are answered from the findings stored for that exact window

@@ -469,7 +469,7 @@ def test_the_pair_detectors_find_the_same_with_shared_minute_matrices_as_without
     blocks = d._blocks(frames, TH)
     mats = {key: (d._pair_minute_matrices(frames)[key], d._pair_block_matrix(frames, key, blocks, TH))
             for key in d._pair_series(frames)}
-    monkeypatch.setattr(d, "SHARED_MATRICES_BYTES", 0)
+    monkeypatch.setattr(d.pairs, "SHARED_MATRICES_BYTES", 0)
     alone = dataclasses.replace(frames)  # (no caches)
     assert d._pair_minute_matrices(alone) is None
     for key, g in d._pair_series(alone).items():  # the same arrays, cell for cell

@@ -125,7 +125,7 @@ def test_band_break_compares_a_chunk_of_minutes_at_a_time_with_the_same_answer(m
     """A week of minutes is compared a day at a time (memory); any chunk gives the same."""
     whole = d.detect_p99_band_break(band_frames(stall_from=60), TH)
     assert whole
-    monkeypatch.setattr(d, "BAND_CHUNK_MINUTES", chunk)
+    monkeypatch.setattr(d.band_break, "BAND_CHUNK_MINUTES", chunk)
     assert d.detect_p99_band_break(band_frames(stall_from=60), TH) == whole
 
 
@@ -167,7 +167,7 @@ def _hot_cells_one_by_one(counts, p99, min_samples):
 def test_hot_cells_are_the_rule_cell_by_cell(monkeypatch, chunk):
     """All pairs against all pairs, some blocks at a time: ties within VOLUME_TIE, equal P99s,
     pairs under min_samples and blocks with fewer than 4 ranked pairs as the rule says."""
-    monkeypatch.setattr(d, "HOT_CELLS_CHUNK", chunk)
+    monkeypatch.setattr(d.hot_spot, "HOT_CELLS_CHUNK", chunk)
     rng = np.random.default_rng(7)
     for n_pairs in (3, 4, 9, 23):
         counts = rng.choice([0, 5, 19, 20, 21, 22, 40, 100, 105], size=(n_pairs, 37)).astype(float)
@@ -536,7 +536,7 @@ def test_counts_past_a_key_per_row_are_the_masked_sums():
 def test_row_quantiles_are_each_rows_histogram_quantile(monkeypatch, cells):
     """``_row_quantiles`` (the fusion detector's block medians), some rows at a time, gives
     exactly ``histogram_of(...).quantile`` of each row's sketches; empty rows nan."""
-    monkeypatch.setattr(d, "ROW_QUANTILE_CELLS", cells)
+    monkeypatch.setattr(d.sketches, "ROW_QUANTILE_CELLS", cells)
     rng = np.random.default_rng(11)
     n_rows, keys_col, counts_col, row_of = 9, [], [], []
     for i in range(60):

@@ -20,13 +20,14 @@ from modalscope.anomalies_cmd import format_finding
 from tests.demo_stores import PATTERNS
 
 SCIENTIFIC = re.compile(r"\d[eE][+-]\d")  # as Python and JavaScript write 2.999e+04
-DETECTORS_SOURCE = Path(detectors.__file__)
+DETECTORS_SOURCES = sorted(Path(detectors.__file__).parent.glob("*.py"))  # the package's modules
 
 
 def _evidence_keys_in_source() -> dict[str, set[str]]:
-    """kind -> the evidence keys each ``finding(kind, ...)`` call in app/detectors.py writes."""
+    """kind -> the evidence keys each ``finding(kind, ...)`` call in app/detectors/ writes."""
     out: dict[str, set[str]] = {}
-    for node in ast.walk(ast.parse(DETECTORS_SOURCE.read_text())):
+    nodes = (node for source in DETECTORS_SOURCES for node in ast.walk(ast.parse(source.read_text())))
+    for node in nodes:
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "finding" and len(node.args) >= 6:
             kind, evidence = node.args[0], node.args[5]
             if isinstance(kind, ast.Constant) and kind.value and isinstance(evidence, ast.Dict):

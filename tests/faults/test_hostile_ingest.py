@@ -21,6 +21,7 @@ from modalscope.ingest.otlp import MAX_VALUE_ITEMS, TRUNCATED_KEY
 from modalscope.ingest.otlp_grpc import FULL_METHOD, MAX_RECEIVING
 from modalscope.ingest.otlp_http import MAX_CONNECTIONS
 from modalscope.models import Span
+from tests.ingest.test_otlp_decode import _varint
 from tests.faults.helpers import (
     StreamingClient,
     batches_of,
@@ -126,16 +127,6 @@ def test_http_connections_holding_their_head_do_not_starve_an_exporter(db_url, p
 
 
 # --------------------------------------------------------------------------- huge values
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 def _field(number: int, payload: bytes) -> bytes:

@@ -111,14 +111,16 @@ def numeric_columns(columns: Sequence[tuple[str, str]], rows: Sequence[Mapping[s
     return out
 
 
-def cell_text(value: str, cut: bool = True):
-    """A text cell that wraps at spaces only: one unbroken word stays on its line, and one
-    longer than ``LONG_WORD`` is cut with an ellipsis, whole in its tooltip."""
+def cell_text(value: str, cut: bool = True) -> tuple[Any, str]:
+    """A text cell that wraps at spaces only, as (content, extra cell class): one unbroken word
+    stays on its line (the cell's own ``ms-word`` class, not a wrapper: every component costs
+    the browser time on each update, and big tables have hundreds of cells), and one longer
+    than ``LONG_WORD`` is cut with an ellipsis, whole in its tooltip."""
     if not cut or any(ch.isspace() for ch in value):
-        return value
+        return value, ""
     if len(value) > LONG_WORD:
-        return html.Span(value, className="ms-cut", title=value)
-    return html.Span(value, className="ms-word")
+        return html.Span(value, className="ms-cut", title=value), ""
+    return value, " ms-word"
 
 
 def text_table(columns: Sequence[tuple[str, str]], rows: Iterable[Mapping[str, Any]], *,
@@ -145,7 +147,8 @@ def text_table(columns: Sequence[tuple[str, str]], rows: Iterable[Mapping[str, A
             if v is None or hasattr(v, "to_plotly_json") or isinstance(v, list):
                 cells.append(html.Td(v, className=cls(k)))
             else:
-                cells.append(html.Td(str(v) if k in numeric else cell_text(str(v), cut), className=cls(k)))
+                text, extra = (str(v), "") if k in numeric else cell_text(str(v), cut)
+                cells.append(html.Td(text, className=cls(k) + extra))
         rc = row_class(r) if row_class else None
         body.append(html.Tr(cells, className=rc) if rc else html.Tr(cells))
     kw = {"id": id} if id else {}

@@ -112,7 +112,9 @@ def arrays_over_grpc(parallel: int, rounds: int):
 
     def send(body):
         codes = []
-        with grpc.insecure_channel(attack.target, options=[("grpc.max_send_message_length", 32 * 2**20)]) as ch:
+        # a connection each (grpc shares one between channels to a target by default)
+        with grpc.insecure_channel(attack.target, options=[("grpc.max_send_message_length", 32 * 2**20),
+                                                           ("grpc.use_local_subchannel_pool", 1)]) as ch:
             call = ch.unary_unary(FULL_METHOD, request_serializer=None, response_deserializer=None)
             for _ in range(rounds):
                 for _ in range(60):
@@ -175,6 +177,8 @@ def main() -> int:
     ap.add_argument("--parallel", type=int, default=8, help="huge requests sent at once (default 8)")
     ap.add_argument("--rounds", type=int, default=2, help="times each huge request is sent (default 2)")
     ap.add_argument("--hold", type=float, default=15.0, help="seconds the stalled calls and held heads last")
+    ap.add_argument("--only", action="append", choices=["arrays-http", "arrays-grpc", "stalled-grpc", "held-heads"],
+                    help="run only this scenario (repeatable)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     print(json.dumps(machine_info(), indent=1))
@@ -187,6 +191,8 @@ def main() -> int:
         ("held-heads", held_heads(args.hold), "http"),
     ]
     for name, attack, exporter_kind in scenarios:
+        if args.only and name not in args.only:
+            continue
         db = work / f"{name}.db"
         ensure_schema(f"sqlite:///{db}", create=True)
         result = _scenario(name, f"sqlite:///{db}", work, attack, exporter_kind)

@@ -20,6 +20,7 @@ WORKDIR /src
 COPY pyproject.toml README.md alembic.ini ./
 COPY modalscope ./modalscope
 COPY app ./app
+COPY core ./core
 COPY ingest ./ingest
 COPY models ./models
 COPY migrations ./migrations

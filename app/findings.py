@@ -1,6 +1,6 @@
 """Findings from the store: read the detectors' frames, run the catalog, add exemplars.
 
-The detectors (``app/detectors.py``) are pure; this module is their one reader. Percentile
+The detectors (``app/detectors/``) are pure; this module is their one reader. Percentile
 data come from the rollups (``pair``, ``trace``, ``tstage``, per minute, from a trailing
 look-back of ``MODALSCOPE_DETECT_BASELINE_MINUTES`` before the window so baselines exist),
 and so do the span conventions the attribute detectors need (``cache``, ``batch``,
@@ -28,6 +28,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from ..core.series import SeriesKind
 from ..models import packs, sketch
 from ..models.reader import Filters, StoreReader
 from . import detectors as d
@@ -68,10 +69,10 @@ def _convention_frames(reader: StoreReader, data_start: int, end_ns: int) -> dic
                               sketches=sketches, **kw)
 
     # (cache and batch use only the counts and sums: read without sketches, as they are packed)
-    cache = frame("cache", ("service", "name", "caller", "callee"), with_sum=False, sketches=False)
-    batch = frame("batch", ("service",), with_sum=True, sketches=False)
-    cuda = frame("cuda", ("service", "name", "callee"), with_sum=False)
-    sync = frame("sync", ("service",), with_sum=False)
+    cache = frame(SeriesKind.CACHE, ("service", "name", "caller", "callee"), with_sum=False, sketches=False)
+    batch = frame(SeriesKind.BATCH, ("service",), with_sum=True, sketches=False)
+    cuda = frame(SeriesKind.CUDA, ("service", "name", "callee"), with_sum=False)
+    sync = frame(SeriesKind.SYNC, ("service",), with_sum=False)
     # Tag rows only: a cache's TOTAL series (tag key '') is no tag.
     cache = cache[cache["caller"].astype(bool)].reset_index(drop=True) if not cache.empty else cache
     return {
@@ -94,7 +95,7 @@ def _births(reader: StoreReader, data_start: int, end_ns: int):
     """``(service, instance, first minute)`` of the instances born before ``end_ns``: first
     seen at least two minutes after the data begins (earlier ones were already running)."""
     first_data_minute = -(-data_start // d.NS_MIN)
-    return [b for b in reader.first_minutes("inst", data_start, end_ns) if b[2] >= first_data_minute + 2]
+    return [b for b in reader.first_minutes(SeriesKind.INSTANCE, data_start, end_ns) if b[2] >= first_data_minute + 2]
 
 
 def _warm_minutes(th: d.Thresholds) -> int:
@@ -139,11 +140,11 @@ def _new_instances(reader: StoreReader, data_start: int, window: Window, th: d.T
             by_service.setdefault(service, []).append((instance, born))
     found: set = set()
     rows: list[tuple] = []
-    ids = reader.series_ids("inst") if by_service else {}
+    ids = reader.series_ids(SeriesKind.INSTANCE) if by_service else {}
     # One read a service of its minutes after all its births (a week holds ~600 births: a
     # statement each cost more than the rows), over one connection.
     reads = reader.services_rollup_rows(
-        "inst", {service: _merged((b, b + looked_at) for _, b in births) for service, births in by_service.items()},
+        SeriesKind.INSTANCE, {service: _merged((b, b + looked_at) for _, b in births) for service, births in by_service.items()},
         ("name",), series_ids=ids) if by_service else {}
     for service, births in by_service.items():
         inst = reads[service]
@@ -224,7 +225,7 @@ def _other_frames(reader: StoreReader, data_start: int, window: Window, th: d.Th
     traces = _columns_frame(*reader.rollup_columns("trace", data_start, window.end_ns, ("input_type",)),
                             ("input_type",), with_sum=True)
     # (the preprocessing stage's only: no detector reads the other stages' time)
-    ts_rows = reader.rollup_rows("tstage", data_start, window.end_ns, ("input_type", "stage"),
+    ts_rows = reader.rollup_rows(SeriesKind.TRACE_STAGE, data_start, window.end_ns, ("input_type", "stage"),
                                  Filters(stage="preprocessing"), sketches=False)
     min_long = int(th.lb_min_ceiling_s * (1 - th.lb_band) * 1e9)
     long_rows = reader.long_traces(window.start_ns, window.end_ns, min_long)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Mapping
 
+from ..core.window import Window
 from ..durations import window_seconds
 from ..models.reader import Filters
 
@@ -68,16 +68,6 @@ def parse_time(value: str, parameter: str) -> int:
     if not 0 <= ns <= MAX_TIME_NS:
         raise out_of_range
     return ns
-
-
-@dataclass(frozen=True)
-class Window:
-    start_ns: int
-    end_ns: int
-
-    @property
-    def seconds(self) -> float:
-        return (self.end_ns - self.start_ns) / 1e9
 
 
 def parse_window(args: Mapping[str, str], now_ns: int | None = None) -> Window:

@@ -17,7 +17,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import orjson
 from sqlalchemy import and_, or_, select
 
-from ..ingest.records import KIND_CONSUMER, KIND_SERVER
+from ..core.series import SeriesKind
+from ..core.spans import KIND_CONSUMER, KIND_SERVER
 from ..ingest.traces import TOKEN_KEYS
 from ..models import PairCall, Series, Span, Trace
 from ..models.dialect import contains_text_in
@@ -47,7 +48,7 @@ def token_groups(reader: StoreReader, window: Window, filters: Filters, dims: tu
     """The window's ``tokens`` rollups merged per ``dims`` (series dimensions); ``filters``:
     ``service`` (the calling service) and ``input_type`` narrow them, the others do not apply."""
     f = Filters(service=filters.service, input_type=filters.input_type)
-    return reader.rollups(RollupQuery("tokens", window.start_ns, window.end_ns, f, dims))
+    return reader.rollups(RollupQuery(SeriesKind.TOKENS, window.start_ns, window.end_ns, f, dims))
 
 
 def per_request(sums: Mapping[str, int], traces: int) -> dict | None:

@@ -81,7 +81,7 @@ def time_unit(max_ms: float | None) -> tuple[float, str]:
 
 
 # -- evidence ------------------------------------------------------------------------------
-# A finding's evidence (app/detectors.py) is an object of named numbers whose key names their
+# A finding's evidence (app/detectors/) is an object of named numbers whose key names their
 # unit: ``*_ms`` milliseconds, ``*_s`` seconds, ``*_minutes`` minutes, ``*_share``/``*_rate``
 # (and ``share``) a fraction shown as %, ``*_ratio`` (and ``ratio``) a multiple of a baseline,
 # ``*_count`` a count; the few other keys are named here. ``evidence_unit`` answers None for a

@@ -683,7 +683,7 @@ def _loads(text):
 def span_signals_of(signals: str | None, attributes: str | None) -> dict | None:
     """A span's signals as settling reads them: the stored ones, else (a span stored before
     signals were) those its attributes give (``ingest.traces.signals_of``)."""
-    from modalscope.ingest.records import SpanRecord
+    from modalscope.core.spans import SpanRecord
     from modalscope.ingest.traces import legacy_signals
 
     sig = _loads(signals)

@@ -44,7 +44,7 @@ from sqlalchemy import Engine
 
 from .cursors import Lease, LeaseLost, read_cursors
 from .google_api import Backoff, api_errors, call_with_retries, error_line, google_client
-from .records import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, STATUS_ERROR, STATUS_OK, STATUS_UNSET, SpanRecord
+from ..core.spans import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, STATUS_ERROR, STATUS_OK, STATUS_UNSET, SpanRecord
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from typing import Callable, Iterator
 from sqlalchemy import Engine
 
 from .otlp import DecodeError, NotTracesError, decode_json, decode_protobuf, oldest_start_ns
-from .records import SpanRecord
+from ..core.spans import SpanRecord
 from .settle import settle
 from .settler import SettlerProcess
 from .stages import StageRules

@@ -11,7 +11,7 @@ from ..models.packs import EVERY_S as PACK_EVERY_S
 from ..settings import Settings
 from .inflight import InflightBytes
 from .otlp import set_value_limits
-from .records import SpanRecord
+from ..core.spans import SpanRecord
 from .retention import RetentionPolicy
 from .settler import Settler, SettlerJobs, SettlerProcess
 from .stages import StageRules

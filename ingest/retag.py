@@ -10,7 +10,7 @@ from sqlalchemy import Engine, bindparam, delete, func, select, update
 
 from ..models import changes
 from ..models import PAIR_CALLS_CURSOR, Cursor, HourlyRollup, PairCall, QuarterRollup, Rollup, Span, Trace
-from .records import SpanRecord
+from ..core.spans import SpanRecord
 from .settle import settle
 from .stages import StageRules
 

@@ -11,7 +11,7 @@ import tomllib
 from importlib import resources
 from typing import Any
 
-from .records import STAGES
+from ..core.spans import STAGES
 from .stages import (_KINDS_BY_NAME, _STAGE_SET, STAGE_FROM_PARENT, STAGE_FROM_VALUE, Rule, StageRules, _value_text,
                      tokens)
 

@@ -50,7 +50,8 @@ from ..models import HourlyRollup, PairCall, QuarterRollup, Rollup, Series, Span
 from ..models import changes, sketch
 from ..models.dialect import (contains_text, json_member, keys_clause, rows_with_keys,
                               supports_skip_locked, upsert)
-from .records import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, STATUS_ERROR, SpanRecord
+from ..core.series import SeriesKind
+from ..core.spans import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, STATUS_ERROR, SpanRecord
 from .series import SeriesRegistry, cap_key, registry_for, series_key
 from .settle_fast import LAYER_KEY, LINKS, convention_contributions, summarize_rows
 from .traces import (LEGACY_SIGNAL_NEEDLES, _text_value, effective_stages, find_root, input_type_of, link_targets,
@@ -94,24 +95,24 @@ def summarize_trace(trace_id: str, spans: list[SpanRecord],
     for s in spans:
         stage = stage_of.get(s.span_id, s.stage) or "other"
         contribs.append((
-            series_key("op", s.service, s.name, stage, input_type),
+            series_key(SeriesKind.OP, s.service, s.name, stage, input_type),
             s.start_ns // NS_PER_MINUTE, s.end_ns - s.start_ns, int(s.status == STATUS_ERROR),
         ))
         layer = s.attributes.get(LAYER_KEY) if s.attributes else None
         if isinstance(layer, str):
             contribs.append((
-                series_key("layer", s.service, s.name, stage, input_type, callee=layer),
+                series_key(SeriesKind.LAYER, s.service, s.name, stage, input_type, callee=layer),
                 s.start_ns // NS_PER_MINUTE, s.end_ns - s.start_ns, int(s.status == STATUS_ERROR),
             ))
     for call in trace_calls(spans, linked).values():
         contribs.append((
-            series_key("pair", name=call.model, stage=call.stage, input_type=input_type, caller=call.caller,
+            series_key(SeriesKind.PAIR, name=call.model, stage=call.stage, input_type=input_type, caller=call.caller,
                        callee=call.callee),
             call.start_ns // NS_PER_MINUTE, call.duration_ns, int(call.error),
         ))
     trace_minute = (root.start_ns if root is not None else start_ns) // NS_PER_MINUTE
     root_service = root.service if root is not None else None
-    contribs.append((series_key("trace", service=root_service or "", input_type=input_type),
+    contribs.append((series_key(SeriesKind.TRACE, service=root_service or "", input_type=input_type),
                      trace_minute, duration, int(error)))
     stage_time: dict[str, int] = {}
     selfs = self_times(spans)
@@ -119,12 +120,12 @@ def summarize_trace(trace_id: str, spans: list[SpanRecord],
         st = stage_of.get(s.span_id, s.stage) or "other"
         stage_time[st] = stage_time.get(st, 0) + selfs.get(s.span_id, 0)
     for st, total in sorted(stage_time.items()):
-        contribs.append((series_key("tstage", service=root_service or "", stage=st, input_type=input_type),
+        contribs.append((series_key(SeriesKind.TRACE_STAGE, service=root_service or "", stage=st, input_type=input_type),
                          trace_minute, total, 0))
     for s in model_call_spans(spans):
         sig = signals_of(s)
         for key, n in token_entries(sig):
-            contribs.append((series_key("tokens", s.service, _text_value(sig, "model"), "", input_type,
+            contribs.append((series_key(SeriesKind.TOKENS, s.service, _text_value(sig, "model"), "", input_type,
                                         _text_value(sig, "provider"), key), s.start_ns // NS_PER_MINUTE, n, 0))
     contribs.extend(_convention_contributions(spans, stage_of))
     return SettledTrace(
@@ -161,7 +162,7 @@ def _convention_contributions(spans: list[SpanRecord], stage_of: Mapping[str, st
             encoder_end[s.service] = max(encoder_end.get(s.service, end), end)
             encoder_start = s.start_ns if encoder_start is None else min(encoder_start, s.start_ns)
     if fusion and len(encoder_end) >= 2:
-        out.append((series_key("sync", fusion[0].service), encoder_start // NS_PER_MINUTE,
+        out.append((series_key(SeriesKind.SYNC, fusion[0].service), encoder_start // NS_PER_MINUTE,
                     max(encoder_end.values()) - min(encoder_end.values()), 0))
     first_on: dict[tuple[str, str], SpanRecord] = {}
     for s in servers:
@@ -169,7 +170,7 @@ def _convention_contributions(spans: list[SpanRecord], stage_of: Mapping[str, st
         if inst is not None and str(inst):
             first_on.setdefault((s.service, str(inst)), s)
     for (service, inst), s in first_on.items():
-        out.append((series_key("inst", service, inst), s.start_ns // NS_PER_MINUTE,
+        out.append((series_key(SeriesKind.INSTANCE, service, inst), s.start_ns // NS_PER_MINUTE,
                     max(s.end_ns - s.start_ns, 0), 0))
     return out
 
@@ -353,7 +354,7 @@ def _cap_cache_tags(conn: Connection, summary, used_keys: list[int], registry: S
     detectors see that the key is not a bounded tag. Only keys not cached by the registry
     are looked up (new ones), one query per tag key. A cache's TOTAL series (caller and
     callee '') and the ``cache_untagged`` series are no tag values: never capped."""
-    new = [k for k in used_keys if summary.keys[k][0] == "cache" and summary.keys[k][6]
+    new = [k for k in used_keys if summary.keys[k][0] == SeriesKind.CACHE and summary.keys[k][6]
            and not registry.known(summary.keys[k])]
     if not new:
         return
@@ -364,7 +365,7 @@ def _cap_cache_tags(conn: Connection, summary, used_keys: list[int], registry: S
     remap: dict[int, int] = {}
     for (service, cache, tag), ks in groups.items():
         existing = set(conn.execute(select(Series.callee).where(
-            Series.kind == "cache", Series.service == service, Series.name == cache, Series.caller == tag)).scalars())
+            Series.kind == SeriesKind.CACHE, Series.service == service, Series.name == cache, Series.caller == tag)).scalars())
         existing.discard("")
         for k in sorted(ks, key=lambda k: summary.keys[k][6]):
             value = summary.keys[k][6]

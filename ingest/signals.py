@@ -37,7 +37,7 @@ import math
 import re
 from typing import Any, Iterable
 
-from .records import INPUT_TYPES, SpanRecord
+from ..core.spans import INPUT_TYPES, SpanRecord
 
 __all__ = ["MEDIA", "scan_parts", "span_signals", "trace_input_type"]
 

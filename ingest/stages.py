@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Protocol, Sequence
 
 from ..models.names import SERVICE_CHARS, cap_service
-from .records import (
+from ..core.spans import (
     KIND_CLIENT,
     KIND_CONSUMER,
     KIND_INTERNAL,

@@ -27,7 +27,7 @@ from ..models import Trace
 from ..models.buckets import duration_bucket
 from ..models.dialect import insert_spans, mark_traces_pending
 from .errors import storage_unavailable
-from .records import SpanRecord
+from ..core.spans import SpanRecord
 
 log = logging.getLogger(__name__)
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy import Connection, Engine, delete, select, update
 
+from ..core.series import SeriesKind
 from . import RollupPack, Rollup, Series
 from .changes import CHANGE_MARGIN_S, READ_AT_MOST
 from .engine import BINARY_RESULTS
@@ -38,12 +39,13 @@ from .engine import BINARY_RESULTS
 log = logging.getLogger(__name__)
 
 #: The series kinds packed: the ones the detectors read whole.
-PACK_KINDS = ("pair", "trace", "cache", "batch", "cuda", "sync")
+PACK_KINDS = (SeriesKind.PAIR, SeriesKind.TRACE, SeriesKind.CACHE, SeriesKind.BATCH, SeriesKind.CUDA,
+              SeriesKind.SYNC)
 #: Kinds packed without their sketches: their detectors use only counts and sums (a day of
 #: ``cache`` packs at ten million spans, 9.9 MB with its 1.2 million sketch entries, is
 #: ~0.5 MB without). ``StoreReader.rollup_columns`` reads them from packs only when asked
 #: for no sketches.
-SKETCHLESS_KINDS = frozenset({"cache", "batch"})
+SKETCHLESS_KINDS = frozenset({SeriesKind.CACHE, SeriesKind.BATCH})
 MAGIC = b"MSPACK01"
 from ..durations import NS
 #: Hours packed back from now: what the detectors judge at most (7 days) and their look-back.

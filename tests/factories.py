@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from modalscope.ingest.records import (
+from modalscope.core.spans import (
     KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, STATUS_ERROR, STATUS_UNSET, SpanRecord,
 )
 from modalscope.ingest.rules_file import load_rules

@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 
 from modalscope.app.params import Window
 from modalscope.ingest import demo
-from modalscope.ingest.records import SpanRecord
+from modalscope.core.spans import SpanRecord
 from modalscope.ingest.signals import span_signals
 from modalscope.ingest.settle import settle
 from modalscope.ingest.traces import input_type_of

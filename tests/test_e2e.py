@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from tests.ingest.test_receivers import EXPECTED, free_port, multimodal_spans
-from modalscope.ingest.records import KIND_BY_NAME
+from modalscope.core.spans import KIND_BY_NAME
 
 
 def _start(args, env):

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("app", "ingest", "models", "migrations")  # installed as modalscope.<folder>
+FOLDERS = ("app", "core", "ingest", "models", "migrations")  # installed as modalscope.<folder>
 
 
 def _source_tree(tmp_path: Path) -> Path:

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_every_variable_read_by_the_code_is_documented():
     used = set()
-    for folder in ("modalscope", "app", "ingest", "models", "migrations"):
+    for folder in ("modalscope", "app", "core", "ingest", "models", "migrations"):
         for path in (ROOT / folder).rglob("*.py"):
             used |= set(re.findall(r"MODALSCOPE_[A-Z_]+[A-Z]", path.read_text()))
     readme = (ROOT / "README.md").read_text()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...ingest.records import STAGES
+from ...core.spans import STAGES
 from ...models.reader import Filters, RollupQuery, StoreReader
 from ..params import Window
 

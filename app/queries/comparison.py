@@ -11,7 +11,7 @@ from itertools import chain
 
 import orjson
 
-from ...ingest.records import KIND_CLIENT, STAGES
+from ...core.spans import KIND_CLIENT, STAGES
 from ...models.reader import Filters, RollupQuery, StoreReader
 from ...models.sketch import Histogram
 from ..params import Window, rfc3339

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ...ingest.records import KIND_CLIENT
+from ...core.spans import KIND_CLIENT
 from ...ingest.traces import Call, trace_calls
 from ...models.reader import Filters, SpanQuery, StoreReader
 from ...models.sketch import Histogram

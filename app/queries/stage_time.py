@@ -9,7 +9,7 @@ import math
 import numpy as np
 from sqlalchemy import select
 
-from ...ingest.records import STAGES
+from ...core.spans import STAGES
 from ...ingest.settle import _unpack
 from ...models import Series, Trace, sketch
 from ...models.reader import NS_PER_MINUTE, Filters, RollupQuery, StoreReader, minute_range

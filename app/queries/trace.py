@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from ...ingest.records import KIND_NAMES, KIND_PRODUCER, STATUS_NAMES, SpanRecord
+from ...core.spans import KIND_NAMES, KIND_PRODUCER, STATUS_NAMES, SpanRecord
 from ...ingest.traces import critical_path, find_root, input_type_of, self_times, trace_duration_ns
 from ...models.reader import StoreReader
 from ..params import Window

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import random
 
-from ..records import KIND_CLIENT, KIND_CONSUMER, KIND_INTERNAL, KIND_PRODUCER, KIND_SERVER, STATUS_ERROR
+from ...core.spans import KIND_CLIENT, KIND_CONSUMER, KIND_INTERNAL, KIND_PRODUCER, KIND_SERVER, STATUS_ERROR
 from .conventions import (_A_AUDIO, _CHAT_BASE, _CHAT_DONE, _CONSUME, _CONSUME_NAME, _DB_PROFILE, _DB_QUOTA,
                           _DB_SESSION, _FUSION_PARTS, _GEMINI_BASE, _GEMINI_DONE, _GEMINI_HTTP, _GEMINI_MODEL,
                           _INSERT, _INSERT_NAME, _LLM_SERVER, _M_AUDIO, _M_AUTH, _M_BILLING, _M_FUSION, _M_PRE,

@@ -8,7 +8,7 @@ import bisect
 import math
 import random
 
-from ..records import KIND_INTERNAL, KIND_SERVER, STATUS_ERROR
+from ...core.spans import KIND_INTERNAL, KIND_SERVER, STATUS_ERROR
 from .conventions import _IMAGE_ATTRS, _LAYER_ATTRS, _VISION_WEIGHTS
 from .plan import DemoConfig, _Plan
 from .profiles import BASELINE_FALLBACK_RATE, MIN_NS, NS, VIT_LAYERS

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..records import SpanRecord
+from ...core.spans import SpanRecord
 
 #: Span names are cut to this many characters.
 MAX_NAME_CHARS = 1024

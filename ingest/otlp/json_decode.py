@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from ..records import KIND_CONSUMER, KIND_UNSPECIFIED, STATUS_ERROR, STATUS_UNSET, SpanRecord
+from ...core.spans import KIND_CONSUMER, KIND_UNSPECIFIED, STATUS_ERROR, STATUS_UNSET, SpanRecord
 from .common import (LIMITS, MAX_NAME_CHARS, _ERR_LINK_SPAN_ID, _ERR_LINK_TRACE_ID, _ERR_LINKS, _ERR_PARENT_ID,
                      _ERR_SPAN_ID, _ERR_TIME, _ERR_TRACE_ID, _INT64_MAX, _INT64_MIN, _UINT64_MAX, _ZERO_SPAN_HEX,
                      _ZERO_TRACE_HEX, DecodeError, DecodeResult, NotTracesError, _Budget, _bound_str, _mark_cut)

@@ -10,7 +10,7 @@ from google.protobuf.message import DecodeError as _ProtobufDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans as _ScopeSpans
 
-from ..records import KIND_CONSUMER, KIND_UNSPECIFIED, STATUS_ERROR, STATUS_UNSET, SpanRecord
+from ...core.spans import KIND_CONSUMER, KIND_UNSPECIFIED, STATUS_ERROR, STATUS_UNSET, SpanRecord
 from .attributes import _pb_attrs, _raw_attrs
 from .common import (LIMITS, _ERR_LINK_SPAN_ID, _ERR_LINK_TRACE_ID, _ERR_PARENT_ID, _ERR_SPAN_ID, _ERR_TIME,
                      _ERR_TRACE_ID, _INT64_MAX, _MAX_NAME, _ZERO_SPAN, _ZERO_TRACE, DecodeError, DecodeResult,

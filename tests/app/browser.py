@@ -62,7 +62,7 @@ def chrome_paths() -> tuple[str | None, str | None]:
 
 def xss_trace(start_ns: int):
     """A trace whose every piece of text is hostile: names, services, attribute keys and values."""
-    from modalscope.ingest.records import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, SpanRecord
+    from modalscope.core.spans import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, SpanRecord
     from tests.factories import rules
 
     tid = "0badc0de" * 4
@@ -82,7 +82,7 @@ def xss_trace(start_ns: int):
 
 def big_trace(start_ns: int):
     """A trace whose root carries one 1 MiB attribute value (ending in ``<END>``)."""
-    from modalscope.ingest.records import KIND_INTERNAL, KIND_SERVER, SpanRecord
+    from modalscope.core.spans import KIND_INTERNAL, KIND_SERVER, SpanRecord
     from tests.factories import rules
 
     tid = "b19b19b1" * 4

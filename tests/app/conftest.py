@@ -10,7 +10,7 @@ import pytest
 
 from modalscope.app import create_app
 from modalscope.app.params import Window
-from modalscope.ingest.records import KIND_CLIENT, KIND_SERVER, SpanRecord
+from modalscope.core.spans import KIND_CLIENT, KIND_SERVER, SpanRecord
 from modalscope.ingest.settle import settle
 from modalscope.ingest.writer import write_spans
 from modalscope.models.reader import StoreReader

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from modalscope.app import figures, ids
-from modalscope.ingest.records import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, STATUS_ERROR, STATUS_UNSET, SpanRecord
+from modalscope.core.spans import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, STATUS_ERROR, STATUS_UNSET, SpanRecord
 
 MS = 1_000_000
 MIN = 60_000_000_000

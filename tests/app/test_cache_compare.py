@@ -14,7 +14,7 @@ from modalscope.app import create_app, queries
 from modalscope.app.queries import comparison
 from modalscope.app.params import Window, rfc3339
 from modalscope.ingest import demo
-from modalscope.ingest.records import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, SpanRecord
+from modalscope.core.spans import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, SpanRecord
 from modalscope.ingest.settle import settle
 from modalscope.ingest.writer import write_spans
 from modalscope.models.sketch import Histogram

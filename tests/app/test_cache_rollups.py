@@ -14,7 +14,7 @@ from sqlalchemy import delete, select
 from modalscope.app import queries
 from modalscope.app.queries import cache as cache_queries
 from modalscope.app.params import Window
-from modalscope.ingest.records import SpanRecord
+from modalscope.core.spans import SpanRecord
 from modalscope.ingest.settle import CACHE_TAG_VALUES, settle
 from modalscope.ingest.settle_fast import CACHE_MAX_TAGS
 from modalscope.ingest.writer import write_spans

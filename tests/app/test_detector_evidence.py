@@ -15,7 +15,7 @@ import pytest
 from modalscope.app import detectors as d
 from modalscope.app import findings
 from modalscope.app.params import Window, parse_time
-from modalscope.ingest.records import KIND_CLIENT, KIND_SERVER, SpanRecord
+from modalscope.core.spans import KIND_CLIENT, KIND_SERVER, SpanRecord
 from modalscope.ingest.settle import settle
 from modalscope.ingest.writer import write_spans
 from modalscope.models.reader import StoreReader

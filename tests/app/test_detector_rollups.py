@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from modalscope.app import detectors as d
 from modalscope.app import findings
 from modalscope.app.params import Window
-from modalscope.ingest.records import SpanRecord
+from modalscope.core.spans import SpanRecord
 from modalscope.ingest.settle import CACHE_TAG_VALUES, settle
 from modalscope.ingest.writer import write_spans
 from modalscope.models import Rollup, Series

@@ -405,7 +405,7 @@ def test_attribute_spans_reads_the_wanted_spans_in_start_order(engine, stored, m
     """The findings' raw read (``StoreReader.attribute_spans``): SERVER/CONSUMER spans and
     spans carrying a convention key, attributes only on the latter, in start order whether
     row ids follow time (read by id range) or not (read through the start index)."""
-    from modalscope.ingest.records import SpanRecord
+    from modalscope.core.spans import SpanRecord
     from modalscope.ingest.writer import write_spans
     from modalscope.models import reader as reader_module
     from modalscope.models.reader import StoreReader
@@ -451,7 +451,7 @@ def test_attribute_spans_of_one_service_are_the_same_through_its_index(engine, s
     (``ATTRIBUTE_WALK_COUNTED``) the window's are counted only that far, not whole."""
     from sqlalchemy import event
 
-    from modalscope.ingest.records import SpanRecord
+    from modalscope.core.spans import SpanRecord
     from modalscope.ingest.writer import write_spans
     from modalscope.models import reader as reader_module
     from modalscope.models.reader import StoreReader
@@ -490,7 +490,7 @@ def test_attribute_spans_of_one_service_are_the_same_through_its_index(engine, s
 def test_a_services_rollups_over_several_stretches_are_read_at_once(engine):
     """``StoreReader.services_rollup_rows`` (new instances' first minutes): the rows of every
     stretch, overlapping ones once, in minute order, as the window reads give them."""
-    from modalscope.ingest.records import SpanRecord
+    from modalscope.core.spans import SpanRecord
     from modalscope.ingest.settle import settle
     from modalscope.ingest.writer import write_spans
     from modalscope.models.reader import Filters, StoreReader

@@ -283,7 +283,7 @@ def test_minutes_after_a_closed_window_matter_only_after_a_birth_near_its_end(en
 
     monkeypatch.setattr(ev, "ABSOLUTE_FRESH_S", 0)  # the change log alone decides here
 
-    from modalscope.ingest.records import KIND_SERVER, SpanRecord
+    from modalscope.core.spans import KIND_SERVER, SpanRecord
     from modalscope.ingest.writer import write_spans
     from tests.app.conftest import side_calls_trace
 

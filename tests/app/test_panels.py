@@ -14,7 +14,7 @@ import pytest
 from modalscope.app import figures, panels, queries, signing
 from modalscope.app import state as st
 from modalscope.app.params import ParamError, Window
-from modalscope.ingest.records import STATUS_ERROR
+from modalscope.core.spans import STATUS_ERROR
 from modalscope.models.reader import Filters
 from tests.demo_stores import PATTERNS
 

@@ -276,7 +276,7 @@ def test_trace_view_shows_a_consumers_wait_in_the_queue(engine):
     span link names in another trace, to its own start."""
     import time
 
-    from modalscope.ingest.records import KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, SpanRecord
+    from modalscope.core.spans import KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, SpanRecord
     from modalscope.models.reader import StoreReader
 
     base = (time.time_ns() // MIN - 10) * MIN

@@ -13,7 +13,7 @@ from sqlalchemy import delete
 from modalscope.app import create_app, queries
 from modalscope.app.queries import stage_time
 from modalscope.app.params import Window
-from modalscope.ingest.records import KIND_INTERNAL, KIND_SERVER, SpanRecord
+from modalscope.core.spans import KIND_INTERNAL, KIND_SERVER, SpanRecord
 from modalscope.ingest.settle import settle
 from modalscope.ingest.writer import write_spans
 from modalscope.models import Trace

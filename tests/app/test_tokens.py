@@ -13,7 +13,7 @@ import pytest
 from modalscope.app import create_app, figures, tokens
 from modalscope.app.params import Window
 from modalscope.app.queries import input_types
-from modalscope.ingest.records import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, SpanRecord
+from modalscope.core.spans import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, SpanRecord
 from modalscope.ingest.settle import settle
 from modalscope.ingest.rules_file import load_rules
 from modalscope.ingest.writer import write_spans

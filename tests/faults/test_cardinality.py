@@ -20,7 +20,7 @@ from modalscope.app import create_app
 from modalscope.app.components import FILTER_OPTIONS, OPTION_LABEL_CHARS, toolbar_options
 from modalscope.app.params import rfc3339
 from modalscope.ingest.otlp import decode_protobuf
-from modalscope.ingest.records import KIND_SERVER, SpanRecord
+from modalscope.core.spans import KIND_SERVER, SpanRecord
 from modalscope.ingest.retention import RetentionPolicy, prune
 from modalscope.ingest.series import SERIES_FIELDS, SeriesRegistry, series_hash, series_key
 from modalscope.ingest.settle import settle

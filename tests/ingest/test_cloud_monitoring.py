@@ -22,7 +22,7 @@ from modalscope.ingest.cloud_monitoring import (
     make_monitoring_client,
 )
 from modalscope.ingest.cursors import read_cursor
-from modalscope.ingest.records import KIND_CLIENT, KIND_SERVER, STATUS_ERROR, STATUS_UNSET, SpanRecord
+from modalscope.core.spans import KIND_CLIENT, KIND_SERVER, STATUS_ERROR, STATUS_UNSET, SpanRecord
 from modalscope.ingest.settle import settle
 from modalscope.ingest.rules_file import load_rules
 from modalscope.ingest.writer import write_spans

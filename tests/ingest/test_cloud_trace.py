@@ -24,7 +24,7 @@ from modalscope.ingest.cloud_trace import (
     trace_records,
 )
 from modalscope.ingest.cursors import Lease, read_cursor
-from modalscope.ingest.records import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, STATUS_ERROR, STATUS_UNSET, SpanRecord
+from modalscope.core.spans import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, STATUS_ERROR, STATUS_UNSET, SpanRecord
 from modalscope.ingest.writer import write_spans
 from modalscope.models import Span, Trace
 from modalscope.models.engine import make_engine

@@ -29,7 +29,7 @@ from sqlalchemy import delete, select
 from modalscope.app import create_app
 from modalscope.ingest import demo
 from modalscope.ingest.otlp import decode_protobuf
-from modalscope.ingest.records import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, STATUS_ERROR
+from modalscope.core.spans import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, STATUS_ERROR
 from modalscope.ingest.settle import settle
 from modalscope.ingest.rules_file import default_rules
 from modalscope.ingest.traces import effective_stages, input_type_of, trace_calls

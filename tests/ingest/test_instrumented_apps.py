@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from modalscope.ingest.otlp import MAX_STRING_BYTES, decode_protobuf
-from modalscope.ingest.records import KIND_CLIENT, SpanRecord
+from modalscope.core.spans import KIND_CLIENT, SpanRecord
 from modalscope.ingest.signals import span_signals, trace_input_type
 from modalscope.ingest.rules_file import default_rules
 from openinference.instrumentation.google_genai import GoogleGenAIInstrumentor

@@ -42,7 +42,7 @@ from modalscope.ingest.otlp import (
     encode_response,
     encode_status,
 )
-from modalscope.ingest.records import (
+from modalscope.core.spans import (
     KIND_CLIENT,
     KIND_INTERNAL,
     KIND_SERVER,

@@ -31,7 +31,7 @@ from sqlalchemy import func, select
 from modalscope.ingest.otlp_grpc import FULL_METHOD, serve_grpc
 from modalscope.ingest.otlp_http import PortInUse, create_ingest_app, serve_http
 from modalscope.ingest.pipeline import IngestPipeline
-from modalscope.ingest.records import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, SpanRecord
+from modalscope.core.spans import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, SpanRecord
 from modalscope.ingest.settle import settle
 from modalscope.ingest.writer import write_spans
 from modalscope.models import Span, Trace

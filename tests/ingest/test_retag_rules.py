@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import select, update
 
 from modalscope.ingest import retag as retag_module
-from modalscope.ingest.records import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, SpanRecord
+from modalscope.core.spans import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, SpanRecord
 from modalscope.ingest.retag import retag
 from modalscope.ingest.rules_file import default_rules, parse_rules
 from modalscope.ingest.writer import write_spans

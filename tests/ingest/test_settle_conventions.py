@@ -8,7 +8,7 @@ import time
 
 from sqlalchemy import select
 
-from modalscope.ingest.records import (KIND_CLIENT, KIND_CONSUMER, KIND_INTERNAL, KIND_PRODUCER, KIND_SERVER,
+from modalscope.core.spans import (KIND_CLIENT, KIND_CONSUMER, KIND_INTERNAL, KIND_PRODUCER, KIND_SERVER,
                                        STATUS_ERROR, SpanRecord)
 from modalscope.ingest.settle import settle
 from modalscope.ingest.rules_file import load_rules

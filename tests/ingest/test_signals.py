@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from modalscope.ingest.otlp import decode_json, decode_protobuf
-from modalscope.ingest.records import KIND_CLIENT, KIND_INTERNAL, SpanRecord
+from modalscope.core.spans import KIND_CLIENT, KIND_INTERNAL, SpanRecord
 from modalscope.ingest.signals import scan_parts, span_signals, trace_input_type
 
 B64 = base64.b64encode(bytes(range(256)) * 40).decode()  # ~13.6 KB of base64, no quotes

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from modalscope.ingest.records import (
+from modalscope.core.spans import (
     KIND_CLIENT,
     KIND_CONSUMER,
     KIND_INTERNAL,

@@ -6,7 +6,7 @@ from collections import defaultdict
 
 import pytest
 
-from modalscope.ingest.records import (
+from modalscope.core.spans import (
     KIND_CLIENT,
     KIND_CONSUMER,
     KIND_INTERNAL,

@@ -223,7 +223,7 @@ def test_an_sdk_span_with_a_huge_array_is_stored_cut(engine):
 
 
 def test_the_writer_queue_is_bounded_in_bytes(engine):
-    from modalscope.ingest.records import SpanRecord
+    from modalscope.core.spans import SpanRecord
 
     def records(n):
         now = time.time_ns()

@@ -12,7 +12,7 @@ from sqlalchemy import delete, func, insert, select
 from modalscope.app import queries
 from modalscope.app.params import Window
 from modalscope.ingest import demo
-from modalscope.ingest.records import KIND_CLIENT, KIND_SERVER, SpanRecord
+from modalscope.core.spans import KIND_CLIENT, KIND_SERVER, SpanRecord
 from modalscope.ingest.retention import RetentionPolicy, prune
 from modalscope.ingest.settle import settle
 from modalscope.ingest.traces import input_type_of, service_pairs
@@ -401,7 +401,7 @@ def _named_calls_traces(base: int) -> list[list[SpanRecord]]:
     written in capitals, a model provider (with a transport span under the model call, which
     makes no call), a provider only the attributes name (a span stored before signals were)
     and a model served by an instrumented service; two models."""
-    from modalscope.ingest.records import KIND_INTERNAL
+    from modalscope.core.spans import KIND_INTERNAL
     from tests.factories import rules
 
     out = []

@@ -105,7 +105,7 @@ def test_pair_exemplars_skip_a_busy_callers_other_calls(engine):
     """A caller whose slowest calls all go elsewhere: the pair's exemplars are its calls to
     the callee only (child server span or peer attribute), found without paging through
     the others, in both the short- and the long-window paths."""
-    from modalscope.ingest.records import SpanRecord
+    from modalscope.core.spans import SpanRecord
 
     base = time.time_ns() - 2 * HOUR
     spans, expected = [], {"fast": [], "db": []}

@@ -32,15 +32,20 @@ HOUR = 3600 * S
 
 
 @pytest.fixture
-def filled(engine):
-    """An hour of demo traffic (every pattern injected) ending a minute ago, settled. Filled
-    for each test: these tests judge windows that end now, so a store filled for an earlier
-    test would have moved against them."""
-    now = time.time_ns() // (60 * S) * (60 * S)
-    # Since a share of text requests goes to the hosted model, 0.15/s left the scaled-up llm
-    # pod 4 requests in its warm-up (min_events is 5): no cold start. 0.25/s gives it 8.
-    demo.fill(engine, demo.DemoConfig(now_ns=now, hours=1.0, rate=0.25))
-    settle(engine, force=True)
+def filled(engine, db_url, filled_templates):
+    """An hour of demo traffic (every pattern injected) ending a minute before the module's
+    first test on this backend, settled; built once a backend and copied for each test. These
+    tests judge windows that end now: the store moves against them by the minutes the module
+    runs (a few), which its injected patterns, spread over the hour, outlast."""
+
+    def build(eng):
+        now = time.time_ns() // (60 * S) * (60 * S)
+        # Since a share of text requests goes to the hosted model, 0.15/s left the scaled-up llm
+        # pod 4 requests in its warm-up (min_events is 5): no cold start. 0.25/s gives it 8.
+        demo.fill(eng, demo.DemoConfig(now_ns=now, hours=1.0, rate=0.25))
+        settle(eng, force=True)
+
+    filled_templates.fill_like(engine, db_url, "evaluations-demo", build)
     return engine
 
 

@@ -5,172 +5,32 @@ the identical summaries and contributions for a whole batch of traces with array
 operations, because settling is on the ingest path and a per-span Python loop there costs
 more than receiving the span did. ``tests/ingest/test_settle_fast.py`` checks that both
 agree on random traces.
+
+The row layout is in ``settle_rows``, the convention rollups (per span and per batch) in
+``settle_conventions``, the batch's calls in ``settle_calls``; their public names are
+importable from here as well.
 """
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import numpy as np
 import orjson
 
-from .records import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, STATUS_ERROR, SpanRecord
+from .records import KIND_CLIENT, KIND_CONSUMER, KIND_SERVER, STATUS_ERROR, SpanRecord
+from .settle_calls import _batch_calls
+# Also re-exported: callers import the convention names and the row layout from here.
+from .settle_conventions import (CACHE_GROUP_KEY, CACHE_MAX_TAGS, CACHE_TAG_MAX_LEN, CACHE_UNTAGGED_KIND,
+                                 CACHE_UNTAGGED_MAX_LEN, CONVENTION_KEYS, LAYER_KEY, MAX_BATCH_SIZE, _batch_sizes,
+                                 _convention_parts, _factorize_rows, cache_contributions, cache_hit_value,
+                                 convention_columns, convention_contributions)
+from .settle_rows import (ATTRS, BATCH, DUR, GRAPH, INSTANCE, KIND, LAYER, LINKS, NAME, NS_PER_MINUTE, PARENT,
+                          RESOURCE, ROW, SERVICE, SID, SIGNALS, STAGE, START, STATUS, TID)
 from .signals import span_signals, trace_input_type
-from .traces import (LEGACY_SIGNAL_KEYS, LEGACY_SIGNAL_NEEDLES, _text_value, address_callee, link_targets,
-                     token_entries)
-
-NS_PER_MINUTE = 60_000_000_000
-
-# Row layout handed in by the loader. BATCH and GRAPH are ``batch.size`` and
-# ``gpu.cuda_graph`` as the database extracts them (``convention_columns`` says what they
-# hold), so spans that carry only those never have their attributes parsed in Python.
-# RESOURCE is the resource JSON of cache lookups (spans mentioning ``"cache.name"``), ''
-# for the others. ROW (optional) is the span's ``spans.id``, for the ``pair_calls`` rows;
-# LAYER (optional) its ``mm.layer`` when that is a string (the ``layer`` series).
-# SIGNALS (optional) is ``spans.signals`` (JSON text or None), LINKS (optional) the links
-# JSON of CONSUMER spans (None for the others: only hand-offs read them).
-TID, SID, PARENT, SERVICE, NAME, KIND, STAGE, START, DUR, STATUS, ATTRS, INSTANCE, BATCH, GRAPH, RESOURCE, ROW, \
-    LAYER, SIGNALS, LINKS = range(19)
-
-# Convention rollups (docs/design.md "Span conventions"), what the attribute-based detectors read:
-#
-# * ``cache`` (service, name = cache.name, caller = tag key, callee = tag value): a lookup
-#   per tag of a span carrying ``cache.name`` and a ``cache.hit`` that says hit or miss
-#   (``cache_hit_value``, the cache page's rule; other spans are no lookups); its duration;
-#   error = a miss. Tags: string attributes outside ``cache.*`` with a non-empty key, a
-#   non-empty value of at most CACHE_TAG_MAX_LEN characters, the first CACHE_MAX_TAGS keys
-#   in key order (the settler also caps the values a tag key gets series for:
-#   ``settle.CACHE_TAG_VALUES``; later values share the key's overflow series, callee '').
-#   Plus one TOTAL entry per lookup (caller '' and callee ''), so hit rates per cache come
-#   from rollups too (``queries.cache_rates``).
-# * ``cache_untagged`` (service, name = cache.name, caller = JSON list of keys): a lookup
-#   per span above that the cache page would put in a group (``group_by`` = one of those
-#   keys) no tag series shows: a span attribute with a value that is no tag (a number, a
-#   boolean, '', a long string, past the first CACHE_MAX_TAGS) or, where the span lacks the
-#   key, a resource attribute. Only keys a breakdown can name (``CACHE_GROUP_KEY``, outside
-#   ``cache.*``); "*" when the list would be longer than CACHE_UNTAGGED_MAX_LEN. The cache
-#   page answers ``group_by`` = key from the ``cache`` rollups only when no such lookup is in
-#   the window, so its answers are exactly the raw spans' (the detectors never read it).
-# * ``batch`` (service): a span carrying a numeric ``batch.size``; the size; error = size 1.
-# * ``cuda`` (service, name, callee = fallback | captured): a span carrying
-#   ``gpu.cuda_graph``; its duration; error = a fallback.
-# * ``sync`` (service = the fusion span's): a trace with a fusion-stage SERVER/CONSUMER span
-#   and encoder-stage SERVER/CONSUMER spans in two or more services; the spread between the
-#   first and last encoder service to finish; minute = the first encoder start's.
-# * ``inst`` (service, name = service.instance.id): a trace's first SERVER/CONSUMER span on
-#   each instance; its duration (new instances are found from these).
-# * ``layer`` (service, name, stage, input type, callee = the layer): a span whose
-#   ``mm.layer`` is a string (ViT patch_embed / attention / mlp); its duration; error = its
-#   status. The Stages page's layer breakdown reads these instead of raw spans.
-LAYER_KEY = "mm.layer"
-CONVENTION_KEYS = ("cache.name", "batch.size", "gpu.cuda_graph")
-CACHE_MAX_TAGS = 8
-CACHE_TAG_MAX_LEN = 64
-CACHE_UNTAGGED_KIND = "cache_untagged"
-CACHE_UNTAGGED_MAX_LEN = 2048
-# An attribute key a cache breakdown can group by (``queries.valid_group_by``): 1-128
-# letters, digits and ``_ . : / -`` (OpenTelemetry keys and label names), whole string.
-CACHE_GROUP_KEY = re.compile(r"[A-Za-z0-9_.:/\-]{1,128}")
-MAX_BATCH_SIZE = 1 << 40
-
-
-def cache_hit_value(value) -> bool | None:
-    """``cache.hit`` as sent: a boolean, or a string/number from sources without booleans
-    (Cloud Trace labels). None when it says neither hit nor miss (such a span is no lookup,
-    on the cache page and in the rollups alike)."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)):
-        return value != 0 if math.isfinite(value) else None
-    if isinstance(value, str):
-        v = value.strip().lower()
-        if v in ("true", "1", "hit", "yes"):
-            return True
-        if v in ("false", "0", "miss", "no"):
-            return False
-    return None
-
-
-def _batch_size(value) -> float | None:
-    """A numeric ``batch.size`` (numbers, or numeric strings as sent by some exporters)."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            return None
-    if not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
-        return None
-    return float(value)
-
-
-def convention_columns(attrs: dict) -> tuple:
-    """Pure: the BATCH and GRAPH row values for a span's attributes, as the loader's SQL
-    extracts them: ``batch.size`` when it is a JSON number or string (booleans and others
-    are None); ``gpu.cuda_graph`` when present and not null (any type)."""
-    size = attrs.get("batch.size")
-    if isinstance(size, bool) or not isinstance(size, (int, float, str)):
-        size = None
-    return size, attrs.get("gpu.cuda_graph")
-
-
-def _groupable(value) -> bool:
-    """A value the cache page turns into a group (not None, not an object or a list)."""
-    return value is not None and not isinstance(value, (dict, list))
-
-
-def cache_contributions(service: str, start_ns: int, duration_ns: int, attrs: dict,
-                        resource: dict | None = None) -> list[tuple[tuple[str, ...], int, int, int]]:
-    """Pure: the ``cache`` and ``cache_untagged`` contributions of one span (its resource
-    attributes: ``resource``), as (series key, minute, value, error)."""
-    cache = attrs.get("cache.name")
-    if cache is None or isinstance(cache, (dict, list)):
-        return []
-    hit = cache_hit_value(attrs.get("cache.hit"))
-    if hit is None:
-        return []
-    minute = start_ns // NS_PER_MINUTE
-    miss = int(not hit)
-    name = str(cache)
-    tags = sorted((k, v) for k, v in attrs.items()
-                  if isinstance(v, str) and v and k and len(v) <= CACHE_TAG_MAX_LEN and not k.startswith("cache."))
-    del tags[CACHE_MAX_TAGS:]
-    out = [(("cache", service, name, "", "", "", ""), minute, duration_ns, miss)]
-    out.extend((("cache", service, name, "", "", k, v), minute, duration_ns, miss) for k, v in tags)
-    tagged = {k for k, _ in tags}
-    untagged = {k for k, v in attrs.items() if k not in tagged and _groupable(v) and not k.startswith("cache.")
-                and CACHE_GROUP_KEY.fullmatch(k)}
-    if resource:
-        untagged.update(k for k, v in resource.items() if attrs.get(k) is None and _groupable(v)
-                        and not k.startswith("cache.") and CACHE_GROUP_KEY.fullmatch(k))
-    if untagged:
-        keys = orjson.dumps(sorted(untagged)).decode()
-        out.append(((CACHE_UNTAGGED_KIND, service, name, "", "", keys if len(keys) <= CACHE_UNTAGGED_MAX_LEN else "*",
-                     ""), minute, duration_ns, miss))
-    return out
-
-
-def convention_contributions(service: str, name: str, start_ns: int, duration_ns: int,
-                             attrs: dict, resource: dict | None = None) -> list[tuple[tuple[str, ...], int, int, int]]:
-    """Pure: the ``cache``/``cache_untagged``/``batch``/``cuda`` contributions of one span,
-    as (series key, minute, value, error)."""
-    out = cache_contributions(service, start_ns, duration_ns, attrs, resource)
-    minute = start_ns // NS_PER_MINUTE
-    get = attrs.get
-    size = _batch_size(get("batch.size"))
-    if size is not None:
-        out.append((("batch", service, "", "", "", "", ""), minute,
-                    int(round(min(max(size, 0.0), MAX_BATCH_SIZE))), int(size == 1)))
-    graph = get("gpu.cuda_graph")
-    if graph is not None:
-        fb = graph == "fallback"
-        out.append((("cuda", service, name, "", "", "", "fallback" if fb else "captured"), minute, duration_ns,
-                    int(fb)))
-    return out
+from .trace_pairs import _text_value, token_entries
+from .trace_signals import LEGACY_SIGNAL_KEYS, LEGACY_SIGNAL_NEEDLES
 
 
 @dataclass
@@ -366,95 +226,9 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
         cols[STAGE] = stage_eff
 
     # Calls (traces.trace_calls): model calls (any kind), CLIENT spans, CONSUMER hand-offs.
-    call_i: list[int] = []
-    call_pair: list[tuple[str, str, str, str]] = []  # (caller, callee, model, calling stage)
-    stage_col = cols[STAGE]
-    call_st: list[int] = []
-    call_du: list[int] = []
-    call_er: list[int] = []
-
-    def callee_ladder(i: int, provider: str) -> str | None:
-        kids = child_servers.get(i, ())
-        other = [k for k in kids if services[k] != services[i]]
-        if other:
-            return services[min(other, key=lambda k: (start[k], k))]
-        callee = provider or address_callee(attrs(i))
-        if not callee and kids:
-            callee = services[i]
-        return callee
-
-    model_rows = sorted(i for i, sig in sig_of.items()
-                        if sig.get("call") and kind[i] != KIND_SERVER and kind[i] != KIND_CONSUMER)
-    outer = _outer_model_rows(model_rows, parent_idx, services, t_codes)
-    for i in model_rows:
-        if i in outer:
-            continue
-        sig = sig_of[i]
-        callee = callee_ladder(i, _text_value(sig, "provider"))
-        if callee:
-            call_i.append(i)
-            call_pair.append((services[i], callee, _text_value(sig, "model"), stage_col[i] or "other"))
-            call_st.append(int(start[i]))
-            call_du.append(int(dur[i]))
-            call_er.append(int(status[i] == STATUS_ERROR))
-    model_set = set(model_rows)
-    uncalled: list[int] = []
-    for i in np.flatnonzero(kind == KIND_CLIENT).tolist():
-        if i in model_set:
-            if i in outer:  # wraps the call's inner span: no call (an earlier row is stale)
-                uncalled.append(i)
-            continue
-        if i in inherited:
-            uncalled.append(i)
-            continue
-        callee = callee_ladder(i, "")
-        if callee:
-            call_i.append(i)
-            call_pair.append((services[i], callee, "", stage_col[i] or "other"))
-            call_st.append(int(start[i]))
-            call_du.append(int(dur[i]))
-            call_er.append(int(status[i] == STATUS_ERROR))
-    consumers = np.flatnonzero(kind == KIND_CONSUMER)
-    if len(consumers):
-        links_raw = cols[LINKS] if len(cols) > LINKS else None
-        code_of: dict[str, int] | None = None
-        for i in consumers.tolist():
-            if i in model_set:
-                continue
-            p = int(parent_idx[i])
-            prod: tuple | None = None  # (service, start, status, stage)
-            if p >= 0 and kind[p] == KIND_PRODUCER:
-                prod = (services[p], int(start[p]), int(status[p]), stage_col[p] or "other")
-            elif links_raw is not None and links_raw[i]:
-                if code_of is None:
-                    code_of = {tid: c for c, tid in enumerate(t_uniques)}
-                best = None
-                my_tid = cols[TID][i]
-                for tid, sid in link_targets(orjson.loads(links_raw[i])):
-                    if tid == my_tid and sid == sids[i]:
-                        continue
-                    code = code_of.get(tid)
-                    j = index.get((code, sid)) if code is not None else None
-                    if j is not None:
-                        # another trace's producer counts with its stored stage, as the
-                        # reference path sees it (that trace's own correction is its business)
-                        j_stage = stage_col[j] if t_codes[j] == t_codes[i] else stages_in[j]
-                        cand = (services[j], int(start[j]), int(status[j]), j_stage or "other") \
-                            if kind[j] == KIND_PRODUCER else None
-                    else:
-                        rec = linked.get((tid, sid)) if linked else None
-                        cand = (rec.service, rec.start_ns, rec.status, rec.stage or "other") \
-                            if rec is not None and rec.kind == KIND_PRODUCER else None
-                    if cand is not None and (best is None or (cand[1], tid, sid) < best[0]):
-                        best = ((cand[1], tid, sid), cand)
-                if best is not None:
-                    prod = best[1]
-            if prod is not None:
-                call_i.append(i)
-                call_pair.append((prod[0], services[i], "", prod[3]))
-                call_st.append(prod[1])
-                call_du.append(max(0, int(end[i]) - prod[1]))
-                call_er.append(int(prod[2] == STATUS_ERROR or status[i] == STATUS_ERROR))
+    call_i, call_pair, call_st, call_du, call_er, model_rows, outer, uncalled = _batch_calls(
+        cols, linked, t_codes, t_uniques, index, parent_idx, kind, start, dur, end, status, sig_of, child_servers,
+        inherited, stages_in, attrs)
 
     # Contributions.
     it_codes = np.array([_IT_INDEX.setdefault(t, len(_IT_INDEX)) for t in input_type], dtype=np.int64) \
@@ -587,72 +361,9 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
         parts_v.append(sums)
         parts_e.append(np.zeros(len(cells), dtype=np.int64))
 
-    # Convention rollups. cache: per span carrying ``cache.name`` (its string attributes are
-    # the tags, so those spans are parsed, and their resource); batch and cuda: from the
-    # extracted columns.
-    needle = _CACHE_NEEDLE
-    conv_t, conv_k, conv_m, conv_v, conv_e = [], [], [], [], []
-    for i in [i for i, raw in enumerate(cols[ATTRS]) if raw and needle in raw]:
-        res_raw = rows[i][RESOURCE]
-        res = orjson.loads(res_raw) if res_raw and res_raw != "{}" else None
-        for key, minute, value, err in cache_contributions(services[i], int(start[i]), int(dur[i]), attrs(i),
-                                                           res if isinstance(res, dict) else None):
-            conv_t.append(int(t_codes[i]))
-            conv_k.append(key_id(key))
-            conv_m.append(minute)
-            conv_v.append(value)
-            conv_e.append(err)
-    if conv_t:
-        for parts, vals in ((parts_t, conv_t), (parts_k, conv_k), (parts_m, conv_m), (parts_v, conv_v),
-                            (parts_e, conv_e)):
-            parts.append(np.array(vals, dtype=np.int64))
-    if n:
-        _batch_and_cuda(cols, t_codes, start, dur, key_id, (parts_t, parts_k, parts_m, parts_v, parts_e))
-    server = (kind == KIND_SERVER) | (kind == KIND_CONSUMER)
-    stages = np.asarray(cols[STAGE], dtype=object)
-    # sync: per trace, the spread of encoder services' last ends (traces with a fusion span).
-    enc = np.flatnonzero(server & (stages == "encoder"))
-    fus = np.flatnonzero(server & (stages == "fusion"))
-    if len(enc) and len(fus):
-        fus = fus[np.lexsort((fus, start[fus]))]
-        fusion_service: dict[int, str] = {}
-        for i in fus.tolist():
-            fusion_service.setdefault(int(t_codes[i]), services[i])
-        enc = enc[np.isin(t_codes[enc], np.fromiter(fusion_service, dtype=np.int64, count=len(fusion_service)))]
-        if len(enc):
-            e = pd.DataFrame({"t": t_codes[enc], "s": [services[i] for i in enc.tolist()], "end": end[enc],
-                              "start": start[enc]})
-            per_service = e.groupby(["t", "s"], sort=False).agg(end=("end", "max"), start=("start", "min"))
-            per = per_service.groupby(level="t", sort=True).agg(n=("end", "size"), first=("end", "min"),
-                                                                last=("end", "max"), start=("start", "min"))
-            per = per[per["n"] >= 2]
-            if len(per):
-                tt = per.index.to_numpy(dtype=np.int64)
-                parts_t.append(tt)
-                parts_k.append(np.array([key_id(("sync", fusion_service[t], "", "", "", "", ""))
-                                         for t in tt.tolist()], dtype=np.int64))
-                parts_m.append(per["start"].to_numpy(dtype=np.int64) // NS_PER_MINUTE)
-                parts_v.append((per["last"] - per["first"]).to_numpy(dtype=np.int64))
-                parts_e.append(np.zeros(len(per), dtype=np.int64))
-    # inst: a trace's first SERVER/CONSUMER span on each (service, instance).
-    instances = cols[INSTANCE]
-    inst_arr = np.asarray(instances, dtype=object)
-    srv = np.flatnonzero(server & (inst_arr != None) & (inst_arr != ""))  # noqa: E711 - elementwise
-    if len(srv):
-        srv = srv[np.lexsort((srv, start[srv], t_codes[srv]))]
-        sv_codes, sv_names = pd.factorize(pd.Series(np.asarray(services, dtype=object)[srv], dtype=object))
-        in_codes, in_names = pd.factorize(pd.Series(inst_arr[srv], dtype=object))
-        combo = sv_codes.astype(np.int64) * len(in_names) + in_codes
-        first = ~pd.DataFrame({"t": t_codes[srv], "c": combo}).duplicated().to_numpy()
-        idx = srv[first]
-        cells, inv = np.unique(combo[first], return_inverse=True)
-        cell_key = np.array([key_id(("inst", sv_names[c // len(in_names)], in_names[c % len(in_names)],
-                                     "", "", "", "")) for c in cells.tolist()], dtype=np.int64)
-        parts_t.append(t_codes[idx])
-        parts_k.append(cell_key[inv])
-        parts_m.append(start[idx] // NS_PER_MINUTE)
-        parts_v.append(dur[idx])
-        parts_e.append(np.zeros(len(idx), dtype=np.int64))
+    # Convention rollups: cache, batch, cuda, sync, inst.
+    _convention_parts(rows, cols, t_codes, start, dur, end, kind, attrs, key_id,
+                      (parts_t, parts_k, parts_m, parts_v, parts_e))
 
     def cat(parts):
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
@@ -665,111 +376,4 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
     )
 
 
-def _outer_model_rows(model_rows: list[int], parent_idx: np.ndarray, services: Sequence[str],
-                      t_codes: np.ndarray) -> set[int]:
-    """Rows of model calls that wrap another model call of their own service
-    (``traces._outer_model_calls``): walked up from each model call of a trace with two or
-    more, through ancestors of its service."""
-    if len(model_rows) < 2:
-        return set()
-    per_trace: dict[int, int] = {}
-    traces = t_codes[model_rows].tolist()
-    for t in traces:
-        per_trace[t] = per_trace.get(t, 0) + 1
-    outer: set[int] = set()
-    if max(per_trace.values()) < 2:
-        return outer
-    is_model = set(model_rows)
-    for i, t in zip(model_rows, traces):
-        if per_trace[t] < 2:
-            continue
-        seen = {i}
-        p = int(parent_idx[i])
-        while p >= 0 and p not in seen and services[p] == services[i]:
-            if p in is_model:
-                outer.add(p)
-            seen.add(p)
-            p = int(parent_idx[p])
-    return outer
-
-
-def _batch_sizes(values: Sequence) -> np.ndarray:
-    """``_batch_size`` of each extracted BATCH value (NaN: none); numbers in bulk, strings
-    (PostgreSQL's ``->>`` gives every value as text) one by one."""
-    out = np.full(len(values), np.nan)
-    for i, v in enumerate(values):
-        if v is not None:
-            if type(v) is float or type(v) is int:
-                out[i] = v
-            else:
-                size = _batch_size(v)
-                if size is not None:
-                    out[i] = size
-    out[~np.isfinite(out)] = np.nan
-    return out
-
-
-def _factorize_rows(*columns) -> tuple[np.ndarray, list[tuple]]:
-    """Codes of the rows of several equally long columns and their distinct value tuples,
-    in order of first appearance: what ``pd.factorize(pd.MultiIndex.from_arrays(columns))``
-    gives, without the MultiIndex (5x slower: most of a settle batch's convention work when
-    every span carries ``gpu.cuda_graph``). Each column is factorized alone and the codes
-    combined into one integer a row (None is a value, as it is in a MultiIndex)."""
-    import pandas as pd  # heavy: only a settling pass needs it, not the receivers
-
-    combined = np.zeros(len(columns[0]), dtype=np.int64)
-    uniques = []
-    for col in columns:
-        codes, uniq = pd.factorize(np.asarray(col), use_na_sentinel=False)
-        combined = combined * len(uniq) + codes
-        uniques.append(uniq)
-    codes, seen = pd.factorize(combined)
-    rows = []
-    for c in seen.tolist():
-        values = []
-        for uniq in reversed(uniques):
-            c, r = divmod(c, len(uniq))
-            values.append(uniq[r])
-        rows.append(tuple(reversed(values)))
-    return codes, rows
-
-
-def _batch_and_cuda(cols, t_codes: np.ndarray, start: np.ndarray, dur: np.ndarray, key_id, parts) -> None:
-    """Append the ``batch`` and ``cuda`` contributions (see ``convention_contributions``) of
-    every span with an extracted BATCH or GRAPH value to ``parts``."""
-    import pandas as pd  # heavy: only a settling pass needs it, not the receivers
-    parts_t, parts_k, parts_m, parts_v, parts_e = parts
-    services = np.asarray(cols[SERVICE], dtype=object)
-    batch_raw = cols[BATCH]
-    has = np.fromiter((v is not None for v in batch_raw), dtype=bool, count=len(batch_raw))
-    if has.any():
-        idx = np.flatnonzero(has)
-        sizes = _batch_sizes([batch_raw[i] for i in idx.tolist()])
-        ok = ~np.isnan(sizes)
-        idx, sizes = idx[ok], sizes[ok]
-        if len(idx):
-            codes, names = pd.factorize(pd.Series(services[idx], dtype=object))
-            keys = np.array([key_id(("batch", sv, "", "", "", "", "")) for sv in names], dtype=np.int64)
-            parts_t.append(t_codes[idx])
-            parts_k.append(keys[codes])
-            parts_m.append(start[idx] // NS_PER_MINUTE)
-            parts_v.append(np.round(np.clip(sizes, 0.0, MAX_BATCH_SIZE)).astype(np.int64))
-            parts_e.append((sizes == 1).astype(np.int64))
-    graph_raw = cols[GRAPH]
-    has = np.fromiter((v is not None for v in graph_raw), dtype=bool, count=len(graph_raw))
-    if has.any():
-        idx = np.flatnonzero(has)
-        fb = np.fromiter((graph_raw[i] == "fallback" for i in idx.tolist()), dtype=bool, count=len(idx))
-        names = np.asarray(cols[NAME], dtype=object)[idx]
-        codes, uniques = _factorize_rows(services[idx], names, fb)
-        keys = np.array([key_id(("cuda", sv, nm, "", "", "", "fallback" if f else "captured"))
-                         for sv, nm, f in uniques], dtype=np.int64)
-        parts_t.append(t_codes[idx])
-        parts_k.append(keys[codes])
-        parts_m.append(start[idx] // NS_PER_MINUTE)
-        parts_v.append(dur[idx])
-        parts_e.append(fb.astype(np.int64))
-
-
 _IT_INDEX: dict[str, int] = {}
-_CACHE_NEEDLE = '"cache.name"'

@@ -255,7 +255,8 @@ def test_stage_subject_spans_walk_the_stages_services_and_match_a_plain_scan(spi
     and a sample spread over the window from every one of those services."""
     from sqlalchemy import select
 
-    from modalscope.models import Span, reader as reader_module
+    from modalscope.models import Span
+    from modalscope.models.reader import attributes as reader_module
     from modalscope.models.reader import Filters, StoreReader
 
     monkeypatch.setattr(reader_module, "STAGE_WALK_SERVICES", walk_services)

@@ -407,7 +407,7 @@ def test_attribute_spans_reads_the_wanted_spans_in_start_order(engine, stored, m
     row ids follow time (read by id range) or not (read through the start index)."""
     from modalscope.core.spans import SpanRecord
     from modalscope.ingest.writer import write_spans
-    from modalscope.models import reader as reader_module
+    from modalscope.models.reader import attributes as reader_module
     from modalscope.models.reader import StoreReader
 
     if stored == "through_index":  # row ids too loose for an id-range read
@@ -453,7 +453,7 @@ def test_attribute_spans_of_one_service_are_the_same_through_its_index(engine, s
 
     from modalscope.core.spans import SpanRecord
     from modalscope.ingest.writer import write_spans
-    from modalscope.models import reader as reader_module
+    from modalscope.models.reader import attributes as reader_module
     from modalscope.models.reader import StoreReader
 
     monkeypatch.setattr(reader_module, "ATTRIBUTE_SERVICE_SHARE", share)

@@ -269,7 +269,7 @@ def test_pending_calls_through_the_span_index_give_the_raw_span_search_answers(e
     way gives exactly the raw-span search's answers. Among the pending: a re-opened settled
     trace, a straggler with an hour-old first span and a trace of unknown first start, each
     holding the slowest userdb call of the store; and traces that begin after a window."""
-    from modalscope.models import reader as reader_module
+    from modalscope.models.reader import calls as reader_module
 
     monkeypatch.setattr(reader_module, "PENDING_WALK_AFTER", 7)  # so a few dozen pending traces walk
     # (chunks of 60 of the ~1,100 pending traces: many chunks and a partial last one; 7 a
@@ -333,7 +333,7 @@ def test_pending_calls_walk_the_callers_span_index(engine, demo_store, monkeypat
     range as the index's key), not by scanning spans or a trace's index."""
     if engine.dialect.name != "sqlite":
         return  # the query plan checked here is SQLite's; PostgreSQL plans by its statistics
-    from modalscope.models import reader as reader_module
+    from modalscope.models.reader import calls as reader_module
 
     monkeypatch.setattr(reader_module, "PENDING_WALK_AFTER", 7)
     with engine.begin() as conn:
@@ -351,7 +351,7 @@ def test_the_walk_finds_each_call_that_reading_every_pending_trace_finds(engine,
     """For every pair, with and without a floor: the calls the walk finds (no stragglers, so
     it starts at the earliest pending trace's first span, here a CLIENT call) are, once
     checked exactly, the calls read trace by trace."""
-    from modalscope.models import reader as reader_module
+    from modalscope.models.reader import calls as reader_module
 
     monkeypatch.setattr(reader_module, "PENDING_WALK_AFTER", 0)
     monkeypatch.setattr(reader_module, "PENDING_STRAGGLER_SHARE", 0)

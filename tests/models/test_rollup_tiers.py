@@ -211,7 +211,7 @@ def test_many_tier_ranges_read_as_one_range_at_a_time(engine, monkeypatch):
     """Tiers go a few to a ``UNION ALL``: forty one-minute ranges (as the detectors' minute
     rows between packed hours can be) give the rows of forty separate reads, and no
     statement binds more than a few tiers' worth of series ids."""
-    from modalscope.models import reader as reader_module
+    from modalscope.models.reader import tiers as reader_module
     from modalscope.models.reader import Series
 
     start, end, _ = _fill(engine)

@@ -277,7 +277,7 @@ def test_a_reader_asks_the_stores_time_range_once_every_few_seconds(engine, monk
     exemplar search asked it for each look-up); later it sees spans written since."""
     from sqlalchemy import event
 
-    from modalscope.models import reader as reader_mod
+    from modalscope.models.reader import base as reader_mod
 
     start, end, spans = _store(engine)
     clock = [1000.0]

@@ -1,0 +1,233 @@
+"""A pair's calls and the slowest traces: settled calls from ``pair_calls`` (``slow_calls``),
+the calls of traces not settled yet (``pending_calls``: trace by trace, or a walk of the
+callers' span indexes) and the slowest settled traces (``slow_traces``)."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from sqlalchemy import Connection, or_, select
+from sqlalchemy.orm import aliased
+
+from .. import PAIR_CALLS_CURSOR, Cursor, PairCall, Series, Span, Trace
+from .base import Filters
+from .walks import _CANDIDATE_COLUMNS, _TRACE_SUMMARY_COLUMNS, CALLEE_KIND_CODES, KIND_CLIENT_CODE, SpanWalks, _stage_is
+
+# A pair's exemplar search and the traces still pending (pending_calls): trace ids a query
+# when read one by one; how many pending traces make a walk worth its look-ups; the share
+# of them, earliest first, always read one by one (so one trace with old spans does not
+# stretch the walk over hours); and the index entries a walked trace may cost before
+# reading them one by one is cheaper (measured under live demo traffic at 10 M spans: one
+# by one 60-85 µs a trace of ~27 spans, the walk ~1.7 µs an entry; the demo's gateway has
+# ~10 spans a trace).
+PENDING_CHUNK = 300
+PENDING_WALK_AFTER = 300
+PENDING_STRAGGLER_SHARE = 0.02
+PENDING_WALK_ENTRIES_PER_TRACE = 25
+
+# Windows covering at least 1/N of the stored time range find their slowest traces through
+# the duration index instead of sorting the window; the traces index does not hold start_ns,
+# so its walk reads out-of-window traces too (worth it from an hour of a day).
+TRACE_WALK_SHARE = 24
+
+
+class CallReads(SpanWalks):
+    """A pair's slowest calls, settled and pending, and the slowest traces."""
+
+    def pair_calls_complete_from(self) -> int:
+        """The span start (ns) from which ``pair_calls`` holds every settled call: 0 for a
+        store created with it, later for one upgraded to it (see migration 0005). Remembered
+        ``REMEMBER_S``: it only moves back (to 0 when ``retag`` rebuilds the table), so a stale
+        answer sends a search to the raw spans, never to an incomplete table."""
+        def read() -> int:
+            with self._reads.connect() as conn:
+                return int(conn.execute(select(Cursor.position).where(Cursor.name == PAIR_CALLS_CURSOR)).scalar() or 0)
+        return self._recent("pair calls from", read)
+
+    def slow_calls(self, filters: Filters, start_ns: int, end_ns: int, *, min_ns: int | None = None,
+                   max_ns: int | None = None, limit: int = 20) -> tuple[list[dict], bool]:
+        """Settled calls of the pair series matching ``filters`` (caller, callee, service,
+        input type) starting in the window, slowest first (then earliest): the span rows
+        (candidate columns and ``_id``), at most ``limit``. Each series walks the
+        ``(series_id, duration_ns, start_ns)`` index slowest first; the walks are merged.
+        The flag says whether more rows may exist beyond ``limit``."""
+        with self._reads.connect() as conn:
+            series_ids = conn.execute(select(Series.id).where(self._series_filter("pair", filters))).scalars().all()
+            picked: list[tuple[int, int, int]] = []
+            more = False
+            for sid in series_ids:
+                conds = [PairCall.series_id == sid, PairCall.start_ns >= start_ns, PairCall.start_ns < end_ns]
+                if min_ns is not None:
+                    conds.append(PairCall.duration_ns >= min_ns)
+                if max_ns is not None:
+                    conds.append(PairCall.duration_ns <= max_ns)
+                got = conn.execute(
+                    select(PairCall.duration_ns, PairCall.start_ns, PairCall.span_row).where(*conds)
+                    .order_by(PairCall.duration_ns.desc(), PairCall.start_ns, PairCall.span_row).limit(limit)
+                ).all()
+                more = more or len(got) == limit  # that series may have more
+                picked.extend(tuple(r) for r in got)
+            # The slowest `limit` of all are among each series' slowest `limit`: exact.
+            picked.sort(key=lambda r: (-r[0], r[1], r[2]))
+            more = more or len(picked) > limit
+            picked = picked[:limit]
+            cols = [Span.__table__.c[c] for c in _CANDIDATE_COLUMNS] + [Span.id.label("_id")]
+            by_id: dict[int, dict] = {}
+            ids = [r[2] for r in picked]
+            for i in range(0, len(ids), 500):
+                for r in conn.execute(select(*cols).where(Span.id.in_(ids[i : i + 500]))).mappings():
+                    by_id[r["_id"]] = dict(r)
+        # A row retention deleted between the two reads has no span: skipped.
+        return [by_id[r[2]] for r in picked if r[2] in by_id], more
+
+    def pending_calls(self, start_ns: int, end_ns: int, services: Iterable[str] = (), *,
+                      input_type: str | None = None, min_ns: int | None = None, max_ns: int | None = None,
+                      may_call: str | None = None, stage: str | None = None, model: str | None = None,
+                      max_traces: int = 20_000) -> list[dict] | None:
+        """CLIENT spans starting in the window of traces not settled yet (their calls are
+        not in ``pair_calls``), of ``services`` when given, of traces whose row has
+        ``input_type`` when given, narrowed to the spans that may call ``may_call`` as the
+        raw-span search narrows them (a child span of that service, or the name in the
+        attributes; the caller checks each row exactly), of ``stage`` and of calls that may be
+        of ``model`` when given; None when more than ``max_traces``
+        traces would be read one by one (a backlog: search the raw spans instead).
+
+        Pending traces that begin after the window are skipped (``first_start_ns``). The
+        rest are read through the span index of ``services`` from the earliest of them on
+        (a walk over duration buckets: its cost follows the callers' spans that slow since
+        then, not every span of every pending trace), when that reads few index entries a
+        trace; the earliest-starting few (stragglers whose spans would widen the walk) and
+        traces whose first start is not known are read one by one."""
+        services = list(services)
+        with self._reads.connect() as conn:
+            rows = conn.execute(select(Trace.trace_id, Trace.first_start_ns).where(
+                Trace.pending.is_(True), or_(Trace.first_start_ns.is_(None), Trace.first_start_ns < end_ns))).all()
+            known = sorted((first, tid) for tid, first in rows if first is not None)
+            one_by_one = [tid for tid, first in rows if first is None]
+            walk_from = None
+            if services and len(known) > PENDING_WALK_AFTER:
+                cut = int(len(known) * PENDING_STRAGGLER_SHARE)
+                walk_from = known[cut][0]
+                budget = (len(known) - cut) * PENDING_WALK_ENTRIES_PER_TRACE
+                # each caller's buckets between the bounds, looked up once for the count and the walk
+                buckets = {s: self._walk_bucket_list(conn, s, min_ns, max_ns) for s in services}
+                if self._walk_entries(conn, buckets, max(start_ns, walk_from), end_ns, min_ns, max_ns,
+                                      budget) > budget:
+                    walk_from, cut = None, len(known)  # pending traces sparse among the window's: one by one
+                one_by_one.extend(tid for _, tid in known[:cut])
+            else:
+                one_by_one.extend(tid for _, tid in known)
+            if len(one_by_one) > max_traces:
+                return None
+            extra = ([_stage_is(stage)] if stage else []) + ([self._of_model(model)] if model else [])
+            out = self._pending_calls_one_by_one(conn, sorted(one_by_one), start_ns, end_ns, services,
+                                                 input_type=input_type, min_ns=min_ns, max_ns=max_ns, may_call=may_call,
+                                                 extra=extra)
+            if walk_from is not None:
+                seen = {r["_id"] for r in out}
+                walked = {tid for first, tid in known if first >= walk_from}
+                out.extend(r for r in self._pending_calls_walk(conn, buckets, walk_from, start_ns, end_ns,
+                                                               input_type=input_type, min_ns=min_ns, max_ns=max_ns,
+                                                               may_call=may_call, extra=extra)
+                           if r["trace_id"] in walked and r["_id"] not in seen)
+        return out
+
+    @staticmethod
+    def _candidate_calls(conn: Connection, conds: list, input_type: str | None) -> list[dict]:
+        """Candidate CLIENT span rows (with ``_id``) matching ``conds``, of traces whose row has
+        ``input_type`` when given."""
+        stmt = select(*[Span.__table__.c[c] for c in _CANDIDATE_COLUMNS], Span.id.label("_id"))
+        if input_type:
+            stmt = stmt.join(Trace, Trace.trace_id == Span.trace_id)
+            conds = [*conds, Trace.input_type == input_type]
+        return [dict(r) for r in conn.execute(stmt.where(*conds)).mappings()]
+
+    def _pending_calls_walk(self, conn: Connection, buckets: dict[str, list[int]], walk_from: int, start_ns: int,
+                            end_ns: int, *, input_type: str | None, min_ns: int | None, max_ns: int | None,
+                            may_call: str | None, extra: list = ()) -> list[dict]:
+        """CLIENT spans of the services (service -> its buckets) starting in
+        [max(start, walk_from), end) between the bounds, through the walk index bucket by
+        bucket (settled traces' ones too: the caller keeps the pending traces')."""
+        lo = max(start_ns, walk_from)
+        out: list[dict] = []
+        narrowed = None
+        if may_call is not None:
+            # The callee's SERVER/CONSUMER spans since walk_from (every span of a walked trace
+            # starts no earlier), read once through its index bucket by bucket: their parent
+            # ids (by span id only; the caller checks each row exactly). Or the name in the
+            # attributes.
+            child = aliased(Span)
+            calls = Span.span_id.in_(select(child.parent_span_id).where(
+                child.service == may_call, child.duration_bucket.in_(self._walk_bucket_list(conn, may_call, None, None)),
+                child.start_ns >= walk_from, child.kind.in_(CALLEE_KIND_CODES)))
+            narrowed = or_(self._named_in_attributes(may_call), calls)
+        for service, theirs in buckets.items():
+            if not theirs:
+                continue
+            conds = self._walk_conds(service, theirs, lo, end_ns, min_ns, max_ns) + [Span.kind == KIND_CLIENT_CODE,
+                                                                                      *extra]
+            if narrowed is not None:
+                conds.append(narrowed)
+            out.extend(self._candidate_calls(conn, conds, input_type))
+        return out
+
+    def _pending_calls_one_by_one(self, conn: Connection, tids: list[str], start_ns: int, end_ns: int,
+                                  services: list[str], *, input_type: str | None, min_ns: int | None,
+                                  max_ns: int | None, may_call: str | None, extra: list = ()) -> list[dict]:
+        """``pending_calls`` for the given traces, each trace's spans through the
+        ``(trace_id, span_id)`` index."""
+        child = aliased(Span)
+
+        def narrowed(chunk: list[str]):
+            # The callee's SERVER/CONSUMER spans of these traces, read once: their parent ids
+            # (matched by span id only; the caller checks each row exactly). Or the name in
+            # the attributes.
+            calls = Span.span_id.in_(select(child.parent_span_id).where(
+                child.trace_id.in_(chunk), child.service.concat("") == may_call, child.kind.in_(CALLEE_KIND_CODES)))
+            return or_(self._named_in_attributes(may_call), calls)
+        out: list[dict] = []
+        # The other conditions are written so no other index qualifies ("+ 0", "|| ''"):
+        # given the choice, SQLite walked a service's or the window's spans instead (2,000
+        # pending traces over 24 h at 10 M spans: 69 s).
+        start, duration, service = Span.start_ns + 0, Span.duration_ns + 0, Span.service.concat("")
+        for i in range(0, len(tids), PENDING_CHUNK):
+            chunk = tids[i : i + PENDING_CHUNK]
+            conds = [Span.trace_id.in_(chunk), Span.kind == KIND_CLIENT_CODE, start >= start_ns, start < end_ns,
+                     *extra]
+            if services:
+                conds.append(service.in_(services))
+            if min_ns is not None:
+                conds.append(duration >= min_ns)
+            if max_ns is not None:
+                conds.append(duration <= max_ns)
+            if may_call is not None:
+                conds.append(narrowed(chunk))
+            out.extend(self._candidate_calls(conn, conds, input_type))
+        return out
+
+    def slow_traces(self, start_ns: int, end_ns: int, *, input_type: str | None = None,
+                    root_service: str | None = None, min_ns: int | None = None, max_ns: int | None = None,
+                    limit: int = 20) -> list[dict]:
+        """Settled traces starting in the window, slowest first (the ``traces.start_ns`` index)."""
+        cols = [Trace.__table__.c[c] for c in _TRACE_SUMMARY_COLUMNS]
+        long_window = self._long_window(Trace, start_ns, end_ns, TRACE_WALK_SHARE)
+        if long_window:
+            # A long window: walk the duration index slowest first ("+ 0": not the start index).
+            # The duration bound (always true) is what makes SQLite's planner take that index.
+            conds = [Trace.start_ns + 0 >= start_ns, Trace.start_ns + 0 < end_ns, Trace.settled_ns.is_not(None),
+                     Trace.duration_ns >= 0]
+        else:
+            conds = [Trace.start_ns >= start_ns, Trace.start_ns < end_ns, Trace.settled_ns.is_not(None)]
+        if input_type:
+            conds.append(Trace.input_type == input_type)
+        if root_service:
+            conds.append(Trace.root_service == root_service)
+        # A short window stays on the start index: "+ 0" keeps a band off the duration index.
+        duration = Trace.duration_ns if long_window else Trace.duration_ns + 0
+        if min_ns is not None:
+            conds.append(duration >= min_ns)
+        if max_ns is not None:
+            conds.append(duration <= max_ns)
+        stmt = select(*cols).where(*conds).order_by(Trace.duration_ns.desc(), Trace.start_ns, Trace.trace_id).limit(limit)
+        with self._reads.connect() as conn:
+            return [dict(r) for r in conn.execute(stmt).mappings()]

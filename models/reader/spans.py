@@ -1,0 +1,247 @@
+"""Raw span and trace reads: a trace's spans and row, a drilldown's slowest spans
+(``SpanQuery``: the window sorted, or each service's duration buckets walked), spans by id
+and their callees' children, trace rows and long traces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from sqlalchemy import Connection, func, or_, select
+from sqlalchemy.orm import aliased
+
+from .. import Span, Trace
+from ..buckets import MAX_BUCKET, duration_bucket
+from .walks import _CANDIDATE_COLUMNS, _TRACE_SUMMARY_COLUMNS, CALLEE_KIND_CODES, SpanWalks, _stage_is
+
+# A callee's span starts after its caller's CLIENT span, up to that span's duration later
+# (CALLEE_LATE_NS when no band bounds it), give or take clock skew between hosts.
+CALLEE_SKEW_NS = 60_000_000_000
+CALLEE_LATE_NS = 3_600_000_000_000
+
+
+@dataclass(frozen=True)
+class SpanQuery:
+    """Raw spans in a window, slowest first: the exemplars behind a drilldown band.
+
+    ``kind`` is the OTLP span-kind number (3: CLIENT) or None for any; ``min_ns`` /
+    ``max_ns`` bound the span's duration (both inclusive); ``input_type`` narrows by the
+    (settled) trace's input type.
+    """
+
+    start_ns: int
+    end_ns: int
+    kind: int | None = None
+    service: str | None = None
+    stage: str | None = None
+    input_type: str | None = None
+    min_ns: int | None = None
+    max_ns: int | None = None
+    limit: int = 200
+    offset: int = 0
+    # Without ``service``: the services whose spans can match (lets a long window use the
+    # per-service duration index); empty means unknown.
+    services: tuple[str, ...] = ()
+    # Only spans that may call this service: a SERVER/CONSUMER child in it, or its name in
+    # the span's attributes (peer.service, server.address, ...). A superset of the pair's
+    # CLIENT spans, narrowed in SQL so a busy caller's other calls are never paged through;
+    # the caller checks each row exactly as settling pairs them.
+    may_call: str | None = None
+    # Only spans that may be calls of this model (their signals name it; the caller checks).
+    model: str | None = None
+
+
+# Windows covering at least 1/N of the stored time range find their slowest spans through
+# the duration index instead of sorting the window. The spans index holds start_ns, so its
+# walk skips out-of-window spans in the index itself (cheap: ten minutes of a day already
+# beat reading the window); for traces see ``calls.TRACE_WALK_SHARE``.
+SPAN_WALK_SHARE = 200
+
+_SPAN_COLUMNS = [c.key for c in Span.__table__.columns]
+_TRACE_COLUMNS = [c.key for c in Trace.__table__.columns if c.key != "contributions"]
+
+
+class SpanReads(SpanWalks):
+    """Raw spans and trace rows."""
+
+    def trace_spans(self, trace_id: str) -> list[dict]:
+        stmt = select(Span.__table__).where(Span.trace_id == trace_id).order_by(Span.start_ns, Span.id)
+        with self._reads.connect() as conn:
+            return [dict(r) for r in conn.execute(stmt).mappings()]
+
+    def trace_row(self, trace_id: str) -> dict | None:
+        with self._reads.connect() as conn:
+            cols = [Trace.__table__.c[c] for c in _TRACE_COLUMNS]
+            row = conn.execute(select(*cols).where(Trace.trace_id == trace_id)).mappings().first()
+            return None if row is None else dict(row)
+
+    def counts(self) -> dict[str, int]:
+        from sqlalchemy import func
+
+        with self._reads.connect() as conn:
+            return {
+                "spans": conn.execute(select(func.count()).select_from(Span)).scalar_one(),
+                "traces": conn.execute(select(func.count()).select_from(Trace)).scalar_one(),
+                "pending_traces": conn.execute(
+                    select(func.count()).select_from(Trace).where(Trace.pending.is_(True))
+                ).scalar_one(),
+            }
+
+    def slow_spans(self, q: SpanQuery) -> list[dict]:
+        """Spans matching ``q``, slowest first (then earliest), ``limit`` from ``offset``.
+
+        A short window is read through the ``start_ns`` index and sorted. A long one would
+        sort millions of spans, so when the service is known (``service``, or the candidate
+        ``services``) each service's duration buckets are walked downwards through the
+        ``(service, duration_bucket, start_ns, duration_ns)`` index, each bucket's spans in
+        the window sorted, stopping at ``offset + limit``. With ``input_type`` the trace row
+        is joined.
+        """
+        services = [q.service] if q.service else list(q.services)
+        if not services or not self._long_window(Span, q.start_ns, q.end_ns, SPAN_WALK_SHARE):
+            return self._slow_spans_in_window(q)
+        wanted = q.offset + q.limit
+        rows: list[dict] = []
+        for service in services:
+            rows.extend(self._walk_buckets(q, service, wanted))
+        rows.sort(key=lambda r: (-r["duration_ns"], r["start_ns"], r["_id"]))
+        out = rows[q.offset : q.offset + q.limit]
+        for r in out:
+            del r["_id"]
+        return out
+
+    def _walk_buckets(self, q: SpanQuery, service: str, wanted: int) -> list[dict]:
+        """``service``'s ``wanted`` slowest spans matching ``q``: bucket by bucket downwards
+        (every span of a bucket is slower than every span below it, so the rows come out in
+        order), each step one look-up for the next bucket holding any of its spans."""
+        floor = duration_bucket(q.min_ns) if q.min_ns is not None else 0
+        below = duration_bucket(q.max_ns) + 1 if q.max_ns is not None else MAX_BUCKET + 1
+        rows: list[dict] = []
+        with self._reads.connect() as conn:
+            while len(rows) < wanted:
+                bucket = conn.execute(select(func.max(Span.duration_bucket)).where(
+                    Span.service == service, Span.duration_bucket < below)).scalar()
+                if bucket is None or bucket < floor:
+                    break
+                rows.extend(self._slow_spans_in_window(q, by_duration_of=service, bucket=bucket,
+                                                       limit=wanted - len(rows), conn=conn))
+                below = bucket
+        return rows
+
+    def _slow_spans_in_window(self, q: SpanQuery, by_duration_of: str | None = None, bucket: int | None = None,
+                              limit: int | None = None, conn: Connection | None = None) -> list[dict]:
+        cols = [Span.__table__.c[c] for c in _CANDIDATE_COLUMNS]
+        if by_duration_of is not None:
+            # One duration bucket of the service, its window read through the walk index.
+            conds = [Span.service == by_duration_of, Span.duration_bucket == bucket,
+                     Span.start_ns >= q.start_ns, Span.start_ns < q.end_ns]
+            cols.append(Span.id.label("_id"))
+        else:
+            conds = [Span.start_ns >= q.start_ns, Span.start_ns < q.end_ns]
+        if q.kind is not None:
+            conds.append(Span.kind == q.kind)
+        if q.service and by_duration_of is None:
+            # "|| ''" keeps the planner on the start_ns index for a short window: walking a
+            # busy service's duration index would visit days of spans to fill one hour.
+            conds.append(Span.service.concat("") == q.service)
+        if q.stage:
+            conds.append(_stage_is(q.stage))
+        if q.may_call is not None:
+            child = aliased(Span)
+            # The callee's SERVER/CONSUMER spans starting around the window, read once (not
+            # one look-up per walked span): their parent ids, matched by span id only (64
+            # random bits; the caller checks each row exactly). A short window reads them
+            # through start_ns ("|| ''" keeps the planner off the service index, which would
+            # visit every span the callee ever had), a long one through the service index.
+            lo = q.start_ns - CALLEE_SKEW_NS
+            hi = q.end_ns + (q.max_ns if q.max_ns is not None else CALLEE_LATE_NS) + CALLEE_SKEW_NS
+            callee = child.service if by_duration_of is not None else child.service.concat("")
+            if q.min_ns is None:
+                calls = Span.span_id.in_(select(child.parent_span_id).where(
+                    callee == q.may_call, child.kind.in_(CALLEE_KIND_CODES), child.start_ns >= lo,
+                    child.start_ns < hi))
+            else:
+                # A latency band already bounds the walk to the calls above it: one look-up a
+                # walked span, through its trace, costs less than reading all of the callee's.
+                calls = select(child.id).where(
+                    child.trace_id == Span.trace_id, child.parent_span_id == Span.span_id,
+                    child.service.concat("") == q.may_call, child.kind.in_(CALLEE_KIND_CODES)).exists()
+            conds.append(or_(self._named_in_attributes(q.may_call), calls))
+        if q.model:
+            conds.append(self._of_model(q.model))
+        if q.min_ns is not None:
+            conds.append(Span.duration_ns >= q.min_ns)
+        if q.max_ns is not None:
+            conds.append(Span.duration_ns <= q.max_ns)
+        stmt = select(*cols)
+        if q.input_type:
+            stmt = stmt.join(Trace, Trace.trace_id == Span.trace_id)
+            conds.append(Trace.input_type == q.input_type)
+        stmt = stmt.where(*conds).order_by(Span.duration_ns.desc(), Span.start_ns, Span.id)
+        stmt = stmt.limit(q.limit).offset(q.offset) if limit is None else stmt.limit(limit)
+        if conn is not None:
+            return [dict(r) for r in conn.execute(stmt).mappings()]
+        with self._reads.connect() as conn:
+            return [dict(r) for r in conn.execute(stmt).mappings()]
+
+    def callee_children(self, parents: Iterable[tuple[str, str]]) -> list[dict]:
+        """SERVER/CONSUMER children of the given (trace_id, span_id) spans (found through the
+        ``(trace_id, span_id)`` unique index's trace_id prefix)."""
+        parents = list(parents)
+        out: list[dict] = []
+        if not parents:
+            return out
+        by_trace: dict[str, set[str]] = {}
+        for tid, sid in parents:
+            by_trace.setdefault(tid, set()).add(sid)
+        tids = sorted(by_trace)
+        cols = [Span.__table__.c[c] for c in _CANDIDATE_COLUMNS]
+        with self._reads.connect() as conn:
+            for i in range(0, len(tids), 300):
+                chunk = tids[i : i + 300]
+                stmt = select(*cols).where(Span.trace_id.in_(chunk), Span.kind.in_(CALLEE_KIND_CODES),
+                                           Span.parent_span_id.is_not(None))
+                for r in conn.execute(stmt).mappings():
+                    if r["parent_span_id"] in by_trace.get(r["trace_id"], ()):
+                        out.append(dict(r))
+        return out
+
+    def spans_by_id(self, keys: Iterable[tuple[str, str]]) -> list[dict]:
+        """The spans with the given (trace_id, span_id) (candidate columns), through the
+        ``(trace_id, span_id)`` unique index: the parents a pair check needs."""
+        by_trace: dict[str, set[str]] = {}
+        for tid, sid in keys:
+            by_trace.setdefault(tid, set()).add(sid)
+        out: list[dict] = []
+        if not by_trace:
+            return out
+        cols = [Span.__table__.c[c] for c in _CANDIDATE_COLUMNS]
+        tids = sorted(by_trace)
+        with self._reads.connect() as conn:
+            for i in range(0, len(tids), 300):
+                chunk = tids[i : i + 300]
+                sids = sorted({sid for tid in chunk for sid in by_trace[tid]})
+                stmt = select(*cols).where(Span.trace_id.in_(chunk), Span.span_id.in_(sids))
+                out.extend(dict(r) for r in conn.execute(stmt).mappings() if r["span_id"] in by_trace[r["trace_id"]])
+        return out
+
+    def trace_rows(self, trace_ids: Iterable[str]) -> dict[str, dict]:
+        """Trace rows (summary columns) by id."""
+        ids = sorted(set(trace_ids))
+        out: dict[str, dict] = {}
+        cols = [Trace.__table__.c[c] for c in _TRACE_SUMMARY_COLUMNS]
+        with self._reads.connect() as conn:
+            for i in range(0, len(ids), 500):
+                for r in conn.execute(select(*cols).where(Trace.trace_id.in_(ids[i : i + 500]))).mappings():
+                    out[r["trace_id"]] = dict(r)
+        return out
+
+    def long_traces(self, start_ns: int, end_ns: int, min_duration_ns: int) -> list[dict]:
+        """Settled traces starting in the window lasting at least ``min_duration_ns``."""
+        cols = [Trace.__table__.c[c] for c in _TRACE_SUMMARY_COLUMNS]
+        # Long traces are rare: "+ 0" sends the planner to the duration index (from the bound
+        # up) instead of reading every trace of the window through start_ns.
+        stmt = select(*cols).where(Trace.start_ns + 0 >= start_ns, Trace.start_ns + 0 < end_ns,
+                                   Trace.duration_ns >= min_duration_ns, Trace.settled_ns.is_not(None))
+        with self._reads.connect() as conn:
+            return [dict(r) for r in conn.execute(stmt).mappings()]

@@ -349,7 +349,7 @@ def measure_under_load(url: str, args, wanted: list[str]) -> dict:
     from modalscope.settings import Settings
 
     if args.pending_walk == "off":
-        from modalscope.models import reader as reader_module
+        from modalscope.models.reader import calls as reader_module
 
         reader_module.PENDING_WALK_AFTER = 1 << 62
     app = create_app(Settings(database_url=url))

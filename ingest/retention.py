@@ -19,8 +19,8 @@ from typing import Callable
 from sqlalchemy import Engine, delete, exists, func, select
 
 from ..models import changes
-from ..models import (MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, PairCall, QuarterRollup, Rollup, Series, Span,
-                      Trace)
+from ..models import (MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, LinkWait, PairCall, QuarterRollup, Rollup,
+                      Series, Span, Trace)
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +125,12 @@ def prune(engine: Engine, policy: RetentionPolicy, *, now_ns: int | None = None,
             # a span's pair_calls row shares its id (the primary key of both)
             lambda conn, ids: [delete(PairCall).where(PairCall.span_row.in_(ids)), delete(Span).where(Span.id.in_(ids))],
             batch, pause, should_stop, progress)
+        # Consumers still waiting for a linked span: their own spans are gone now.
+        _batched(
+            engine,
+            select(LinkWait.consumer_trace_id).where(LinkWait.since_ns < c).order_by(LinkWait.since_ns),
+            lambda conn, ids: [delete(LinkWait).where(LinkWait.consumer_trace_id.in_(ids))],
+            batch, pause, should_stop, None)
     if cut["minute"] is not None:
         # Record the boundary first: readers answer windows before it from hourly rows
         # (a window that started there would otherwise see half-deleted minutes).

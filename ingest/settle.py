@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 import orjson
@@ -53,6 +53,7 @@ from ..models.dialect import (contains_text, json_member, keys_clause, rows_with
 from ..core.series import SeriesKind
 from ..core.spans import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, STATUS_ERROR, SpanRecord
 from .series import SeriesRegistry, cap_key, registry_for, series_key
+from . import settle_handoffs as handoffs
 from .settle_fast import LAYER_KEY, LINKS, convention_contributions, summarize_rows
 from .traces import (LEGACY_SIGNAL_NEEDLES, _text_value, effective_stages, find_root, input_type_of, link_targets,
                      model_call_spans, self_times, signals_of, token_entries, trace_calls, trace_duration_ns,
@@ -388,10 +389,29 @@ def _cap_cache_tags(conn: Connection, summary, used_keys: list[int], registry: S
         summary.c_key = lookup[summary.c_key]
 
 
+class BatchResult(NamedTuple):
+    claimed: int  # pending trace rows the batch took
+    settled: int  # of them settled (the others stay pending for the next pass)
+    resolved: dict  # series ids the batch looked up or created
+    reopened: int  # other traces it re-opened (consumers waiting for its producers)
+
+
+NOTHING = BatchResult(0, 0, {}, 0)
+
+
 def _apply_summary(conn: Connection, summary, claimed: dict[str, bytes | None], now_ns: int,
-                   registry: SeriesRegistry) -> dict:
+                   registry: SeriesRegistry) -> BatchResult:
     """Write the settled state of the ``claimed`` traces: rollup deltas and trace rows."""
+    n_claimed = len(claimed)
     index = {tid: i for i, tid in enumerate(summary.trace_ids)}
+    keep = set(claimed) & set(index)
+    handoffs.lock_producer_traces(conn, summary, keep)
+    stale = handoffs.arrived_since(conn, summary, keep)
+    if stale:  # left pending: settled again, producer included, on the next pass
+        claimed = {t: blob for t, blob in claimed.items() if t not in stale}
+        keep -= stale
+    handoffs.record_waits(conn, summary, keep)
+    reopened = handoffs.reopen_waiting(conn, summary, keep, now_ns)
     keep_idx = np.array(sorted(index[t] for t in claimed if t in index), dtype=np.int64)
     mask = np.isin(summary.c_trace, keep_idx)
     # Capped first, so the cache-tag cap and the registry's cache see stored names only.
@@ -447,7 +467,7 @@ def _apply_summary(conn: Connection, summary, claimed: dict[str, bytes | None], 
     empty = sorted(t for t in claimed if t not in index)
     if empty:  # a trace row whose spans were all deleted by retention
         conn.execute(delete(Trace).where(Trace.trace_id.in_(empty)))
-    return resolved
+    return BatchResult(n_claimed, len(claimed), resolved, reopened)
 
 
 def _write_calls(conn: Connection, summary, keep_idx: np.ndarray, series_of_key: np.ndarray) -> None:
@@ -487,7 +507,7 @@ def _drop_stale_calls(conn: Connection, summary, resettled: np.ndarray) -> None:
 
 
 def settle_batch(conn: Connection, trace_ids: Sequence[str] | None, *, due_before_ns: int | None,
-                 limit: int, now_ns: int, registry: SeriesRegistry) -> tuple[int, dict]:
+                 limit: int, now_ns: int, registry: SeriesRegistry) -> BatchResult:
     """Settle up to ``limit`` pending traces inside the caller's transaction.
 
     PostgreSQL: trace rows are claimed with FOR UPDATE SKIP LOCKED, so concurrent settlers
@@ -495,15 +515,15 @@ def settle_batch(conn: Connection, trace_ids: Sequence[str] | None, *, due_befor
     """
     rows = conn.execute(_claim_query(trace_ids, due_before_ns, limit, supports_skip_locked(conn))).all()
     if not rows:
-        return 0, {}
+        return NOTHING
     claimed = {r[0]: r[2] for r in rows}
     data = load_trace_rows(conn, list(claimed))
     summary = _summarize(data, load_link_targets(conn, data))
-    return len(claimed), _apply_summary(conn, summary, claimed, now_ns, registry)
+    return _apply_summary(conn, summary, claimed, now_ns, registry)
 
 
 def settle_batch_optimistic(engine: Engine, trace_ids: Sequence[str] | None, *, due_before_ns: int | None,
-                            limit: int, now_ns: int, registry: SeriesRegistry) -> tuple[int, dict]:
+                            limit: int, now_ns: int, registry: SeriesRegistry) -> BatchResult:
     """SQLite: read and compute outside the write lock, then write in a short transaction.
 
     SQLite has one write lock for the whole database; holding it while reading spans and
@@ -515,7 +535,7 @@ def settle_batch_optimistic(engine: Engine, trace_ids: Sequence[str] | None, *, 
         with conn.begin():
             rows = conn.execute(_claim_query(trace_ids, due_before_ns, limit, False)).all()
             if not rows:
-                return 0, {}
+                return NOTHING
             seen = {r[0]: r[1] for r in rows}
             data = load_trace_rows(conn, list(seen))
             linked = load_link_targets(conn, data)
@@ -526,8 +546,7 @@ def settle_batch_optimistic(engine: Engine, trace_ids: Sequence[str] | None, *, 
             .where(Trace.trace_id.in_(list(seen)))
         ).all()
         claimed = {tid: blob for tid, version, pending, blob in current if pending and version == seen[tid]}
-        resolved = _apply_summary(conn, summary, claimed, now_ns, registry) if claimed else {}
-    return len(claimed), resolved
+        return _apply_summary(conn, summary, claimed, now_ns, registry) if claimed else NOTHING
 
 
 def settle(engine: Engine, *, settle_seconds: float = 5.0, trace_ids: Sequence[str] | None = None,
@@ -552,13 +571,13 @@ def settle(engine: Engine, *, settle_seconds: float = 5.0, trace_ids: Sequence[s
         for attempt in range(5):
             try:
                 if engine.dialect.name == "sqlite":
-                    n, resolved = settle_batch_optimistic(engine, chunk, due_before_ns=due, limit=limit,
-                                                          now_ns=now, registry=registry)
+                    batch = settle_batch_optimistic(engine, chunk, due_before_ns=due, limit=limit,
+                                                    now_ns=now, registry=registry)
                 else:
                     with engine.begin() as conn:
-                        n, resolved = settle_batch(conn, chunk, due_before_ns=due, limit=limit,
-                                                   now_ns=now, registry=registry)
-                registry.remember(resolved)
+                        batch = settle_batch(conn, chunk, due_before_ns=due, limit=limit,
+                                             now_ns=now, registry=registry)
+                registry.remember(batch.resolved)
                 break
             except (IntegrityError, DBAPIError) as exc:
                 # Two settlers created the same rollup row, or a deadlock: retry the batch.
@@ -568,11 +587,14 @@ def settle(engine: Engine, *, settle_seconds: float = 5.0, trace_ids: Sequence[s
                     registry.forget()
                 log.debug("settle retry after %s", exc.__class__.__name__)
                 time.sleep(0.05 * (attempt + 1))
-        total += n
+        total += batch.settled
         batches += 1
-        if progress is not None and n:
-            progress(n)
-        if chunk is None and n < limit:
+        if progress is not None and batch.settled:
+            progress(batch.settled)
+        # With force, also the traces the batch re-opened or left pending for a producer
+        # that arrived meanwhile.
+        more = batch.claimed == limit or (force and (batch.reopened or batch.settled < batch.claimed))
+        if chunk is None and not more:
             break
         if max_batches is not None and batches >= max_batches:
             break

@@ -8,9 +8,13 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import orjson
 
-from .records import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, STATUS_ERROR, SpanRecord
+from ..core.spans import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, STATUS_ERROR, SpanRecord
 from .settle_rows import LINKS, SERVICE, SID, STAGE, TID
 from .trace_pairs import _text_value, address_callee, link_targets
+
+# A consumer span of a batch names one link a message; waiting on more of them than this
+# only re-settles its trace more often.
+MAX_WAITS_PER_SPAN = 8
 
 
 def _batch_calls(cols: list, linked: Mapping[tuple[str, str], SpanRecord] | None, t_codes: np.ndarray,
@@ -21,7 +25,8 @@ def _batch_calls(cols: list, linked: Mapping[tuple[str, str], SpanRecord] | None
     """The calls of the spans in ``cols`` (stages as counted; ``stages_in``: as loaded), in
     the names of ``summarize_rows``: (call rows, their (caller, callee, model, calling
     stage), starts, durations, errors, model-call rows, the outer ones among them, CLIENT rows
-    that make no call)."""
+    that make no call, (row, trace id, span id) of the links of CONSUMER rows that found no
+    PRODUCER, to spans not stored yet)."""
     services = cols[SERVICE]
     sids = cols[SID]
     call_i: list[int] = []
@@ -73,6 +78,7 @@ def _batch_calls(cols: list, linked: Mapping[tuple[str, str], SpanRecord] | None
             call_du.append(int(dur[i]))
             call_er.append(int(status[i] == STATUS_ERROR))
     consumers = np.flatnonzero(kind == KIND_CONSUMER)
+    waits: list[tuple[int, str, str]] = []
     if len(consumers):
         links_raw = cols[LINKS] if len(cols) > LINKS else None
         code_of: dict[str, int] | None = None
@@ -87,12 +93,15 @@ def _batch_calls(cols: list, linked: Mapping[tuple[str, str], SpanRecord] | None
                 if code_of is None:
                     code_of = {tid: c for c, tid in enumerate(t_uniques)}
                 best = None
+                missing: list[tuple[str, str]] = []
                 my_tid = cols[TID][i]
                 for tid, sid in link_targets(orjson.loads(links_raw[i])):
                     if tid == my_tid and sid == sids[i]:
                         continue
                     code = code_of.get(tid)
                     j = index.get((code, sid)) if code is not None else None
+                    if j is None and not (linked and (tid, sid) in linked):
+                        missing.append((tid, sid))
                     if j is not None:
                         # another trace's producer counts with its stored stage, as the
                         # reference path sees it (that trace's own correction is its business)
@@ -107,13 +116,16 @@ def _batch_calls(cols: list, linked: Mapping[tuple[str, str], SpanRecord] | None
                         best = ((cand[1], tid, sid), cand)
                 if best is not None:
                     prod = best[1]
+                else:  # wait for a linked span not stored yet (ids of another shape never come)
+                    waits.extend((i, tid, sid) for tid, sid in missing[:MAX_WAITS_PER_SPAN]
+                                 if len(tid) <= 32 and len(sid) <= 16)
             if prod is not None:
                 call_i.append(i)
                 call_pair.append((prod[0], services[i], "", prod[3]))
                 call_st.append(prod[1])
                 call_du.append(max(0, int(end[i]) - prod[1]))
                 call_er.append(int(prod[2] == STATUS_ERROR or status[i] == STATUS_ERROR))
-    return call_i, call_pair, call_st, call_du, call_er, model_rows, outer, uncalled
+    return call_i, call_pair, call_st, call_du, call_er, model_rows, outer, uncalled, waits
 
 
 def _outer_model_rows(model_rows: list[int], parent_idx: np.ndarray, services: Sequence[str],

@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import orjson
 
-from .records import KIND_CLIENT, KIND_CONSUMER, KIND_SERVER, STATUS_ERROR, SpanRecord
+from ..core.spans import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, STATUS_ERROR, SpanRecord
 from .settle_calls import _batch_calls
 # Also re-exported: callers import the convention names and the row layout from here.
 from .settle_conventions import (CACHE_GROUP_KEY, CACHE_MAX_TAGS, CACHE_TAG_MAX_LEN, CACHE_UNTAGGED_KIND,
@@ -69,6 +69,13 @@ class BatchSummary:
     # wrote one, is stale): trace index, row id.
     uncalled_trace: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     uncalled_row: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # Links of CONSUMER spans that found no PRODUCER (trace index, (trace id, span id), the
+    # consumer's start), and the PRODUCER spans of the batch (trace index, span id).
+    wait_trace: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    wait_target: list = field(default_factory=list)
+    wait_start: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    producer_trace: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    producer_sid: list = field(default_factory=list)
 
 
 def _union_lengths(group: np.ndarray, s: np.ndarray, e: np.ndarray, n_groups: int) -> np.ndarray:
@@ -226,7 +233,7 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
         cols[STAGE] = stage_eff
 
     # Calls (traces.trace_calls): model calls (any kind), CLIENT spans, CONSUMER hand-offs.
-    call_i, call_pair, call_st, call_du, call_er, model_rows, outer, uncalled = _batch_calls(
+    call_i, call_pair, call_st, call_du, call_er, model_rows, outer, uncalled, waits = _batch_calls(
         cols, linked, t_codes, t_uniques, index, parent_idx, kind, start, dur, end, status, sig_of, child_servers,
         inherited, stages_in, attrs)
 
@@ -315,6 +322,14 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
         if uncalled:
             calls.update(uncalled_trace=t_codes[np.array(uncalled, dtype=np.int64)],
                          uncalled_row=np.array([row_col[i] for i in uncalled], dtype=np.int64))
+    # Hand-offs across traces: what this batch's consumers wait for, and what it produces.
+    if waits:
+        calls.update(wait_trace=np.array([t_codes[i] for i, _, _ in waits], dtype=np.int64),
+                     wait_target=[(tid, sid) for _, tid, sid in waits],
+                     wait_start=np.array([start[i] for i, _, _ in waits], dtype=np.int64))
+    producers = np.flatnonzero(kind == KIND_PRODUCER)
+    if len(producers):
+        calls.update(producer_trace=t_codes[producers], producer_sid=[sids[i] for i in producers.tolist()])
     # tokens: (service, model, input type, provider, token key) per counted model call and
     # key its usage carries (traces.model_call_spans, traces.token_entries)
     tok_t, tok_k, tok_m, tok_v = [], [], [], []

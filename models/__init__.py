@@ -16,6 +16,8 @@ The tables:
   every detector on each request; a cache, kept for minutes.
 * ``rollup_changes`` — which minutes each write to the rollups touched, and when: what keeps
   the caches above and below honest.
+* ``link_waits`` — CONSUMER spans whose linked PRODUCER span is not stored yet: when it
+  arrives, settling its trace re-opens the consumer's trace so the hand-off is counted.
 * ``rollup_packs`` — closed hours of the minute rollups the detectors read whole, one blob a
   kind and hour (``models/packs.py``); a cache the settler fills.
 
@@ -279,6 +281,21 @@ class RollupPack(Base):
     data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
+class LinkWait(Base):
+    """A settled trace whose CONSUMER span links to a span not stored when it settled
+    (``ingest/settle.py``): settling the trace that holds that span re-opens this one.
+    Kept until the span arrives or the consumer's spans pass retention (``since_ns``)."""
+
+    __tablename__ = "link_waits"
+    __table_args__ = (Index("ix_link_waits_target", "target_trace_id"),
+                      Index("ix_link_waits_since_ns", "since_ns"))
+
+    consumer_trace_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    target_trace_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    target_span_id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    since_ns: Mapped[int] = mapped_column(BigInteger)  # the consumer span's start
+
+
 class RevokedSession(Base):
     """A dashboard session signed out before its cookie expires (``app/auth.py``): its id,
     kept until the cookie would have expired anyway. In the database so that every
@@ -293,4 +310,4 @@ class RevokedSession(Base):
 
 __all__ = ["MINUTE_BOUNDARY_CURSOR", "PAIR_CALLS_CURSOR", "Base", "Span", "Trace", "Series", "Rollup",
            "HourlyRollup", "QuarterRollup", "Cursor", "FindingEvaluation", "PairCall",
-           "RollupChange", "RollupPack", "RevokedSession", "NAMING_CONVENTION"]
+           "RollupChange", "RollupPack", "RevokedSession", "LinkWait", "NAMING_CONVENTION"]

@@ -38,241 +38,24 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from typing import Mapping, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import orjson
 from sqlalchemy import Connection, Engine, and_, bindparam, case, delete, literal, or_, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from ..models import HourlyRollup, PairCall, QuarterRollup, Rollup, Series, Span, Trace
-from ..models import changes, sketch
-from ..models.dialect import (contains_text, json_member, keys_clause, rows_with_keys,
-                              supports_skip_locked, upsert)
+from ..models import PairCall, Series, Span, Trace, changes
+from ..models.dialect import contains_text, json_member, supports_skip_locked, upsert
 from ..core.series import SeriesKind
-from ..core.spans import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, STATUS_ERROR, SpanRecord
-from .series import SeriesRegistry, cap_key, registry_for, series_key
+from ..core.spans import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, SpanRecord
+from .series import SeriesRegistry, cap_key, registry_for
 from . import settle_handoffs as handoffs
-from .settle_fast import LAYER_KEY, LINKS, convention_contributions, summarize_rows
-from .traces import (LEGACY_SIGNAL_NEEDLES, _text_value, effective_stages, find_root, input_type_of, link_targets,
-                     model_call_spans, self_times, signals_of, token_entries, trace_calls, trace_duration_ns,
-                     trace_error)
+from .rollup_deltas import CONTRIB_DTYPE, apply_contributions, unpack_contributions
+from .settle_fast import LAYER_KEY, LINKS, summarize_rows
+from .traces import LEGACY_SIGNAL_NEEDLES, link_targets
 
 log = logging.getLogger(__name__)
-
-NS_PER_MINUTE = 60_000_000_000
-
-CONTRIB_DTYPE = np.dtype([("series", "<i4"), ("minute", "<i4"), ("value", "<i8"), ("err", "u1")])
-
-@dataclass
-class SettledTrace:
-    trace_id: str
-    root_service: str | None
-    root_name: str | None
-    start_ns: int
-    duration_ns: int
-    span_count: int
-    error: bool
-    input_type: str
-    contributions: list[tuple[tuple[str, ...], int, int, int]]  # (series key, minute, value_ns, err)
-
-
-def summarize_trace(trace_id: str, spans: list[SpanRecord],
-                    linked: Mapping[tuple[str, str], SpanRecord] | None = None) -> SettledTrace:
-    """Pure: everything a settled trace stores, from its spans (``linked``: spans of other
-    traces that CONSUMER spans' links point at, keyed (trace_id, span_id)).
-
-    Stages are the spans' tagged ones corrected by ``traces.resolve_stages`` (a transport
-    span under a model call counts in the model call's stage)."""
-    # Duplicate span ids cannot be stored, but be safe for callers passing raw input.
-    root = find_root(spans)
-    input_type = input_type_of(spans)
-    stage_of = effective_stages(spans)
-    start_ns = min(s.start_ns for s in spans)
-    duration = trace_duration_ns(spans)
-    error = trace_error(spans)
-    contribs: list[tuple[tuple[str, ...], int, int, int]] = []
-    for s in spans:
-        stage = stage_of.get(s.span_id, s.stage) or "other"
-        contribs.append((
-            series_key(SeriesKind.OP, s.service, s.name, stage, input_type),
-            s.start_ns // NS_PER_MINUTE, s.end_ns - s.start_ns, int(s.status == STATUS_ERROR),
-        ))
-        layer = s.attributes.get(LAYER_KEY) if s.attributes else None
-        if isinstance(layer, str):
-            contribs.append((
-                series_key(SeriesKind.LAYER, s.service, s.name, stage, input_type, callee=layer),
-                s.start_ns // NS_PER_MINUTE, s.end_ns - s.start_ns, int(s.status == STATUS_ERROR),
-            ))
-    for call in trace_calls(spans, linked).values():
-        contribs.append((
-            series_key(SeriesKind.PAIR, name=call.model, stage=call.stage, input_type=input_type, caller=call.caller,
-                       callee=call.callee),
-            call.start_ns // NS_PER_MINUTE, call.duration_ns, int(call.error),
-        ))
-    trace_minute = (root.start_ns if root is not None else start_ns) // NS_PER_MINUTE
-    root_service = root.service if root is not None else None
-    contribs.append((series_key(SeriesKind.TRACE, service=root_service or "", input_type=input_type),
-                     trace_minute, duration, int(error)))
-    stage_time: dict[str, int] = {}
-    selfs = self_times(spans)
-    for s in spans:
-        st = stage_of.get(s.span_id, s.stage) or "other"
-        stage_time[st] = stage_time.get(st, 0) + selfs.get(s.span_id, 0)
-    for st, total in sorted(stage_time.items()):
-        contribs.append((series_key(SeriesKind.TRACE_STAGE, service=root_service or "", stage=st, input_type=input_type),
-                         trace_minute, total, 0))
-    for s in model_call_spans(spans):
-        sig = signals_of(s)
-        for key, n in token_entries(sig):
-            contribs.append((series_key(SeriesKind.TOKENS, s.service, _text_value(sig, "model"), "", input_type,
-                                        _text_value(sig, "provider"), key), s.start_ns // NS_PER_MINUTE, n, 0))
-    contribs.extend(_convention_contributions(spans, stage_of))
-    return SettledTrace(
-        trace_id=trace_id,
-        root_service=root_service,
-        root_name=root.name if root is not None else None,
-        start_ns=root.start_ns if root is not None else start_ns,
-        duration_ns=duration,
-        span_count=len(spans),
-        error=error,
-        input_type=input_type,
-        contributions=contribs,
-    )
-
-
-def _convention_contributions(spans: list[SpanRecord], stage_of: Mapping[str, str | None]
-                              ) -> list[tuple[tuple[str, ...], int, int, int]]:
-    """The trace's ``cache``/``batch``/``cuda``/``sync``/``inst`` contributions (the series
-    kinds are described in ``settle_fast``), span by span: the reference the batch path is
-    tested against. ``stage_of``: span_id -> the stage settling counts."""
-    out = []
-    for s in spans:
-        if s.attributes:
-            out.extend(convention_contributions(s.service, s.name, s.start_ns, max(s.end_ns - s.start_ns, 0),
-                                                s.attributes, s.resource))
-    ordered = sorted(spans, key=lambda s: (s.start_ns, s.span_id))
-    servers = [s for s in ordered if s.kind in (KIND_SERVER, KIND_CONSUMER)]
-    fusion = [s for s in servers if stage_of.get(s.span_id, s.stage) == "fusion"]
-    encoder_end: dict[str, int] = {}
-    encoder_start: int | None = None
-    for s in servers:
-        if stage_of.get(s.span_id, s.stage) == "encoder":
-            end = s.start_ns + max(s.end_ns - s.start_ns, 0)
-            encoder_end[s.service] = max(encoder_end.get(s.service, end), end)
-            encoder_start = s.start_ns if encoder_start is None else min(encoder_start, s.start_ns)
-    if fusion and len(encoder_end) >= 2:
-        out.append((series_key(SeriesKind.SYNC, fusion[0].service), encoder_start // NS_PER_MINUTE,
-                    max(encoder_end.values()) - min(encoder_end.values()), 0))
-    first_on: dict[tuple[str, str], SpanRecord] = {}
-    for s in servers:
-        inst = s.resource.get("service.instance.id")
-        if inst is not None and str(inst):
-            first_on.setdefault((s.service, str(inst)), s)
-    for (service, inst), s in first_on.items():
-        out.append((series_key(SeriesKind.INSTANCE, service, inst), s.start_ns // NS_PER_MINUTE,
-                    max(s.end_ns - s.start_ns, 0), 0))
-    return out
-
-
-def _pack(contribs: list[tuple[int, int, int, int]]) -> bytes:
-    arr = np.array(contribs, dtype=CONTRIB_DTYPE) if contribs else np.zeros(0, CONTRIB_DTYPE)
-    return arr.tobytes()
-
-
-def _unpack(blob: bytes | None) -> np.ndarray:
-    return np.frombuffer(blob, dtype=CONTRIB_DTYPE) if blob else np.zeros(0, CONTRIB_DTYPE)
-
-
-def apply_contributions(conn: Connection, series: np.ndarray, minutes: np.ndarray,
-                        values: np.ndarray, errs: np.ndarray, signs: np.ndarray) -> int:
-    """Add (sign +1) or subtract (-1) histogram entries to the minute, quarter-hour and
-    hourly rollups, in the caller's transaction; returns minute rows touched.
-
-    Every tier takes the same deltas, so an hour (a quarter) is always exactly the sum of its minutes,
-    a late span's re-settle included (minute rows past MODALSCOPE_MINUTE_ROLLUP_DAYS are
-    gone by then, and a delta for a missing row with nothing to add creates nothing).
-    """
-    touched = _apply_tier(conn, Rollup, "minute", series, minutes, values, errs, signs)
-    _apply_tier(conn, QuarterRollup, "quarter", series, minutes // 15, values, errs, signs)
-    _apply_tier(conn, HourlyRollup, "hour", series, minutes // 60, values, errs, signs)
-    return touched
-
-
-def _apply_tier(conn: Connection, model, time_col: str, series: np.ndarray, minutes: np.ndarray,
-                values: np.ndarray, errs: np.ndarray, signs: np.ndarray) -> int:
-    """``apply_contributions`` for one table: ``minutes`` holds that table's time unit."""
-    if len(series) == 0:
-        return 0
-    group = (series.astype(np.int64) << 32) | minutes.astype(np.int64)
-    keys = sketch.keys_of(values)
-    # Per (series, minute): count, errors and sum deltas.
-    uniq, inv = np.unique(group, return_inverse=True)
-    d_count = np.bincount(inv, weights=signs, minlength=len(uniq)).astype(np.int64)
-    d_err = np.bincount(inv, weights=signs * errs, minlength=len(uniq)).astype(np.int64)
-    d_sum = np.zeros(len(uniq), dtype=np.int64)
-    np.add.at(d_sum, inv, signs.astype(np.int64) * values.astype(np.int64))
-    # Per (series, minute, bucket): count deltas.
-    cell = inv.astype(np.int64) * sketch.NUM_KEYS + keys
-    cells, cell_inv = np.unique(cell, return_inverse=True)
-    cell_counts = np.bincount(cell_inv, weights=signs, minlength=len(cells)).astype(np.int64)
-    cell_group = cells // sketch.NUM_KEYS
-    cell_key = cells % sketch.NUM_KEYS
-    bounds = np.searchsorted(cell_group, np.arange(len(uniq) + 1))
-
-    pairs = [(int(g & 0xFFFFFFFF), int(g >> 32)) for g in uniq]  # (minute or hour, series_id)
-    existing: dict[tuple[int, int], dict] = {}
-    lock = supports_skip_locked(conn)
-    for i in range(0, len(pairs), 400):
-        chunk = sorted(pairs[i : i + 400])
-        for r in rows_with_keys(conn, model.__table__, time_col, chunk, lock=lock):
-            existing[(r[time_col], r["series_id"])] = r
-    inserts = []
-    updates = []
-    deletes = []
-    for gi, (minute, sid) in enumerate(pairs):
-        ks = cell_key[bounds[gi] : bounds[gi + 1]]
-        cs = cell_counts[bounds[gi] : bounds[gi + 1]]
-        old = existing.get((minute, sid))
-        if old is None:
-            dense = np.zeros(sketch.NUM_KEYS, dtype=np.int64)
-            count, err, total = 0, 0, 0
-        else:
-            dense = np.zeros(sketch.NUM_KEYS, dtype=np.int64)
-            ok, oc = sketch.decode(old["sketch"])
-            dense[ok] = oc
-            count, err, total = old["count"], old["error_count"], old["sum_ns"]
-        np.add.at(dense, ks, cs)
-        np.clip(dense, 0, None, out=dense)
-        count += int(d_count[gi])
-        err += int(d_err[gi])
-        total += int(d_sum[gi])
-        row = {time_col: minute, "series_id": sid, "count": max(count, 0), "error_count": max(err, 0),
-               "sum_ns": max(total, 0), "sketch": sketch.encode_dense(dense)}
-        if old is None:
-            if count > 0:
-                inserts.append(row)
-        elif count <= 0:
-            deletes.append((minute, sid))
-        else:
-            updates.append(row)
-    if inserts:
-        conn.execute(model.__table__.insert(), inserts)
-    if updates:
-        t = model.__table__
-
-        conn.execute(
-            t.update()
-            .where(t.c[time_col] == bindparam("b_time"), t.c.series_id == bindparam("b_series_id"))
-            .values(count=bindparam("count"), error_count=bindparam("error_count"),
-                    sum_ns=bindparam("sum_ns"), sketch=bindparam("sketch")),
-            [{"b_time": u[time_col], "b_series_id": u["series_id"], "count": u["count"],
-              "error_count": u["error_count"], "sum_ns": u["sum_ns"], "sketch": u["sketch"]} for u in updates],
-        )
-    for i in range(0, len(deletes), 400):
-        conn.execute(delete(model).where(keys_clause(conn, model.__table__, time_col, deletes[i : i + 400])))
-    return len(pairs)
 
 
 def load_trace_rows(conn: Connection, trace_ids: Sequence[str]) -> list[tuple]:
@@ -435,7 +218,7 @@ def _apply_summary(conn: Connection, summary, claimed: dict[str, bytes | None], 
     new_blobs = {summary.trace_ids[t]: sorted_contribs[bounds[t]:bounds[t + 1]].tobytes()
                  for t in keep_idx.tolist()}
 
-    old_parts = [_unpack(b) for b in claimed.values() if b]
+    old_parts = [unpack_contributions(b) for b in claimed.values() if b]
     old_all = np.concatenate(old_parts) if old_parts else np.zeros(0, CONTRIB_DTYPE)
     both = np.concatenate([old_all, new_all])
     signs = np.concatenate([-np.ones(len(old_all)), np.ones(len(new_all))])

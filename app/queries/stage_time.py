@@ -10,7 +10,7 @@ import numpy as np
 from sqlalchemy import select
 
 from ...core.spans import STAGES
-from ...ingest.settle import _unpack
+from ...ingest.rollup_deltas import unpack_contributions
 from ...models import Series, Trace, sketch
 from ...models.reader import NS_PER_MINUTE, Filters, RollupQuery, StoreReader, minute_range
 from ...models.sketch import Histogram
@@ -159,7 +159,7 @@ def stage_time_at(reader: StoreReader, window: Window, filters: Filters = Filter
                                               .where(Trace.trace_id.in_(ids_[i : i + 500]))):
                     blobs.append(blob)
                     total += int(dur)
-            rec = _unpack(b"".join(blobs))  # fixed-size records: one array for all the tail
+            rec = unpack_contributions(b"".join(blobs))  # fixed-size records: one array for all the tail
             rec = rec[np.isin(rec["series"], sids)]
             sums = np.zeros(len(sids), dtype=np.int64)  # integer ns: exact however many traces
             np.add.at(sums, np.searchsorted(sids, rec["series"]), rec["value"])

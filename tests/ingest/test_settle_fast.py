@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from modalscope.core.spans import SpanRecord
-from modalscope.ingest.settle import summarize_trace
+from modalscope.ingest.settle_reference import summarize_trace
 from modalscope.ingest.settle_fast import ROW, _batch_sizes, convention_columns, summarize_rows
 from modalscope.ingest.traces import effective_stages, model_call_spans, trace_calls
 

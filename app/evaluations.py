@@ -51,8 +51,9 @@ log = logging.getLogger(__name__)
 from ..durations import DAY_NS, HOUR_NS, NS
 #: How much older than the request's window end a stored evaluation may be and still answer it.
 FRESH_S = 90
-#: Evaluations older than this are deleted when a new one is stored.
-KEEP_S = 15 * 60
+#: Stored evaluations of a relative window whose end is older than this are deleted when a
+#: new one of that range is stored (absolute windows' go after ``changes.KEEP_S``).
+RELATIVE_KEEP_S = 15 * 60
 #: ``range_s`` of an absolute window's stored findings.
 ABSOLUTE_RANGE = 0
 #: A write logged up to this long before an absolute window's evaluation started still makes
@@ -100,11 +101,11 @@ def latest(engine: Engine, range_s: int, key: str, not_before_end_ns: int) -> Ev
 
 def store(engine: Engine, window: Window, key: str, found: list[dict], evaluated_ns: int) -> None:
     """Keep ``found`` (unfiltered) as the evaluation of ``window``; drop evaluations of the
-    same range older than ``KEEP_S``."""
+    same range older than ``RELATIVE_KEEP_S``."""
     range_s, fe = round(window.seconds), FindingEvaluation
     with engine.begin() as conn:
         conn.execute(delete(fe).where(fe.range_s == range_s, fe.thresholds_key == key,
-                                      fe.end_ns < window.end_ns - KEEP_S * NS))
+                                      fe.end_ns < window.end_ns - RELATIVE_KEEP_S * NS))
         conn.execute(fe.__table__.insert().values(
             range_s=range_s, thresholds_key=key, start_ns=window.start_ns, end_ns=window.end_ns,
             evaluated_ns=evaluated_ns, findings=orjson.dumps(found).decode()))

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 from . import ids
 from . import state as st
 from .params import ParamError, parse_time, parse_trace_id, rfc3339
+from ..durations import HOUR_NS, MINUTE_NS
 
 TRACE_PATH = "/trace"
 DRILLDOWN_PATH = "/drilldown"
@@ -67,8 +68,8 @@ def time_selection(selected: Mapping | None, relayout: Mapping | None) -> tuple[
         a, b = sorted(parse_time(str(v).replace(" ", "T"), "start") for v in xs)
     except ParamError:
         return None
-    if b - a < 60_000_000_000:  # under a minute: the rollups' resolution
-        b = a + 60_000_000_000
+    if b - a < MINUTE_NS:  # under a minute: the rollups' resolution
+        b = a + MINUTE_NS
     return rfc3339(a), rfc3339(b)
 
 
@@ -163,7 +164,7 @@ def finding_window(finding: Mapping[str, Any]) -> dict[str, str]:
         s, e = parse_time(str(finding["start"]), "start"), parse_time(str(finding["end"]), "end")
     except (KeyError, ParamError):
         return {}
-    return {"start": rfc3339(s), "end": rfc3339(max(e, s + 60_000_000_000))}
+    return {"start": rfc3339(s), "end": rfc3339(max(e, s + MINUTE_NS))}
 
 
 def finding_drill_href(finding: Mapping[str, Any]) -> str:
@@ -187,7 +188,7 @@ def finding_cache_href(finding: Mapping[str, Any]) -> str | None:
     key = attr.get("key") if isinstance(attr.get("key"), str) and valid_group_by(attr.get("key")) else None
     win = finding_window(finding)
     if win:  # show the window with context before it
-        s = parse_time(win["start"], "start") - 60 * 60_000_000_000
+        s = parse_time(win["start"], "start") - HOUR_NS
         win = {"start": rfc3339(s), "end": win["end"]}
     return st.to_href(CACHE_PATH, {**win, "cache": subject["cache"], "group_by": key})
 

@@ -46,6 +46,7 @@ from .settle import settle
 from .settler import SettlerProcess
 from .stages import StageRules
 from .writer import BatchWriter
+from ..durations import DAY_NS as _DAY_NS
 
 BATCH_SPANS = 5000
 
@@ -79,7 +80,6 @@ class ImportRefused(ValueError):
     """The import was refused before anything was written; the message is one line."""
 
 
-_DAY_NS = 86_400 * 1_000_000_000
 # A span start in OTLP/JSON, camelCase or snake_case, as a string or an integer (a number
 # in exponent form is left out rather than misread as its first digits).
 _JSON_START = re.compile(rb'"start_?[Tt]ime_?[Uu]nix_?[Nn]ano"\s*:\s*"?(\d+)(?![\d.eE])')

@@ -94,7 +94,7 @@ def retag(engine: Engine, rules: StageRules, progress: Callable[[int], None] | N
         conn.execute(delete(Rollup))
         conn.execute(delete(QuarterRollup))
         conn.execute(delete(HourlyRollup))
-        changes.record(conn, 0, changes.EVERY_MINUTE)  # every cached finding is stale
+        changes.record_everything(conn)
         # Every trace is settled again below, so pair_calls becomes complete for all of them.
         conn.execute(delete(PairCall))
         conn.execute(delete(Cursor).where(Cursor.name == PAIR_CALLS_CURSOR))

@@ -21,10 +21,10 @@ from sqlalchemy import Engine, delete, exists, func, select
 from ..models import changes
 from ..models import (MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, LinkWait, PairCall, QuarterRollup, Rollup,
                       Series, Span, Trace)
+from ..durations import DAY_NS as NS_PER_DAY, HOUR_NS, MINUTE_NS
 
 log = logging.getLogger(__name__)
 
-NS_PER_DAY = 86_400 * 1_000_000_000
 PRUNE_INTERVAL_SECONDS = 600.0
 BATCH_ROWS = 5_000
 PAUSE_SECONDS = 0.02
@@ -68,8 +68,8 @@ def cutoffs(policy: RetentionPolicy, now_ns: int) -> dict[str, int | None]:
     hour_ns = before(policy.hourly_rollup_days)
     return {
         "span_start_ns": span_ns,
-        "minute": None if minute_ns is None else minute_ns // 60_000_000_000,
-        "hour": None if hour_ns is None else hour_ns // 3_600_000_000_000,
+        "minute": None if minute_ns is None else minute_ns // MINUTE_NS,
+        "hour": None if hour_ns is None else hour_ns // HOUR_NS,
     }
 
 
@@ -159,7 +159,7 @@ def prune(engine: Engine, policy: RetentionPolicy, *, now_ns: int | None = None,
     if out.spans or out.traces or out.minute_rollups:
         # Findings cached for a window that old lost their raw spans or minute rollups.
         # (Hourly rollups: the detectors do not read them.)
-        span_minute = cut["span_start_ns"] // 60_000_000_000 if cut["span_start_ns"] is not None else 0
+        span_minute = cut["span_start_ns"] // MINUTE_NS if cut["span_start_ns"] is not None else 0
         last = max(span_minute, cut["minute"] or 0)
         with engine.begin() as conn:
             changes.record(conn, 0, last)

@@ -1,6 +1,6 @@
 """The span rows a settling pass reads: their layout, as the loader's SQL hands them in."""
 
-NS_PER_MINUTE = 60_000_000_000
+from ..durations import MINUTE_NS as NS_PER_MINUTE  # noqa: F401  (the rows' minute)
 
 # Row layout handed in by the loader. BATCH and GRAPH are ``batch.size`` and
 # ``gpu.cuda_graph`` as the database extracts them (``settle_conventions.convention_columns``

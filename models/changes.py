@@ -10,14 +10,13 @@ import time
 
 from sqlalchemy import Connection, case, delete, exists, select, update
 
+from ..durations import NS as _NS
 from . import RollupChange
 
 #: Change rows are kept this long (and a result cached from the rollups is trusted at most
 #: this long after it was computed): the oldest are deleted as new ones are written.
 KEEP_S = 86_400
-#: The last minute a change can name: ``record(conn, 0, EVERY_MINUTE)`` touches every minute.
-EVERY_MINUTE = 2**62
-from ..durations import NS as _NS
+_LAST_MINUTE = 2**62  # past any minute a span can start in
 #: A write logged up to this long before a result was computed from the rollups may still have
 #: been in flight (a settle batch stamps its change before it commits, and hosts' clocks
 #: differ): the cached findings (``app/evaluations.py``) and hour packs (``models/packs.py``)
@@ -55,6 +54,12 @@ def record(conn: Connection, first_minute: int, last_minute: int, now_ns: int | 
     from .packs import invalidate  # (packs reads this module's constants)
 
     invalidate(conn, first_minute, last_minute)
+
+
+def record_everything(conn: Connection) -> None:
+    """Log a write to every minute (a retag changed what every rollup means): every cached
+    result is stale."""
+    record(conn, 0, _LAST_MINUTE)
 
 
 def _merge(conn: Connection, first_minute: int, last_minute: int, now_ns: int) -> bool:
@@ -119,4 +124,4 @@ def changes_since(conn: Connection, since_ns: int, at_most: int) -> list[tuple[i
     return None if len(rows) > at_most else [(a, b) for a, b in rows]
 
 
-__all__ = ["CHANGE_MARGIN_S", "EVERY_MINUTE", "KEEP_S", "MERGE_S", "MERGE_SPAN_MINUTES", "READ_AT_MOST", "RUN_GAP_MINUTES", "changed_since", "changes_since", "record", "record_minutes"]
+__all__ = ["CHANGE_MARGIN_S", "KEEP_S", "MERGE_S", "MERGE_SPAN_MINUTES", "READ_AT_MOST", "RUN_GAP_MINUTES", "changed_since", "changes_since", "record", "record_everything", "record_minutes"]

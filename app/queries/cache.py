@@ -12,11 +12,11 @@ from ...ingest.settle_fast import cache_hit_value as _cache_hit_value
 from ...models.reader import StoreReader, TierPlan, tier_plan
 from ..params import Window, rfc3339
 from .common import _group_value
+from ...durations import MINUTE_NS as _NS_MIN
 
 CACHE_MAX_SPANS = 500_000  # cache spans read per window (newest first): bounded work
 GROUP_BY_PATTERN = CACHE_GROUP_KEY  # whole-string match (fullmatch)
 NO_GROUP = None  # the group of a span without the group_by attribute
-_NS_MIN = 60_000_000_000
 
 
 def valid_group_by(value: str | None) -> bool:

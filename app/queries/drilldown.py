@@ -13,6 +13,7 @@ from ..params import Window, rfc3339
 from .bins import _nonzero_range, bin_band_ms, bin_edges_ms, binned_counts
 from .common import _ms, _pcts, _subject_query, subject_label, subject_of
 from .trace import _records, trace_detail
+from ...durations import MINUTE_NS
 
 
 def latency_distribution(reader: StoreReader, window: Window, filters: Filters = Filters()) -> dict:
@@ -53,7 +54,7 @@ def percentile_series(reader: StoreReader, window: Window, filters: Filters = Fi
         if g.count <= 0:
             continue
         p50, p90, p99 = _pcts(g.histogram)
-        out.append({"t": rfc3339(g.key[-1] * 60_000_000_000), "count": g.count,
+        out.append({"t": rfc3339(g.key[-1] * MINUTE_NS), "count": g.count,
                     "rate_per_min": round(g.count / step_minutes, 3), "error_count": g.error_count,
                     "p50_ms": p50, "p90_ms": p90, "p99_ms": p99})
     return out

@@ -9,6 +9,7 @@ from ...models.reader import Filters, RollupQuery, StoreReader
 from ..params import Window, rfc3339
 from ..tokens import input_type_tokens, per_request
 from .common import INPUT_TYPE_ORDER, _ms
+from ...durations import MINUTE_NS
 
 # The seed document's table: P50 / P95 per input type, in milliseconds.
 SEED_BASELINE: dict[str, tuple[float, float]] = {
@@ -116,7 +117,7 @@ def traffic_series(reader: StoreReader, window: Window, filters: Filters = Filte
         if g.count <= 0:
             continue
         p50, p99 = (_ms(v) for v in g.histogram.quantiles([0.5, 0.99]))
-        out.append({"t": rfc3339(g.key[-1] * 60_000_000_000), "input_type": g.key[0], "count": g.count,
+        out.append({"t": rfc3339(g.key[-1] * MINUTE_NS), "input_type": g.key[0], "count": g.count,
                     "rate_per_min": round(g.count / step_minutes, 3), "p50_ms": p50, "p99_ms": p99,
                     "error_count": g.error_count})
     return out

@@ -16,6 +16,7 @@ from ...models.reader import NS_PER_MINUTE, Filters, RollupQuery, StoreReader, m
 from ...models.sketch import Histogram
 from ..params import Window, rfc3339
 from .common import INPUT_TYPE_ORDER, _ms
+from ...durations import MINUTE_NS
 
 VIT_LAYERS = ("patch_embed", "attention", "mlp")
 
@@ -216,7 +217,7 @@ def stage_series(reader: StoreReader, window: Window, filters: Filters = Filters
     out = []
     for g in sorted(groups, key=lambda g: (g.key[-1], g.key[0])):
         if g.count > 0:
-            out.append({"t": rfc3339(g.key[-1] * 60_000_000_000), "stage": g.key[0], "count": g.count,
+            out.append({"t": rfc3339(g.key[-1] * MINUTE_NS), "stage": g.key[0], "count": g.count,
                         "value_ms": _ms(g.histogram.quantile(q))})
     return out
 

@@ -13,8 +13,7 @@ from sqlalchemy import Connection, Engine, and_, or_, select
 from .. import MINUTE_BOUNDARY_CURSOR, Cursor, Series
 from .. import packs
 from ..engine import BINARY_RESULTS
-
-NS_PER_MINUTE = 60_000_000_000
+from ...durations import MINUTE_NS as NS_PER_MINUTE  # noqa: F401  (for the readers by concern)
 
 
 @dataclass(frozen=True)

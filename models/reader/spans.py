@@ -13,11 +13,12 @@ from sqlalchemy.orm import aliased
 from .. import Span, Trace
 from ..buckets import MAX_BUCKET, duration_bucket
 from .walks import _CANDIDATE_COLUMNS, _TRACE_SUMMARY_COLUMNS, CALLEE_KIND_CODES, SpanWalks, _stage_is
+from ...durations import HOUR_NS, MINUTE_NS
 
 # A callee's span starts after its caller's CLIENT span, up to that span's duration later
 # (CALLEE_LATE_NS when no band bounds it), give or take clock skew between hosts.
-CALLEE_SKEW_NS = 60_000_000_000
-CALLEE_LATE_NS = 3_600_000_000_000
+CALLEE_SKEW_NS = MINUTE_NS
+CALLEE_LATE_NS = HOUR_NS
 
 
 @dataclass(frozen=True)

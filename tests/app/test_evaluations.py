@@ -369,7 +369,7 @@ def test_other_thresholds_do_not_share_an_evaluation(filled):
 def test_old_evaluations_are_deleted_when_a_new_one_is_stored(engine):
     key = ev.thresholds_key(Thresholds())
     end = time.time_ns()
-    ev.store(engine, Window(end - (ev.KEEP_S + 60) * S - HOUR, end - (ev.KEEP_S + 60) * S), key, [], 1)
+    ev.store(engine, Window(end - (ev.RELATIVE_KEEP_S + 60) * S - HOUR, end - (ev.RELATIVE_KEEP_S + 60) * S), key, [], 1)
     ev.store(engine, Window(end - 60 * S - HOUR, end - 60 * S), key, [], 2)
     assert _rows(engine) == 2
     ev.store(engine, Window(end - HOUR, end), key, [{"kind": "x"}], 3)

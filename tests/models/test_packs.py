@@ -140,7 +140,7 @@ def test_a_write_to_a_packed_hour_deletes_its_pack(store):
     assert _as_rows(cols, dims_of) == _minute_rows(reader, "pair", w.start_ns, w.end_ns, ("caller", "callee"))
     # Retention and retag log their writes too: every pack goes with a change over all minutes.
     with engine.begin() as conn:
-        changes.record(conn, 0, changes.EVERY_MINUTE)
+        changes.record_everything(conn)
     assert _packed_hours(engine) == set()
 
 

@@ -19,13 +19,8 @@ def _with_attrs(frames: Frames) -> pd.DataFrame:
     """The spans that carry attributes (most raw spans are SERVER spans without any), found
     once per ``frames.spans`` and shared by the attribute detectors."""
     df = frames.spans
-    cached = frames.__dict__.get("_with_attrs_cache")
-    if cached is not None and cached[0] is df:
-        return cached[1]
-    mask = np.fromiter((isinstance(a, dict) and bool(a) for a in df["attrs"]), dtype=bool, count=len(df))
-    sub = df[mask]
-    frames.__dict__["_with_attrs_cache"] = (df, sub)
-    return sub
+    return frames.derived("spans_with_attrs", df, lambda: df[np.fromiter(
+        (isinstance(a, dict) and bool(a) for a in df["attrs"]), dtype=bool, count=len(df))])
 
 
 def _attr_spans(frames: Frames, key: str) -> pd.DataFrame:

@@ -112,6 +112,19 @@ class Frames:
     # and ``counts`` columns (a view a row: ~100,000 of them a day, built for a few findings);
     # its rows are then found by position (a default index).
     pair_sketches: tuple | None = None
+    # What several detectors derive from one of the frames above (pair groups, attribute
+    # spans, ...), built once: name -> (the frame it came from, the result).
+    _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def derived(self, name: str, source, build):
+        """``build()``, once per ``source`` object: a detector that replaces the frame it
+        derives from gets a fresh result."""
+        hit = self._derived.get(name)
+        if hit is not None and hit[0] is source:
+            return hit[1]
+        value = build()
+        self._derived[name] = (source, value)
+        return value
 
     @property
     def first_minute(self) -> int:

@@ -1,7 +1,7 @@
 """Each caller -> callee pair's rows of ``frames.pairs``, cut once and shared by the two pair
 detectors (``hot_spot``, ``band_break``): the pairs' groups, flat sketches, merged
 histograms, and (minutes or blocks) x coarse latency-bin matrices. Each result is kept on the
-``Frames`` (in its ``__dict__``) for the frame it was computed from."""
+``Frames`` (``Frames.derived``) for the frame it was computed from."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ def _pair_groups(frames: Frames) -> tuple[dict, dict]:
     df = frames.pairs
     if df.empty:
         return {}, {}
-    cached = frames.__dict__.get("_pair_series_cache")
-    if cached is not None and cached[0] is df:
-        return cached[1]
+    return frames.derived("pair_groups", df, lambda: _group_pairs(df))
+
+
+def _group_pairs(df: pd.DataFrame) -> tuple[dict, dict]:
     # Each pair's rows from its runs of consecutive equal (caller, callee) rows: the reader's
     # frame holds a series' minutes as one run (a pair has 3-4 series), so this is a few
     # dozen runs; a group-by hashing 50,000 rows of two string columns cost 7.5 of its 10 ms.
@@ -35,9 +36,7 @@ def _pair_groups(frames: Frames) -> tuple[dict, dict]:
         runs.setdefault((callers[a], callees[a]), []).append((a, b))
     indices = {key: np.concatenate([np.arange(a, b) for a, b in spans])
                for key, spans in sorted((k, v) for k, v in runs.items() if not (pd.isna(k[0]) or pd.isna(k[1])))}
-    found = ({key: df.iloc[pos] for key, pos in indices.items()}, indices)
-    frames.__dict__["_pair_series_cache"] = (df, found)
-    return found
+    return {key: df.iloc[pos] for key, pos in indices.items()}, indices
 
 
 def _pair_series(frames: Frames) -> dict[tuple[str, str], pd.DataFrame]:
@@ -51,13 +50,10 @@ def _pair_rows_histogram(frames: Frames, df: pd.DataFrame, sel: np.ndarray) -> s
     if "keys" in df.columns:
         return histogram_of(df["keys"].to_numpy()[sel], df["counts"].to_numpy()[sel])
     lens, keys, counts = frames.pair_sketches
-    cached = frames.__dict__.get("_pair_starts_cache")
-    if cached is None or cached[0] is not lens:
-        cached = (lens, np.cumsum(lens) - lens)
-        frames.__dict__["_pair_starts_cache"] = cached
+    starts = frames.derived("pair_sketch_starts", lens, lambda: np.cumsum(lens) - lens)
     rows = df.index.to_numpy()[sel]
     own = lens[rows]
-    take = np.repeat(cached[1][rows] - (np.cumsum(own) - own), own) + np.arange(int(own.sum()))
+    take = np.repeat(starts[rows] - (np.cumsum(own) - own), own) + np.arange(int(own.sum()))
     h = sketch.Histogram()
     np.add.at(h.counts, keys[take], counts[take].astype(np.int64))
     return h
@@ -69,10 +65,11 @@ def _pair_flats(frames: Frames) -> dict[tuple[str, str], tuple[np.ndarray, np.nd
     by the hot-spot and band-break detectors: concatenating each pair's rows again in each
     detector was a quarter of their time over a day (the ~22 MB a day of pairs holds, once
     more)."""
+    return frames.derived("pair_flats", frames.pairs, lambda: _cut_pair_flats(frames))
+
+
+def _cut_pair_flats(frames: Frames) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray, np.ndarray]]:
     df = frames.pairs
-    cached = frames.__dict__.get("_pair_flats_cache")
-    if cached is not None and cached[0] is df:
-        return cached[1]
     out = {}
     if not df.empty:
         flat = frames.pair_sketches
@@ -99,7 +96,6 @@ def _pair_flats(frames: Frames) -> dict[tuple[str, str], tuple[np.ndarray, np.nd
             # each row's entries: its start in the frame's arrays, then consecutive
             take = np.repeat(starts[pos] - (np.cumsum(own) - own), own) + np.arange(int(own.sum()))
             out[key] = (own, keys[take], counts[take])
-    frames.__dict__["_pair_flats_cache"] = (df, out)
     return out
 
 
@@ -114,10 +110,11 @@ def _pair_minute_matrices(frames: Frames) -> dict[tuple[str, str], np.ndarray] |
     detectors (each spent a third of its time building them from the ~2.7 million sketch
     entries of a day), or None when they would exceed ``SHARED_MATRICES_BYTES`` or the
     frame holds minutes outside the data's (hand-made frames)."""
+    return frames.derived("pair_minute_matrices", frames.pairs, lambda: _stack_pair_matrices(frames))
+
+
+def _stack_pair_matrices(frames: Frames) -> dict[tuple[str, str], np.ndarray] | None:
     df = frames.pairs
-    cached = frames.__dict__.get("_pair_matrices_cache")
-    if cached is not None and cached[0] is df:
-        return cached[1]
     out = None
     n = frames.end_minute - frames.first_minute
     series = _pair_series(frames)
@@ -135,7 +132,6 @@ def _pair_minute_matrices(frames: Frames) -> dict[tuple[str, str], np.ndarray] |
                 pair_of_row[pos] = i * n
             stacked = _coarse_rows(df, pair_of_row + (minutes - frames.first_minute), len(series) * n, flat)
             out = {key: stacked[i * n:(i + 1) * n] for i, key in enumerate(series)}
-    frames.__dict__["_pair_matrices_cache"] = (df, out)
     return out
 
 

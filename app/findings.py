@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import gc
+import logging
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,8 @@ from ..models import packs, sketch
 from ..models.reader import Filters, StoreReader
 from . import detectors as d
 from .params import Window
+
+log = logging.getLogger(__name__)
 
 
 def _columns_frame(cols: packs.Columns, dims_of: dict[int, tuple], dims: tuple[str, ...], with_sum: bool,
@@ -357,6 +360,7 @@ def _add_exemplar(reader: StoreReader, f: dict) -> None:
         if not rows or (len(rows) < d.MAX_EXEMPLARS and w.end_ns - w.start_ns <= EXEMPLAR_WINDOWS_NS[-1]):
             rows = _exemplar_rows(reader, f, w) or rows
     except Exception:  # noqa: BLE001 - exemplars are a courtesy; the finding stands without them
+        log.exception("exemplar look-up for a %s finding failed", f.get("kind"))
         rows = []
     f["exemplar_trace_ids"] = [r["trace_id"].lower() for r in rows][: d.MAX_EXEMPLARS]
 

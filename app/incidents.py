@@ -40,17 +40,20 @@ and ``incidents`` read the store.
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
 import orjson
 
+from ..durations import MINUTE_NS as NS_MIN
 from ..models.reader import Filters, StoreReader
 from . import links
 from . import state as st
 from .params import Window, parse_time, rfc3339
 
-from ..durations import MINUTE_NS as NS_MIN
+log = logging.getLogger(__name__)
+
 SYMPTOM_KINDS = frozenset({"baseline_regression", "p99_band_break", "hot_spot"})
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 #: A symptom may start this long before its cause: detectors report whole blocks (5 min).
@@ -371,6 +374,7 @@ def suspects(reader: StoreReader, members: list[dict]) -> list[dict]:
     try:
         result = queries.compare(reader, window, None, Filters(**links.finding_filters(members[0])))
     except Exception:  # noqa: BLE001 - suspects are a lead; the incident stands without them
+        log.exception("the suspects of an incident could not be computed")
         return []
     return suspects_from_compare(result)
 

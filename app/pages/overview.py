@@ -15,6 +15,8 @@ over the baseline P95 that counts as a regression, default 10).
 
 from __future__ import annotations
 
+import logging
+
 import dash
 from dash import Input, Output, State, dcc, html
 
@@ -27,6 +29,8 @@ from modalscope.app.units import fmt_count, fmt_ms, fmt_num, fmt_pct
 dash.register_page(__name__, path="/", name="Overview", title="modalscope · overview", order=0)
 
 PATH = "/"
+
+log = logging.getLogger(__name__)
 
 
 def layout(**query):
@@ -167,9 +171,7 @@ def _findings(state):
     try:
         found = c.find_findings(res, state).findings
     except Exception:  # noqa: BLE001 - the overview stands without its findings panel
-        import logging
-
-        logging.getLogger(__name__).exception("overview: findings failed")
+        log.exception("overview: findings failed")
         return c.banner("The anomaly catalog failed for this window; see the server log.")
     return c.top_findings(found, state, n=3)
 
@@ -217,8 +219,6 @@ def _incidents(state):
     try:
         found, judged = incidents_for(res, state)
     except Exception:  # noqa: BLE001 - the overview stands without its incidents panel
-        import logging
-
-        logging.getLogger(__name__).exception("overview: incidents failed")
+        log.exception("overview: incidents failed")
         return c.banner("The anomaly catalog failed for this window; see the server log.")
     return top_incidents(found, state, judged)

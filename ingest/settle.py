@@ -42,7 +42,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 import orjson
-from sqlalchemy import Connection, Engine, and_, bindparam, case, delete, literal, or_, select
+from sqlalchemy import Connection, Engine, and_, bindparam, case, delete, func, literal, or_, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from ..models import PairCall, Series, Span, Trace, changes
@@ -118,6 +118,25 @@ def _summarize(rows: list[tuple], linked: dict[tuple[str, str], SpanRecord]):
     return summarize_rows(rows, linked) if linked else summarize_rows(rows)
 
 
+def within_budget(conn: Connection, trace_ids: list[str]) -> list[str]:
+    """The first of ``trace_ids`` whose spans add up to ``BATCH_SPANS`` (one at least): counted
+    from the spans' (trace_id, span_id) index, so a batch of big traces cannot hold many times
+    the spans it was sized for."""
+    counts: dict[str, int] = {}
+    for i in range(0, len(trace_ids), 500):
+        chunk = trace_ids[i : i + 500]
+        counts.update(conn.execute(select(Span.trace_id, func.count()).where(Span.trace_id.in_(chunk))
+                                   .group_by(Span.trace_id)).all())
+    out: list[str] = []
+    total = 0
+    for tid in trace_ids:
+        total += counts.get(tid, 0)
+        if out and total > BATCH_SPANS:
+            break
+        out.append(tid)
+    return out
+
+
 def _claim_query(trace_ids: Sequence[str] | None, due_before_ns: int | None, limit: int, lock: bool):
     q = select(Trace.trace_id, Trace.version, Trace.contributions).where(Trace.pending.is_(True))
     if trace_ids is not None:
@@ -177,6 +196,7 @@ class BatchResult(NamedTuple):
     settled: int  # of them settled (the others stay pending for the next pass)
     resolved: dict  # series ids the batch looked up or created
     reopened: int  # other traces it re-opened (consumers waiting for its producers)
+    spans: int = 0  # spans it read
 
 
 NOTHING = BatchResult(0, 0, {}, 0)
@@ -299,10 +319,11 @@ def settle_batch(conn: Connection, trace_ids: Sequence[str] | None, *, due_befor
     rows = conn.execute(_claim_query(trace_ids, due_before_ns, limit, supports_skip_locked(conn))).all()
     if not rows:
         return NOTHING
-    claimed = {r[0]: r[2] for r in rows}
+    taken = set(within_budget(conn, [r[0] for r in rows]))
+    claimed = {r[0]: r[2] for r in rows if r[0] in taken}  # (the rest stays pending)
     data = load_trace_rows(conn, list(claimed))
     summary = _summarize(data, load_link_targets(conn, data))
-    return _apply_summary(conn, summary, claimed, now_ns, registry)
+    return _apply_summary(conn, summary, claimed, now_ns, registry)._replace(claimed=len(rows), spans=len(data))
 
 
 def settle_batch_optimistic(engine: Engine, trace_ids: Sequence[str] | None, *, due_before_ns: int | None,
@@ -319,7 +340,8 @@ def settle_batch_optimistic(engine: Engine, trace_ids: Sequence[str] | None, *, 
             rows = conn.execute(_claim_query(trace_ids, due_before_ns, limit, False)).all()
             if not rows:
                 return NOTHING
-            seen = {r[0]: r[1] for r in rows}
+            taken = set(within_budget(conn, [r[0] for r in rows]))
+            seen = {r[0]: r[1] for r in rows if r[0] in taken}
             data = load_trace_rows(conn, list(seen))
             linked = load_link_targets(conn, data)
     summary = _summarize(data, linked)
@@ -329,36 +351,79 @@ def settle_batch_optimistic(engine: Engine, trace_ids: Sequence[str] | None, *, 
             .where(Trace.trace_id.in_(list(seen)))
         ).all()
         claimed = {tid: blob for tid, version, pending, blob in current if pending and version == seen[tid]}
-        return _apply_summary(conn, summary, claimed, now_ns, registry) if claimed else NOTHING
+        done = _apply_summary(conn, summary, claimed, now_ns, registry) if claimed else NOTHING
+    # (traces whose version moved, or past the span budget, count as claimed and not
+    # settled: a forced pass goes on)
+    return done._replace(claimed=len(rows), spans=len(data))
+
+
+#: Spans a settle batch reads, about: a batch claims as many traces as held that many spans
+#: in the batches before (``BatchSizer``), so a settler's memory does not follow the size
+#: of its traces. Smaller batches settle as fast and hold less (docs/benchmarks.md).
+BATCH_SPANS = 16_000
+
+
+class BatchSizer:
+    """How many traces the next batch claims: ``BATCH_SPANS`` over the spans a trace held in
+    recent batches (a moving average), at least one and at most the caller's limit."""
+
+    def __init__(self, spans_per_trace: float = 32.0) -> None:
+        self.spans_per_trace = spans_per_trace
+
+    def traces(self, limit: int) -> int:
+        return max(1, min(limit, int(BATCH_SPANS / self.spans_per_trace)))
+
+    def observe(self, traces: int, spans: int) -> None:
+        if traces:
+            self.spans_per_trace = 0.5 * self.spans_per_trace + 0.5 * max(1.0, spans / traces)
+
+
+class SettlePass(NamedTuple):
+    settled: int  # traces settled
+    more: bool  # stopped at ``max_batches`` with more due
 
 
 def settle(engine: Engine, *, settle_seconds: float = 5.0, trace_ids: Sequence[str] | None = None,
            force: bool = False, limit: int = 2000, now_ns: int | None = None,
-           registry: SeriesRegistry | None = None, max_batches: int | None = None, progress=None) -> int:
+           registry: SeriesRegistry | None = None, max_batches: int | None = None, progress=None,
+           sizer: BatchSizer | None = None) -> int:
     """Settle pending traces that have been idle ``settle_seconds`` (all of them with ``force``).
 
     Returns the number of traces settled. ``trace_ids`` restricts it to those traces.
     """
+    return settle_pass(engine, settle_seconds=settle_seconds, trace_ids=trace_ids, force=force, limit=limit,
+                       now_ns=now_ns, registry=registry, max_batches=max_batches, progress=progress,
+                       sizer=sizer).settled
+
+
+def settle_pass(engine: Engine, *, settle_seconds: float = 5.0, trace_ids: Sequence[str] | None = None,
+                force: bool = False, limit: int = 2000, now_ns: int | None = None,
+                registry: SeriesRegistry | None = None, max_batches: int | None = None, progress=None,
+                sizer: BatchSizer | None = None) -> SettlePass:
+    """``settle``, saying also whether it stopped at ``max_batches`` with more traces due.
+    ``limit``: traces a batch at most (``sizer`` picks fewer for big traces)."""
     registry = registry or registry_for(engine)
+    sizer = sizer or BatchSizer()
     total = 0
     batches = 0
     ids = list(trace_ids) if trace_ids is not None else None
     while True:
         now = time.time_ns() if now_ns is None else now_ns
         due = None if force else now - int(settle_seconds * 1e9)
+        size = sizer.traces(limit)
         chunk = None
         if ids is not None:
             if not ids:
                 break
-            chunk, ids = ids[:limit], ids[limit:]
+            chunk, ids = ids[:size], ids[size:]
         for attempt in range(5):
             try:
                 if engine.dialect.name == "sqlite":
-                    batch = settle_batch_optimistic(engine, chunk, due_before_ns=due, limit=limit,
+                    batch = settle_batch_optimistic(engine, chunk, due_before_ns=due, limit=size,
                                                     now_ns=now, registry=registry)
                 else:
                     with engine.begin() as conn:
-                        batch = settle_batch(conn, chunk, due_before_ns=due, limit=limit,
+                        batch = settle_batch(conn, chunk, due_before_ns=due, limit=size,
                                              now_ns=now, registry=registry)
                 registry.remember(batch.resolved)
                 break
@@ -370,15 +435,16 @@ def settle(engine: Engine, *, settle_seconds: float = 5.0, trace_ids: Sequence[s
                     registry.forget()
                 log.debug("settle retry after %s", exc.__class__.__name__)
                 time.sleep(0.05 * (attempt + 1))
+        sizer.observe(batch.claimed, batch.spans)
         total += batch.settled
         batches += 1
         if progress is not None and batch.settled:
             progress(batch.settled)
         # With force, also the traces the batch re-opened or left pending for a producer
         # that arrived meanwhile.
-        more = batch.claimed == limit or (force and (batch.reopened or batch.settled < batch.claimed))
+        more = batch.claimed == size or (force and (batch.reopened or batch.settled < batch.claimed))
         if chunk is None and not more:
             break
         if max_batches is not None and batches >= max_batches:
-            break
-    return total
+            return SettlePass(total, bool(ids) if chunk is not None else more)
+    return SettlePass(total, False)

@@ -10,11 +10,13 @@ from typing import Any, Callable
 
 from sqlalchemy import Engine
 
-from .settle import settle
+from .settle import BatchSizer, settle, settle_pass
 
 __all__ = ["Settler", "SettlerJobs", "SettlerProcess", "final_settle", "settle_loop"]
 
 log = logging.getLogger(__name__)
+
+PASS_BATCHES = 20  # settle batches between two turns of the periodic jobs
 
 
 @dataclass(frozen=True)
@@ -41,9 +43,17 @@ def settle_loop(engine: Engine, settle_seconds: float, interval: float, jobs: Se
     pruning = PruneSchedule(engine, jobs.retention)
     packing = PackSchedule(engine, jobs.pack_every_s)
     evaluating = jobs.evaluations(engine) if jobs.evaluations is not None else None
-    while not stopping(interval):
+    sizer = BatchSizer()
+    wait = interval
+    while not stopping(wait):
+        # A pass stops after PASS_BATCHES so the jobs below get their turn; with more due,
+        # the next pass starts at once.
+        wait = interval
         try:
-            on_settled(settle(engine, settle_seconds=settle_seconds, max_batches=20))
+            done = settle_pass(engine, settle_seconds=settle_seconds, max_batches=PASS_BATCHES, sizer=sizer)
+            on_settled(done.settled)
+            if done.more:
+                wait = 0
         except Exception:  # noqa: BLE001 - keep settling; the next pass retries
             log.exception("settling failed")
         pruning.tick(should_stop=lambda: stopping(0))

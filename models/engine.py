@@ -43,12 +43,20 @@ def is_sqlite(engine_or_url) -> bool:
     return url.get_backend_name() == "sqlite"
 
 
+READ_CACHE_MIB = 64
+WRITE_CACHE_MIB = 16
+
+
 def make_engine(url: str, *, write: bool = False, pool_size: int = 5) -> Engine:
     """An engine for ``url``.
 
     SQLite: WAL, ``synchronous=NORMAL`` (durable at checkpoints, safe against corruption),
     a 30 s busy timeout, and — for ``write=True`` engines — ``BEGIN IMMEDIATE`` so a
     read-then-write transaction never fails to upgrade its lock under a concurrent writer.
+    A connection's page cache is ``READ_CACHE_MIB`` for readers (the dashboard's windows
+    reread the same index pages) and ``WRITE_CACHE_MIB`` for the ingest processes (their
+    reads are of just-written pages, which the operating system caches anyway; a settler
+    holds two connections, and every MiB counts against the ingest memory target).
     A missing directory is an error, never created silently.
     """
     url = normalize_url(url)
@@ -63,7 +71,7 @@ def make_engine(url: str, *, write: bool = False, pool_size: int = 5) -> Engine:
             url,
             connect_args={"check_same_thread": False, "timeout": 30},
         )
-        _configure_sqlite(engine, immediate=write)
+        _configure_sqlite(engine, immediate=write, cache_mib=WRITE_CACHE_MIB if write else READ_CACHE_MIB)
         return engine
     # pool_pre_ping: a connection the server dropped (a restart, a failover) is replaced at
     # checkout instead of failing the next write; connect_timeout: an unreachable server is
@@ -155,7 +163,7 @@ def _read_only_fs(directory: Path) -> bool:
         return False
 
 
-def _configure_sqlite(engine: Engine, *, immediate: bool) -> None:
+def _configure_sqlite(engine: Engine, *, immediate: bool, cache_mib: int) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record):
         # Take transaction control from the driver (SQLAlchemy's documented pysqlite recipe).
@@ -165,7 +173,7 @@ def _configure_sqlite(engine: Engine, *, immediate: bool) -> None:
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute("PRAGMA busy_timeout=30000")
         cur.execute("PRAGMA foreign_keys=ON")
-        cur.execute("PRAGMA cache_size=-65536")  # 64 MiB page cache
+        cur.execute(f"PRAGMA cache_size=-{cache_mib * 1024}")  # in KiB when negative
         cur.execute("PRAGMA temp_store=MEMORY")
         cur.close()
 

@@ -344,8 +344,7 @@ def topology(reader: StoreReader, window: Window) -> Topology:
     (input type, stage) (``op``), and per cache (``cache`` rollups' services), from the
     series with rollups in ``window``."""
     def series(kind: str, dims: tuple[str, ...]) -> set[tuple]:
-        cols, dims_of = reader.rollup_columns(kind, window.start_ns, window.end_ns, dims, sketches=False)
-        return {dims_of[int(i)] for i in set(cols.series_id.tolist())} if len(cols) else set()
+        return reader.series_in_window(kind, window.start_ns, window.end_ns, dims)
 
     types: dict[str, set[str]] = {}
     stages: dict[tuple[str, str], set[str]] = {}

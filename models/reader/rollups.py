@@ -238,6 +238,22 @@ class RollupReads(TierReads):
             parts = [packs.without_sketches(cols) for cols in parts]
         return packs.merge(parts, keep_series=ids), dims_of
 
+    def series_in_window(self, kind: str, start_ns: int, end_ns: int, dims: tuple[str, ...]) -> set[tuple]:
+        """The ``dims`` values of every ``kind`` series with a rollup row in the window: an
+        index seek a series and tier (``(series_id, time)``), not a read of the window's rows."""
+        from sqlalchemy import exists
+
+        with self._reads.connect() as conn:
+            tiers = plan_tiers(tier_plan(start_ns, end_ns, self._minutes_kept_from(conn)))
+            if not tiers:
+                return set()
+            has_rows = []
+            for table, t0, t1 in tiers:
+                time_col = _TIER_TIME[table][0]
+                has_rows.append(exists().where(table.series_id == Series.id, time_col >= t0, time_col < t1))
+            stmt = select(*[getattr(Series, d) for d in dims]).where(Series.kind == kind, or_(*has_rows))
+            return {tuple(r) for r in conn.execute(stmt)}
+
     def first_minutes(self, kind: str, start_ns: int, end_ns: int) -> list[tuple[str, str, int]]:
         """``(service, name, first minute)`` of every ``kind`` series with a rollup row in the
         window (for ``inst``: when each instance was first seen). One index seek a series

@@ -282,3 +282,27 @@ def test_postgresql_reads_open_no_transaction(engine):
     with engine.connect() as conn:
         conn.exec_driver_sql("SELECT 1")
         assert conn.connection.dbapi_connection.info.transaction_status.name == "INTRANS"
+
+
+def test_series_in_a_window_are_those_with_rows_in_it(engine):
+    """``series_in_window`` (an index seek a series) names exactly the series the window's
+    rows belong to, for windows with series that start or stop inside them."""
+    start, end, traces = _fill(engine)
+    # A service seen only in the last hour: absent from earlier windows.
+    late = [dataclasses.replace(s, service="late-svc", trace_id="ab" * 16, span_id=f"{i + 1:016x}",
+                                parent_span_id=None) for i, s in enumerate(traces[-1][:2])]
+    write_spans(engine, late)
+    settle(engine, force=True)
+    reader = StoreReader(engine)
+    rng = random.Random(5)
+    windows = [(start, end), (start, start + 20 * MIN), (end - 25 * MIN, end)]
+    windows += [tuple(sorted((rng.randrange(start, end), rng.randrange(start, end)))) for _ in range(12)]
+    seen_late = set()
+    for a, b in windows:
+        for kind, dims in (("op", ("service", "name")), ("trace", ("service", "input_type"))):
+            cols, dims_of = reader.rollup_columns(kind, a, b, dims, sketches=False)
+            expected = {dims_of[int(i)] for i in set(cols.series_id.tolist())}
+            got = reader.series_in_window(kind, a, b, dims)
+            assert got == expected, (a, b, kind)
+            seen_late.add(any(d[0] == "late-svc" for d in got))
+    assert seen_late == {True, False}  # some windows hold the late service, some do not

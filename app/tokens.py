@@ -36,6 +36,7 @@ INPUT_KEYS = TOKEN_KEYS  # the modalities, then "total"
 OUTPUT_KEY = "output"
 SAMPLE_LIMIT = 2000  # model-call spans the drilldown's scatter reads at most
 SAMPLE_SLICES = 20  # the window is read in this many time slices, so the sample spans it
+PENDING_SCAN_TRACES = 5000  # unsettled traces read when the rollups rule the settled ones out
 IMAGE_NOTE = ("Image tokens drive encoder and prefill time: at the same input size, calls "
               "with image tokens take longer.")
 
@@ -165,6 +166,9 @@ def sample_model_calls(reader: StoreReader, window: Window, filters: Filters = F
         return []
     model = model or getattr(filters, "model", None)  # the drilldown's model facet, where Filters has it
     per_slice = max(1, -(-limit // max(1, slices)))
+    # When the rollups show no settled model call of the selection, only unsettled traces
+    # can hold one: read those by trace instead of walking every span of the window.
+    pending_only = no_settled_model_calls(reader, window, filters)
     out: list[dict] = []
     with reader.engine.connect() as conn:
         dialect = conn.dialect.name
@@ -188,12 +192,21 @@ def sample_model_calls(reader: StoreReader, window: Window, filters: Filters = F
                          == filters.input_type)
         cols = (Span.trace_id, Span.span_id, Span.parent_span_id, Span.service, Span.name, Span.start_ns,
                 Span.duration_ns, Span.signals, pair_callee.label("pair_callee"))
-        for a, b in _slices(window.start_ns, window.end_ns, slices):
+        if pending_only:  # by trace id (the (trace_id, span_id) index), a few hundred at a time
+            pending = list(conn.execute(select(Trace.trace_id).where(Trace.pending.is_(True))
+                                        .limit(PENDING_SCAN_TRACES)).scalars())
+            statements = [select(*cols).where(Span.trace_id.in_(pending[i : i + 500]), *conds)
+                          for i in range(0, len(pending), 500)]
+        else:
+            statements = [select(*cols).where(Span.start_ns >= a, Span.start_ns < b, *conds)
+                          .order_by(Span.start_ns).limit(per_slice)
+                          for a, b in _slices(window.start_ns, window.end_ns, slices)]
+        for stmt in statements:
             if len(out) >= limit:
                 break
-            stmt = (select(*cols).where(Span.start_ns >= a, Span.start_ns < b, *conds)
-                    .order_by(Span.start_ns).limit(per_slice))
             for r in conn.execute(stmt):
+                if not window.start_ns <= r.start_ns < window.end_ns:
+                    continue
                 sig = _parsed(r.signals)
                 if sig is None or not sig.get("call"):
                     continue
@@ -204,7 +217,31 @@ def sample_model_calls(reader: StoreReader, window: Window, filters: Filters = F
                 out.append({"trace_id": r.trace_id, "span_id": r.span_id, "parent_span_id": r.parent_span_id,
                             "service": r.service, "name": r.name, "start_ns": r.start_ns,
                             "duration_ns": r.duration_ns, "signals": sig})
+    if pending_only:
+        out.sort(key=lambda r: r["start_ns"])
     return drop_wrappers(out[:limit])
+
+
+def no_settled_model_calls(reader: StoreReader, window: Window, filters: Filters) -> bool:
+    """Whether the rollups prove that no settled trace holds a model call with token usage
+    that ``sample_model_calls`` would take for a ``caller`` or ``service`` selection: the
+    calling service has no ``tokens`` series in the window, and no call into the service or
+    pair names a model. Unknown models (a ``tokens`` series without a name) prove nothing."""
+    svc = filters.caller or filters.service
+    if not svc:
+        return False
+    counted = reader.series_in_window(SeriesKind.TOKENS, window.start_ns, window.end_ns, ("service", "name", "caller"))
+    if any(not name for _, name, _ in counted):
+        return False
+    modelled = {(caller, callee) for caller, callee, name in reader.series_in_window(
+        SeriesKind.PAIR, window.start_ns, window.end_ns, ("caller", "callee", "name")) if name}
+    if filters.caller:
+        own = [provider for service, _, provider in counted if service == filters.caller]
+        if filters.callee:  # the pair a call counts in, else its provider
+            return filters.callee not in own and (filters.caller, filters.callee) not in modelled
+        return not own
+    return (not any(service == svc or provider == svc for service, _, provider in counted)
+            and not any(callee == svc for _, callee in modelled))
 
 
 def drop_wrappers(rows: list[dict]) -> list[dict]:

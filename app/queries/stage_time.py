@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from ...core.spans import STAGES
 from ...ingest.rollup_deltas import unpack_contributions
@@ -68,12 +68,16 @@ def _tstage_of_series(reader: StoreReader) -> dict[int, str]:
 
 
 def _band(conn, lo_ns: int, hi_ns: int, filters: Filters, input_type: str | None,
-          min_ns: int) -> list[tuple[str, int]]:
+          min_ns: int, by_duration: bool = False) -> list[tuple[str, int]]:
     """``(trace_id, duration_ns)`` of the traces the rollups count (those holding
-    contributions) starting in [lo_ns, hi_ns), at least ``min_ns`` long."""
-    conds = [Trace.start_ns >= lo_ns, Trace.start_ns < hi_ns, Trace.contributions.is_not(None)]
+    contributions) starting in [lo_ns, hi_ns), at least ``min_ns`` long. ``by_duration``:
+    read through the ``duration_ns`` index (the slow tail of every stored trace) rather
+    than the ``start_ns`` one (every trace of the window); ``+ 0`` keeps the planner off
+    the other index."""
+    start = Trace.start_ns + 0 if by_duration else Trace.start_ns
+    conds = [start >= lo_ns, start < hi_ns, Trace.contributions.is_not(None)]
     if min_ns > 0:
-        conds.append(Trace.duration_ns >= min_ns)
+        conds.append(Trace.duration_ns >= min_ns if by_duration else Trace.duration_ns + 0 >= min_ns)
     if input_type is not None:
         conds.append(Trace.input_type == input_type)
     if filters.service:
@@ -124,6 +128,14 @@ def stage_time_at(reader: StoreReader, window: Window, filters: Filters = Filter
     lo_ns, hi_ns = first * NS_PER_MINUTE, last * NS_PER_MINUTE  # the minutes the rollups count
     tails: dict[str, tuple[float, list[str], int]] = {}
     with reader.engine.connect() as conn:
+        # The duration index reads the tail of every stored trace, the start index every
+        # trace of the window: the first when the tail, scaled to the stored span, is fewer.
+        # (two subqueries: one index seek each, where min and max together scan the index)
+        stored = conn.execute(select(select(func.min(Trace.start_ns)).scalar_subquery(),
+                                     select(func.max(Trace.start_ns)).scalar_subquery())).one() if groups \
+            else (None, None)
+        span_ns = max(stored[1] or hi_ns, hi_ns) - min(stored[0] or lo_ns, lo_ns)
+        stored_share = (hi_ns - lo_ns) / max(span_ns, 1)
         for g in groups:
             it = g.key[0] if dims else filters.input_type
             n = int(g.histogram.counts.sum())
@@ -131,7 +143,9 @@ def stage_time_at(reader: StoreReader, window: Window, filters: Filters = Filter
             k_lo = int(np.searchsorted(cum, math.floor(q * (n - 1)), side="right"))
             # Just below the order statistic's bucket (its lower edge, less float slack).
             min_ns = max(int(sketch.bucket_upper(k_lo - 1) * (1 - 1e-9)) - 1, 0) if k_lo > 1 else 0
-            band = sorted(_band(conn, lo_ns, hi_ns, filters, it, min_ns), key=lambda r: r[1])
+            tail = n - (int(cum[k_lo - 1]) if k_lo > 0 else 0)
+            band = sorted(_band(conn, lo_ns, hi_ns, filters, it, min_ns, by_duration=tail < n * stored_share),
+                          key=lambda r: r[1])
             durations = np.array([d for _, d in band], dtype=np.int64)
             keys = sketch.keys_of(durations)
             band = [r for r, k in zip(band, keys.tolist()) if k >= k_lo]

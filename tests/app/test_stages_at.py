@@ -91,8 +91,8 @@ def test_stack_at_p99_is_the_mean_of_the_slowest_traces(hand, monkeypatch):
     bands: list[int] = []
     real_band = stage_time._band
 
-    def band(*args):
-        rows = real_band(*args)
+    def band(*args, **kw):
+        rows = real_band(*args, **kw)
         bands.append(len(rows))
         return rows
 
@@ -113,6 +113,25 @@ def test_stack_at_p99_is_the_mean_of_the_slowest_traces(hand, monkeypatch):
     own_p99 = sum(r["p99_ms"] for r in breakdown["stages"] if r["input_type"] == "text")
     assert own_p99 > breakdown["traces"]["text"]["p99_ms"] * 1.01
     assert got["traces"]["text"]["mean_ms"] >= got["traces"]["text"]["at_ms"]
+
+
+@pytest.mark.parametrize("at", ["p50", "p99"])
+def test_either_index_reads_the_same_tail(hand, monkeypatch, at):
+    """The band is read through the duration index or the start index, as the tail's size
+    suggests; both give the same answer."""
+    app, window = hand
+    reader = app.extensions["modalscope"]["reader"]
+    real_band = stage_time._band
+    answers, used = [], []
+    for forced in (True, False):
+        def band(*args, forced=forced, **kw):
+            used.append(kw.get("by_duration"))
+            return real_band(*args, **{**kw, "by_duration": forced})
+
+        monkeypatch.setattr(stage_time, "_band", band)
+        answers.append(queries.stage_time_at(reader, window, Filters(), at))
+    assert answers[0] == answers[1] and answers[0]["stages"]
+    assert set(used) <= {True, False}
 
 
 @pytest.mark.parametrize("at", ["p50", "p90"])

@@ -269,6 +269,34 @@ def test_sampled_model_calls_of_the_selection(stored):
         [(200, False)] * 4 + [(278, True)] * 2 + [(1072, True)] + [(100, False)] * 2)
 
 
+def test_a_selection_without_settled_model_calls_reads_only_unsettled_traces(stored, engine):
+    """The rollups rule out settled calls of a service or pair that never calls a model;
+    a call of a trace not yet settled is still found, and found the same once settled."""
+    app, reader = stored
+    assert tokens.no_settled_model_calls(reader, WINDOW, Filters(caller="billing"))
+    assert tokens.no_settled_model_calls(reader, WINDOW, Filters(caller="gateway", callee="userdb"))
+    assert not tokens.no_settled_model_calls(reader, WINDOW, Filters(caller="gateway", callee="llm"))
+    assert not tokens.no_settled_model_calls(reader, WINDOW, Filters(caller="gateway", callee="gemini"))
+    assert not tokens.no_settled_model_calls(reader, WINDOW, Filters(service="llm"))  # called, with a model
+    assert not tokens.no_settled_model_calls(reader, WINDOW, Filters(callee="llm"))  # no service or caller: walked
+    late = "f" * 32
+    spans = [root(late, 30 * MIN / MS)]
+    spans += [rec(late, "9" * 16, "a" * 16, "billing", "generate_content gemini-2.0-flash", KIND_CLIENT,
+                  30 * MIN / MS + 5, 30 * MIN / MS + 205,
+                  **{"gen_ai.operation.name": "generate_content", "gen_ai.provider.name": "gemini",
+                     "gen_ai.request.model": "gemini-2.0-flash", "gen_ai.usage.input_tokens": 90,
+                     "gen_ai.usage.output_tokens": 9})]
+    load_rules(None).tag(spans)
+    write_spans(engine, spans)  # not settled yet
+    window = Window(WINDOW.start_ns, BASE + 40 * MIN)
+    assert tokens.no_settled_model_calls(reader, window, Filters(caller="billing"))
+    found = tokens.sample_model_calls(reader, window, Filters(caller="billing"))
+    assert [(r["service"], r["trace_id"]) for r in found] == [("billing", late)]
+    settle(engine, force=True)
+    assert not tokens.no_settled_model_calls(reader, window, Filters(caller="billing"))
+    assert tokens.sample_model_calls(reader, window, Filters(caller="billing")) == found
+
+
 def test_drilldown_draws_latency_against_input_tokens(stored):
     app, reader = stored
     from modalscope.app.pages import drilldown

@@ -30,21 +30,13 @@ Session key: derived from ``MODALSCOPE_SECRET_KEY``; without it, from the auth t
 every gunicorn worker derives the same key), with one warning. The derivation is
 purpose-bound, so a session signature is never a valid share-link signature or vice versa.
 
-Headers (:func:`apply_security_headers`, installed as an ``after_request`` by
-:func:`init_app` for every response): ``X-Content-Type-Options``, ``Referrer-Policy`` and a
-Content-Security-Policy (:func:`content_security_policy`). Paths under ``/embed/`` get
-``frame-ancestors 'self' <MODALSCOPE_EMBED_ORIGINS>`` and no ``X-Frame-Options``; every other
-response ``X-Frame-Options: DENY`` and ``frame-ancestors 'self'``. A view may set its own
-``Content-Security-Policy`` (say, with the hash of an inline script it writes); the hook keeps
-its directives and only forces ``frame-ancestors``. Embed views need not set any header.
-With the token set, every gated response is also ``Cache-Control: private`` (a view's
-``public`` becomes ``private``; its ``max-age`` and ``ETag`` stay).
+The pure decisions (open paths, safe redirects, bearer and proxy checks, the session key)
+are in :mod:`.auth_rules`; the headers every response gets, :mod:`.security_headers`
+(installed by :func:`init_app`). Both are re-exported here.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import hmac
 import logging
 import re
@@ -52,232 +44,28 @@ import secrets
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable, Iterable
-from urllib.parse import quote, urlsplit
+from typing import Callable
+from urllib.parse import quote
 
 from flask import Flask, Request, Response, g, has_request_context, jsonify, redirect, render_template_string, request, session
 from flask.sessions import SecureCookieSessionInterface
 
 from ..settings import Settings
-from . import signing
+from .auth_rules import (  # noqa: F401 - re-exported: this module is the gate's public face
+    API_PREFIXES, DASH_XHR_PREFIXES, LOGIN_PATH, LOGOUT_PATH, MAX_NEXT_LEN, PUBLIC_PATHS, PUBLIC_PREFIXES,
+    bearer_matches, is_signed_panel_request, panel_of_path, printable, request_is_https, route_kind, safe_next,
+    same_origin_post, session_key, token_fingerprint)
+from .security_headers import (  # noqa: F401 - re-exported, as above
+    _make_private, apply_security_headers, content_security_policy, embed_headers, frame_ancestors, script_hashes,
+    with_frame_ancestors)
 
 log = logging.getLogger(__name__)
 
 SESSION_LIFETIME = timedelta(hours=12)
 SESSION_COOKIE = "modalscope_session"
-LOGIN_PATH = "/login"
-LOGOUT_PATH = "/logout"
-MAX_NEXT_LEN = 4096
-
-# Always open: the health check (load balancers), static files (Dash's, and plotly.js and
-# the script of the embeds, which a signed embed loads without a session: no data in any of
-# them) and the login form itself.
-PUBLIC_PATHS = frozenset({"/api/v1/health", "/_favicon.ico", LOGIN_PATH, LOGOUT_PATH})
-PUBLIC_PREFIXES = ("/assets/", "/_dash-component-suites/", "/embed-assets/")
-# Machine routes: a refusal is a 401 JSON error, never a redirect to a form.
-API_PREFIXES = ("/api/", "/render/")
-DASH_XHR_PREFIXES = ("/_dash-", "/_reload-hash")
-
-_EMBED_PATH = re.compile(r"^/embed/([a-z0-9][a-z0-9-]{0,63})$")
-_RENDER_PATH = re.compile(r"^/render/([a-z0-9][a-z0-9-]{0,63})\.(?:png|svg)$")
-_SESSION_PURPOSE = b"modalscope/session/v1"
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SID = re.compile(r"^[0-9a-f]{32}$")
 # The sign-in form is a token and a path: nothing bigger is read (a 413 before reading).
 MAX_LOGIN_BYTES = 16 * 1024
-
-
-# -- pure pieces -------------------------------------------------------------------------
-def route_kind(path: str) -> str:
-    """``public``, ``api`` (JSON 401), ``dash`` (Dash XHR: JSON 401) or ``page`` (redirect to
-    the login form). Only decides what a refusal looks like: every non-public path is gated."""
-    if path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
-        return "public"
-    if path.startswith(API_PREFIXES):
-        return "api"
-    if path.startswith(DASH_XHR_PREFIXES):
-        return "dash"
-    return "page"
-
-
-def panel_of_path(path: str) -> str | None:
-    """The panel an ``/embed/<panel>`` or ``/render/<panel>.png|svg`` path addresses."""
-    m = _EMBED_PATH.match(path) or _RENDER_PATH.match(path)
-    return m.group(1) if m else None
-
-
-def is_signed_panel_request(req: Request, settings: Settings, now: float | None = None) -> str | None:
-    """The panel this request may read through its signed link, or None.
-
-    True only for a GET/HEAD of ``/embed/<panel>`` or ``/render/<panel>.png|svg`` whose query
-    verifies (``signing.verify``) for exactly that panel with ``MODALSCOPE_SECRET_KEY``.
-    The embed code can rely on it: a non-None answer names the one panel the link opens.
-    """
-    if req.method not in ("GET", "HEAD"):
-        return None
-    panel = panel_of_path(req.path)
-    if panel is None or not settings.secret_key:
-        return None
-    return panel if signing.verify(settings.secret_key, panel, req.args, now=now) else None
-
-
-def safe_next(value: str | None, default: str = "/") -> str:
-    """A local path to go to after sign-in, or ``default``.
-
-    Only ``/path?query`` on this site: no scheme or host (``https://evil``), no
-    protocol-relative ``//evil``, no backslash (browsers read ``/\\evil`` as ``//evil``), no
-    control characters (browsers drop tabs and newlines, so ``/\\t/evil`` would become
-    ``//evil``), and never the login or logout page itself.
-    """
-    if not value or len(value) > MAX_NEXT_LEN:
-        return default
-    if not value.startswith("/") or value.startswith("//") or "\\" in value or _CONTROL.search(value):
-        return default
-    parts = urlsplit(value)
-    if parts.scheme or parts.netloc:
-        return default
-    if parts.path in (LOGIN_PATH, LOGOUT_PATH):
-        return default
-    return value
-
-
-def bearer_matches(header: str | None, token: str) -> bool:
-    """``Authorization: Bearer <token>`` (scheme case-insensitive), compared in constant time."""
-    if not token:
-        return False
-    scheme, _, given = (header or "").strip().partition(" ")
-    # WSGI headers are latin-1 decoded text: encode back to the bytes the client sent.
-    ok = hmac.compare_digest(given.strip().encode("latin-1", "replace"), token.encode("utf-8"))
-    return ok and scheme.lower() == "bearer"
-
-
-def session_key(settings: Settings) -> str:
-    """The key that signs session cookies: from MODALSCOPE_SECRET_KEY, else from the auth
-    token (the same in every worker). Purpose-bound, unlike the share-link key."""
-    base = settings.secret_key or settings.auth_token
-    return hmac.new(base.encode("utf-8"), _SESSION_PURPOSE, hashlib.sha256).hexdigest()
-
-
-def token_fingerprint(settings: Settings) -> str:
-    """Ties a session to the auth token it was issued for: rotating the token signs
-    everyone out. Keyed, so the (readable) cookie gives no offline test of a guessed token
-    beyond what its signature gives."""
-    return hmac.new(session_key(settings).encode(), settings.auth_token.encode("utf-8"),
-                    hashlib.sha256).hexdigest()[:24]
-
-
-def request_is_https(req: Request) -> bool:
-    """https, directly or as a TLS-terminating proxy reports it.
-
-    ``X-Forwarded-Proto`` is honoured only towards *https*: it can make the cookie
-    ``Secure`` (stricter: a spoofed header only denies the spoofer their own cookie over
-    plain http), never take ``Secure`` away.
-    """
-    forwarded = req.headers.get("X-Forwarded-Proto", "").split(",")[0].strip().lower()
-    return req.is_secure or forwarded == "https"
-
-
-def same_origin_post(req: Request) -> bool:
-    """Login CSRF check: an ``Origin`` (else ``Referer``) header, when the browser sends one,
-    must name this site (its ``Host``, or the ``X-Forwarded-Host`` a proxy set: a cross-site
-    page cannot set either on the victim's request). Neither header: allowed (SameSite=Lax
-    and the form still need the token)."""
-    hosts = {req.host.lower()}
-    hosts |= {h.strip().lower() for h in req.headers.get("X-Forwarded-Host", "").split(",") if h.strip()}
-    origin = req.headers.get("Origin")
-    if origin is not None:
-        return origin != "null" and urlsplit(origin).netloc.lower() in hosts
-    referer = req.headers.get("Referer")
-    if referer:
-        return urlsplit(referer).netloc.lower() in hosts
-    return True
-
-
-def printable(value: str, limit: int = 200) -> str:
-    """Proxy identities are untrusted text: no control characters in logs, bounded length."""
-    cleaned = _CONTROL.sub("?", value).strip()
-    return cleaned if len(cleaned) <= limit else cleaned[: limit - 1] + "…"
-
-
-# -- Content-Security-Policy --------------------------------------------------------------
-def script_hashes(scripts: Iterable[str]) -> list[str]:
-    """CSP source expressions (``'sha256-…'``) for inline scripts, as the browser hashes them."""
-    return [f"'sha256-{base64.b64encode(hashlib.sha256(s.encode('utf-8')).digest()).decode()}'" for s in scripts]
-
-
-def frame_ancestors(settings: Settings, embed: bool) -> str:
-    return " ".join(["'self'", *settings.embed_origins]) if embed else "'self'"
-
-
-def content_security_policy(settings: Settings, *, hashes: Iterable[str] = (), embed: bool = False) -> str:
-    """The policy for pages: nothing loads from anywhere but this site, and no span text can
-    turn into script.
-
-    * ``script-src 'self'`` plus the hashes of Dash's inline scripts (``new DashRenderer(...)``
-      and its clientside callbacks): no ``'unsafe-inline'``. No ``'unsafe-eval'`` either: the
-      Dash renderer and plotly.js run without it for every trace type the app draws (the
-      WebGL ones compile shaders with ``new Function``; the app draws none), which the
-      headless-browser tests check by failing on any console error.
-    * ``style-src 'unsafe-inline'``: plotly.js and React write ``<style>`` and style
-      attributes at run time (styles cannot run script).
-    * ``img-src data:``: plotly's modebar and Dash's loading spinners use data: images.
-    """
-    directives = [
-        ("default-src", "'self'"),
-        ("script-src", " ".join(["'self'", *hashes])),
-        ("style-src", "'self' 'unsafe-inline'"),
-        ("img-src", "'self' data:"),
-        ("font-src", "'self' data:"),
-        ("connect-src", "'self'"),
-        ("object-src", "'none'"),
-        ("base-uri", "'self'"),
-        ("form-action", "'self'"),
-        ("frame-ancestors", frame_ancestors(settings, embed)),
-    ]
-    return "; ".join(f"{name} {value}" for name, value in directives)
-
-
-def with_frame_ancestors(policy: str, ancestors: str) -> str:
-    """``policy`` with its ``frame-ancestors`` directive replaced (or added)."""
-    kept = [d.strip() for d in policy.split(";") if d.strip() and d.split()[0].lower() != "frame-ancestors"]
-    return "; ".join([*kept, f"frame-ancestors {ancestors}"])
-
-
-def apply_security_headers(resp: Response, path: str, settings: Settings, hashes: Iterable[str] = (),
-                           auth_on: bool = False) -> Response:
-    """Every response's security headers (see the module docstring). ``/embed/*`` may be
-    framed by ``MODALSCOPE_EMBED_ORIGINS``; nothing else may be framed by another site."""
-    embed = path.startswith("/embed/")
-    ancestors = frame_ancestors(settings, embed)
-    own = resp.headers.get("Content-Security-Policy")
-    resp.headers["Content-Security-Policy"] = (with_frame_ancestors(own, ancestors) if own
-                                               else content_security_policy(settings, hashes=hashes, embed=embed))
-    if embed:
-        resp.headers.pop("X-Frame-Options", None)
-    else:
-        resp.headers["X-Frame-Options"] = "DENY"
-    resp.headers["X-Content-Type-Options"] = "nosniff"
-    resp.headers.setdefault("Referrer-Policy", "same-origin")
-    if auth_on and route_kind(path) != "public":
-        _make_private(resp)
-    return resp
-
-
-def embed_headers(resp: Response, settings: Settings) -> Response:
-    """The embed headers on ``resp`` (what the after_request hook already does for every
-    ``/embed/*`` path; for a view outside ``/embed/`` that wants to be framable)."""
-    return apply_security_headers(resp, "/embed/", settings)
-
-
-def _make_private(resp: Response) -> None:
-    """What needed credentials must not sit in a shared cache: ``public`` becomes
-    ``private``, and ``private`` is added unless the response is ``no-store``. A view's
-    ``max-age`` and ``ETag`` stay."""
-    parts = [p.strip() for p in resp.headers.get("Cache-Control", "").split(",") if p.strip()]
-    parts = [p for p in parts if p.lower() != "public"]
-    if not any(p.lower() in ("private", "no-store") for p in parts):
-        parts.insert(0, "private")
-    resp.headers["Cache-Control"] = ", ".join(parts)
 
 
 # -- who is asking -----------------------------------------------------------------------

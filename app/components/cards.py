@@ -1,0 +1,208 @@
+"""Findings and incidents as the Overview and Anomalies pages list them: titles, measures,
+links to the pages that explain them, and incident cards."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from dash import dcc, html
+
+from .. import links
+from .. import state as st
+from ..units import fmt_ms
+from .layout import empty_state, reader
+
+
+# -- findings ----------------------------------------------------------------
+SEVERITY_ORDER = ("critical", "warning", "info")
+
+
+def thresholds():
+    """The detectors' thresholds (environment), read once per app like ``/api/v1/anomalies``."""
+    from flask import current_app
+
+    from ..detectors import Thresholds
+
+    return Thresholds.kept_in(current_app.extensions["modalscope"])
+
+
+def find_findings(res, state: Mapping[str, Any]):
+    """The same findings ``/api/v1/anomalies`` returns, most severe first, as an
+    ``evaluations.Evaluation`` (a window ending now may be answered by the worker's
+    evaluation of up to 90 s ago; ``evaluation_note`` says so)."""
+    from .. import evaluations
+
+    return evaluations.find_for(reader(), res.window, res.filters, thresholds(),
+                                relative=evaluations.ends_now(state))
+
+
+def evaluation_note(ev) -> str:
+    """Plain text: which window the findings cover and when they were evaluated."""
+    from ..params import rfc3339
+
+    def hm(ns: int) -> str:
+        return rfc3339(ns)[11:19]
+
+    when = f"evaluated at {hm(ev.evaluated_ns)} UTC" + (" (a stored evaluation)" if ev.stored else "")
+    return (f"{when} over {rfc3339(ev.start_ns)[:16].replace('T', ' ')} → "
+            f"{rfc3339(ev.end_ns)[:16].replace('T', ' ')} UTC")
+
+
+def subject_text(subject: Mapping[str, Any]) -> str:
+    """A finding's subject as plain text (values are span data: shown, never interpreted)."""
+    from ..panels import subject_text as text  # one definition, shared with the embeds
+
+    return text(subject)
+
+
+def evidence_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False)[:200]
+    return str(value)
+
+
+def finding_links(f: Mapping[str, Any], state: Mapping[str, str], n_traces: int = 5) -> list:
+    """Drilldown, Compare (and Cache) for the finding's subject and window, and its exemplar traces."""
+    out = [dcc.Link("drilldown", href=links.finding_drill_href(f), className="ms-finding-link"),
+           dcc.Link("compare", href=links.finding_compare_href(f), className="ms-finding-link")]
+    cache_href = links.finding_cache_href(f)
+    if cache_href:
+        out.append(dcc.Link("cache", href=cache_href, className="ms-finding-link"))
+    window = links.finding_window(f)
+    traces = []
+    for tid in (f.get("exemplar_trace_ids") or [])[:n_traces]:
+        href = links.trace_href(tid, window or state)
+        if href:
+            traces.append(dcc.Link(str(tid)[:12] + "…", href=href, className="ms-mono ms-trace-link", title=str(tid)))
+    if traces:
+        out.append(html.Span("traces:", className="ms-note"))
+        out.extend(traces)
+    return out
+
+
+def finding_title(f: Mapping[str, Any]) -> list:
+    sev = str(f.get("severity", "info"))
+    return [html.Span(sev, className=f"ms-severity ms-severity-{sev}"), " ",
+            html.Strong(str(f.get("kind", ""))), " — ", html.Span(subject_text(f.get("subject") or {}))]
+
+
+def top_findings(found: list[dict], state: Mapping[str, str], n: int = 3) -> html.Div:
+    """The overview's panel: the ``n`` most severe findings with their links, findings that
+    name a mechanism (the likely causes) before symptoms, most severe first within each."""
+    from ..incidents import is_cause
+
+    if not found:
+        return empty_state("No findings in this window.",
+                           "The anomaly catalog (band breaks, hot spots, cache penetration, regressions …) "
+                           "found nothing that needs attention.")
+    items = []
+    for f in sorted(found, key=lambda f: not is_cause(f))[:n]:
+        items.append(html.Li(className="ms-finding", children=[
+            html.Div(finding_title(f), className="ms-finding-title"),
+            html.Div(span_text(f.get("start"), f.get("end")), className="ms-note"),
+            html.Div(finding_links(f, state, n_traces=2), className="ms-finding-links"),
+        ]))
+    more = dcc.Link(f"all {len(found)} findings →", href=st.to_href("/anomalies", st.carried(state)),
+                    id="overview-all-findings")
+    return html.Div([html.Ul(items, className="ms-finding-list", id="overview-findings-list"), more])
+
+
+# -- incidents -----------------------------------------------------------------
+# (observed, baseline, how to show them): the first pair a finding's evidence holds is its
+# measure, e.g. "P99 11.4 s vs 2.79 s".
+MEASURES = (
+    ("p99_ms", "baseline_p99_ms", "P99", "ms"),
+    ("p95_ms", "baseline_p95_ms", "P95", "ms"),
+    ("first_median_ms", "steady_median_ms", "first requests' median", "ms"),
+    ("median_spread_ms", "baseline_spread_ms", "median sync wait", "ms"),
+    ("share", "baseline_share", "share of time", "pct"),
+    ("hit_rate", "baseline_hit_rate", "hit rate", "pct"),
+    ("batch_one_share", "baseline_batch_one_share", "batches of one", "pct"),
+    ("fallback_share", "baseline_fallback_share", "CUDA graph fallbacks", "pct"),
+)
+
+
+def kind_text(kind: Any) -> str:
+    """A finding kind as words: ``cold_start`` → "cold start"."""
+    return str(kind or "").replace("_", " ")
+
+
+def finding_measure(f: Mapping[str, Any]) -> str:
+    """The finding's headline number against its baseline, in human units ('' when none)."""
+    from ..units import fmt_pct
+
+    ev = f.get("evidence") if isinstance(f.get("evidence"), Mapping) else {}
+    if isinstance(ev.get("max_duration_ms"), (int, float)) and isinstance(ev.get("ceiling_s"), (int, float)):
+        from ..units import evidence_measure  # "longest 29.97 s vs ceiling 30 s": just under it
+
+        return evidence_measure({k: ev[k] for k in ("max_duration_ms", "ceiling_s")})
+    for obs, base, label, unit in MEASURES:
+        o, b = ev.get(obs), ev.get(base)
+        if isinstance(o, (int, float)) and not isinstance(o, bool):
+            fmt = fmt_ms if unit == "ms" else fmt_pct
+            vs = f" vs {fmt(b)}" if isinstance(b, (int, float)) and not isinstance(b, bool) else ""
+            return f"{label} {fmt(o)}{vs}"
+    return ""
+
+
+def incident_headline(i: Mapping[str, Any]) -> list:
+    """Severity badge, the headline finding's kind and subject, and its measure."""
+    head = i.get("headline") if isinstance(i.get("headline"), Mapping) else {}
+    sev = str(i.get("severity", "info"))
+    measure = finding_measure(head)
+    return [html.Span(sev, className=f"ms-severity ms-severity-{sev}"), " ",
+            html.Strong(kind_text(head.get("kind"))), " — ", html.Span(subject_text(head.get("subject") or {})),
+            *([html.Span(f" · {measure}", className="ms-incident-measure")] if measure else [])]
+
+
+def span_text(start: Any, end: Any) -> str:
+    """An incident's span as "2025-11-30 10:30 → 10:35 UTC" (the date once when it is one day)."""
+    s, e = str(start or ""), str(end or "")
+    if len(s) < 16 or len(e) < 16:
+        return f"{s} → {e}"
+    e_short = e[11:16] if s[:10] == e[:10] else e[:16].replace("T", " ")
+    return f"{s[:16].replace('T', ' ')} → {e_short} UTC"
+
+
+def incident_cause(i: Mapping[str, Any]) -> html.Div:
+    """"Cause: <headline kind>" when a mechanism was found, else Compare's suspects."""
+    if i.get("cause_known"):
+        head = i.get("headline") or {}
+        return html.Div(["Likely cause: ", html.Strong(kind_text(head.get("kind"))), " on ",
+                         subject_text(head.get("subject") or {})], className="ms-incident-cause")
+    parts = []
+    for s in i.get("suspects") or []:
+        if "stage" in s:
+            parts.append(f"stage {s['stage']} ({fmt_pct_safe(s.get('added_share'))} of the added time)")
+        else:
+            parts.append(f"{s.get('key')}={s.get('value')} (×{float(s.get('lift') or 0):.2g})")
+    text = "; ".join(str(p) for p in parts[:3]) or "none found"
+    return html.Div(["Cause unknown — suspects: ", text], className="ms-incident-cause")
+
+
+def fmt_pct_safe(v: Any) -> str:
+    from ..units import fmt_pct
+
+    return fmt_pct(float(v), 0) if isinstance(v, (int, float)) and not isinstance(v, bool) else "—"
+
+
+def incident_card(i: Mapping[str, Any], href: str) -> html.Li:
+    """The overview's card of one incident: badge, headline, span, "+N related findings",
+    cause or suspects, and ``href`` (the incident on the Anomalies page)."""
+    related = max(len(i.get("findings") or []) - 1, 0)
+    sev = str(i.get("severity", "info"))
+    return html.Li(className=f"ms-finding ms-incident ms-finding-{sev}", id=f"overview-incident-{i.get('id', '')}",
+                   children=[
+        html.Div(incident_headline(i), className="ms-finding-title"),
+        html.Div([span_text(i.get("start"), i.get("end")),
+                  f" · +{related} related finding{'' if related == 1 else 's'}" if related else ""],
+                 className="ms-note"),
+        incident_cause(i),
+        html.Div(dcc.Link("open incident →", href=href, className="ms-finding-link ms-incident-link"),
+                 className="ms-finding-links"),
+    ])

@@ -6,7 +6,7 @@ non-executing ``<script type="application/json">`` element, drawn by plotly.js a
 script served from here, has no Dash renderer, no callbacks and no session: a signed link
 (``app/signing.py``) is the only credential it needs, it loads fast in an iframe, and its
 Content-Security-Policy can be the strictest one (``script-src 'self'``, no inline script,
-no hashes). The figure and table come from ``app/panels.py``, which calls the same query and
+no hashes). The figure and table come from ``app/panels/``, which calls the same query and
 figure functions as the pages, so an embed shows what its page shows.
 
 Addresses (all taking the panel's data parameters, :data:`panels.PANELS`):

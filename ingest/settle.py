@@ -319,8 +319,9 @@ def settle_batch(conn: Connection, trace_ids: Sequence[str] | None, *, due_befor
     rows = conn.execute(_claim_query(trace_ids, due_before_ns, limit, supports_skip_locked(conn))).all()
     if not rows:
         return NOTHING
-    taken = set(within_budget(conn, [r[0] for r in rows]))
-    claimed = {r[0]: r[2] for r in rows if r[0] in taken}  # (the rest stays pending)
+    # (past the budget the rest stays pending; named traces are all taken: the caller sized them)
+    taken = set(within_budget(conn, [r[0] for r in rows]) if trace_ids is None else [r[0] for r in rows])
+    claimed = {r[0]: r[2] for r in rows if r[0] in taken}
     data = load_trace_rows(conn, list(claimed))
     summary = _summarize(data, load_link_targets(conn, data))
     return _apply_summary(conn, summary, claimed, now_ns, registry)._replace(claimed=len(rows), spans=len(data))
@@ -340,7 +341,8 @@ def settle_batch_optimistic(engine: Engine, trace_ids: Sequence[str] | None, *, 
             rows = conn.execute(_claim_query(trace_ids, due_before_ns, limit, False)).all()
             if not rows:
                 return NOTHING
-            taken = set(within_budget(conn, [r[0] for r in rows]))
+            ids = [r[0] for r in rows]
+            taken = set(within_budget(conn, ids) if trace_ids is None else ids)
             seen = {r[0]: r[1] for r in rows if r[0] in taken}
             data = load_trace_rows(conn, list(seen))
             linked = load_link_targets(conn, data)

@@ -49,3 +49,12 @@ def test_a_pass_cut_short_says_more_is_due(engine):
     assert first.settled < len(traces) and first.more
     rest = settle_pass(engine, force=True)
     assert first.settled + rest.settled == len(traces) and not rest.more
+
+
+def test_named_traces_all_settle_whatever_their_size(engine):
+    """An importer settles the traces it wrote by id: each is settled, none left pending."""
+    base = (time.time_ns() // MIN - 20) * MIN
+    traces = [_trace(i, BATCH_SPANS // 2 + 10, base + i * MS) for i in range(3)]
+    write_spans(engine, [s for t in traces for s in t])
+    assert settle(engine, trace_ids=[t[0].trace_id for t in traces], force=True) == len(traces)
+    assert settle_pass(engine, force=True).settled == 0  # nothing left pending

@@ -25,7 +25,9 @@ of ``--spans-per-request`` spans: 16-span traces, 5 attributes a span, 3 service
 ``--transport import`` means both import formats, ``all`` everything. For each: spans/s
 acknowledged (last answer received) and settled (no trace pending: rollups complete), both
 against the bare loop, and peak RSS (``VmHWM`` from /proc of the receiver and of its settler
-child, read just before stopping; for an import, ``ru_maxrss`` of the process). ``--repeat N``
+child, read just before stopping; for an import, ``ru_maxrss`` of the process), and the tree's
+peak: the receiver and all its descendants together, sampled every 50 ms while the run lasts
+(``ingest_procs.TreeSampler``: a helper process that has exited counts too). ``--repeat N``
 prints every run and then the median of each column. ``--json FILE`` writes it all.
 
 PostgreSQL: ``--database-url`` names the server (any database in it is ignored); each run
@@ -38,20 +40,17 @@ import argparse
 import base64
 import os
 import random
-import re
 import shutil
 import sqlite3
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib as bl  # noqa: E402
+from ingest_procs import GrpcSender, HttpSender, Stores, import_run, receiver_run, send_all  # noqa: E402,F401
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue  # noqa: E402
@@ -225,205 +224,6 @@ def bare_loop_postgres(payloads: list[bytes], url: str) -> tuple[int, float]:
     return n, elapsed
 
 
-# -- clients ---------------------------------------------------------------------------------
-class HttpSender:
-    """POSTs payloads to ``/v1/traces``, one ``requests.Session`` a thread; retries 429/503."""
-
-    def __init__(self, url: str) -> None:
-        import requests
-
-        self.url = url
-        self._requests = requests
-        self._local = threading.local()
-        self.retries = 0
-        self._lock = threading.Lock()
-
-    def send(self, data: bytes) -> None:
-        session = getattr(self._local, "s", None)
-        if session is None:
-            session = self._local.s = self._requests.Session()
-        while True:
-            r = session.post(self.url, data=data, headers={"Content-Type": "application/x-protobuf"}, timeout=300)
-            if r.status_code == 200:
-                return
-            if r.status_code in (429, 503):
-                with self._lock:
-                    self.retries += 1
-                time.sleep(float(r.headers.get("Retry-After", "1")))
-                continue
-            raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
-
-    def close(self) -> None:
-        pass
-
-
-class GrpcSender:
-    """``TraceService/Export`` through opentelemetry-proto's ``TraceServiceStub``, one channel
-    a thread, each with its own connection (as separate exporters have: grpc would otherwise
-    share one connection among a process's channels to the same target); retries
-    UNAVAILABLE after the RetryInfo delay."""
-
-    def __init__(self, target: str) -> None:
-        self.target = target
-        self._local = threading.local()
-        self._channels: list = []
-        self._lock = threading.Lock()
-        self.retries = 0
-
-    def _stub(self):
-        stub = getattr(self._local, "stub", None)
-        if stub is None:
-            import grpc
-            from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
-
-            channel = grpc.insecure_channel(self.target, options=[("grpc.max_send_message_length", -1),
-                                                                  ("grpc.max_receive_message_length", -1),
-                                                                  ("grpc.use_local_subchannel_pool", 1)])
-            with self._lock:
-                self._channels.append(channel)
-            stub = self._local.stub = TraceServiceStub(channel)
-        return stub
-
-    def send(self, data: bytes) -> None:
-        import grpc
-        from google.rpc import error_details_pb2
-
-        stub = self._stub()
-        request = ExportTraceServiceRequest.FromString(data)  # what an exporter holds: a message
-        while True:
-            try:
-                stub.Export(request, timeout=300)
-                return
-            except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise RuntimeError(f"gRPC {exc.code().name}: {exc.details()}") from None
-                delay = 1.0
-                for key, value in exc.trailing_metadata() or ():
-                    if key == "google.rpc.retryinfo-bin":
-                        info = error_details_pb2.RetryInfo.FromString(value)
-                        delay = info.retry_delay.seconds + info.retry_delay.nanos / 1e9
-                with self._lock:
-                    self.retries += 1
-                time.sleep(max(delay, 0.05))
-
-    def close(self) -> None:
-        for c in self._channels:
-            c.close()
-
-
-def send_all(send, payloads: list[bytes], clients: int) -> None:
-    """``send`` every payload from ``clients`` threads; on an error or Ctrl-C the requests not
-    yet started are cancelled (the ones in flight finish or fail with the receiver)."""
-    pool = ThreadPoolExecutor(clients)
-    try:
-        for f in [pool.submit(send, p) for p in payloads]:
-            f.result()
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
-
-
-# -- one transport run -----------------------------------------------------------------------
-def _receiver_run(transport: str, payloads: list[bytes], url: str, args) -> dict:
-    from modalscope.models.schema import ensure_schema
-
-    ensure_schema(url)  # created before the receiver starts: not part of the timing
-    with bl.Receiver(url, settle_seconds=args.settle_seconds, pyspy=args.pyspy, processes=args.processes) as rx:
-        sender = HttpSender(rx.http_url) if transport == "http" else GrpcSender(rx.grpc_target)
-        try:
-            t0 = time.perf_counter()
-            send_all(sender.send, payloads, args.clients)
-            acked = time.perf_counter() - t0
-        finally:
-            sender.close()
-        settled = None if args.ack_only else bl.wait_settled(url) - t0
-        rss = rx.peak_rss()
-    stored = bl.count_rows(url, "SELECT count(*) FROM spans")
-    return {"acked_s": acked, "settled_s": settled, "stored_spans": stored, "retries": sender.retries,
-            "receiver_peak_mb": rss["receiver_mb"], "settler_peak_mb": rss["settler_mb"], "rss_detail": rss}
-
-
-def _import_run(transport: str, payloads: list[bytes], url: str, workdir: str) -> dict:
-    from modalscope.models.schema import ensure_schema
-
-    ensure_schema(url)
-    if transport == "import-pb":
-        files = []
-        for i, p in enumerate(payloads):
-            path = os.path.join(workdir, f"request-{i:05d}.pb")
-            with open(path, "wb") as fh:
-                fh.write(p)
-            files.append(path)
-    else:
-        path = os.path.join(workdir, "requests.jsonl")
-        with open(path, "wb") as fh:
-            for p in payloads:
-                fh.write(otlp_json(p) + b"\n")
-        files = [path]
-    log_path = os.path.join(workdir, f"{transport}.log")
-    env = {**os.environ, "MODALSCOPE_DATABASE_URL": url}
-    with open(log_path, "wb") as out:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "modalscope", "import", *files], env=env,
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=bl.TMP_ROOT)
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        elapsed = time.perf_counter() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    with open(log_path, "rb") as fh:
-        tail = fh.read().decode(errors="replace").strip().splitlines()[-3:]
-    if proc.returncode != 0:
-        raise RuntimeError(f"modalscope import exited {proc.returncode}: {' | '.join(tail)}")
-    for f in files:
-        os.remove(f)
-    stored = bl.count_rows(url, "SELECT count(*) FROM spans")
-    # "acknowledged" for an import: its spans all committed (its summary says when, settling
-    # still to finish); "settled": the import's exit, which waits for settling.
-    m = re.search(r"written in ([0-9.]+) s, settled in ([0-9.]+) s", tail[-1] if tail else "")
-    acked = elapsed - (float(m.group(2)) - float(m.group(1))) if m else elapsed
-    return {"acked_s": acked, "settled_s": elapsed, "stored_spans": stored, "retries": 0,
-            "receiver_peak_mb": round(usage.ru_maxrss / 1024, 1), "settler_peak_mb": None,
-            "import_summary": tail[-1] if tail else ""}
-
-
-class Stores:
-    """Fresh stores for one run: SQLite files in a temporary directory, or throw-away
-    PostgreSQL databases (dropped by ``close``)."""
-
-    def __init__(self, workdir: str, server_url: str | None) -> None:
-        self.workdir = workdir
-        self.server_url = server_url
-        self._dbs: list[str] = []
-
-    def new(self, label: str) -> str:
-        if self.server_url is None:
-            path = os.path.join(self.workdir, f"{label}-{len(self._dbs)}.db")
-            self._dbs.append(path)
-            return f"sqlite:///{path}"
-        name = bl.unique_db_name("msbench")
-        bl.create_database(self.server_url, name)
-        self._dbs.append(name)
-        return bl.libpq_url(self.server_url, name).replace("postgresql://", "postgresql+psycopg://", 1)
-
-    def close(self) -> None:
-        for db in self._dbs:
-            if self.server_url is None:
-                for suffix in ("", "-wal", "-shm"):
-                    if os.path.exists(db + suffix):
-                        os.remove(db + suffix)
-            else:
-                try:
-                    bl.drop_database(self.server_url, db)
-                except Exception as exc:  # noqa: BLE001
-                    bl.log(f"could not drop database {db}: {exc}")
-        self._dbs.clear()
-
-
 def one_run(run: int, transports: list[str], payloads: list[bytes], total: int, args, workdir: str) -> list[dict]:
     stores = Stores(workdir, args.database_url)
     rows = []
@@ -438,9 +238,9 @@ def one_run(run: int, transports: list[str], payloads: list[bytes], total: int, 
         for transport in transports:
             url = stores.new(transport)
             if transport.startswith("import"):
-                res = _import_run(transport, payloads, url, workdir)
+                res = import_run(transport, payloads, url, workdir, otlp_json)
             else:
-                res = _receiver_run(transport, payloads, url, args)
+                res = receiver_run(transport, payloads, url, args)
             stores.close()
             if res["stored_spans"] != total:
                 raise RuntimeError(f"{transport}: {res['stored_spans']} spans stored, {total} sent")
@@ -459,7 +259,7 @@ def one_run(run: int, transports: list[str], payloads: list[bytes], total: int, 
 
 
 HEADERS = ("run", "transport", "bare spans/s", "acknowledged spans/s", "× bare", "settled spans/s", "× bare",
-           "ingest process peak MB", "settler peak MB", "retries")
+           "ingest process peak MB", "settler peak MB", "tree peak MB", "retries")
 
 
 def _cells(row: dict) -> list:
@@ -467,7 +267,8 @@ def _cells(row: dict) -> list:
             f"{row['acked_vs_bare']:.2f}×" if row["acked_vs_bare"] is not None else "—",
             bl.fmt_int(row["settled_spans_per_s"]),
             f"{row['settled_vs_bare']:.2f}×" if row["settled_vs_bare"] is not None else "—",
-            bl.fmt_int(row["receiver_peak_mb"]), bl.fmt_int(row["settler_peak_mb"]), bl.fmt_int(row["retries"])]
+            bl.fmt_int(row["receiver_peak_mb"]), bl.fmt_int(row["settler_peak_mb"]), bl.fmt_int(row.get("tree_peak_mb")),
+            bl.fmt_int(row["retries"])]
 
 
 def _table_line(row: dict) -> str:
@@ -477,7 +278,7 @@ def _table_line(row: dict) -> str:
 def medians(rows: list[dict], transports: list[str]) -> list[dict]:
     out = []
     keys = ("bare_spans_per_s", "acked_spans_per_s", "acked_vs_bare", "settled_spans_per_s", "settled_vs_bare",
-            "receiver_peak_mb", "settler_peak_mb", "retries")
+            "receiver_peak_mb", "settler_peak_mb", "tree_peak_mb", "retries")
     for t in transports:
         mine = [r for r in rows if r["transport"] == t]
         if mine:

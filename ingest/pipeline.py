@@ -7,7 +7,6 @@ from concurrent.futures import Future
 
 from sqlalchemy import Engine
 
-from ..models.packs import EVERY_S as PACK_EVERY_S
 from ..settings import Settings
 from .inflight import InflightBytes
 from .otlp import set_value_limits
@@ -61,7 +60,7 @@ class IngestPipeline:
                                   max_queue_bytes=settings.max_queue_bytes, lag=lag)
         set_value_limits(settings.max_value_bytes, settings.max_value_items)
         self.inflight = InflightBytes(max(INFLIGHT_BYTES, BODY_WEIGHT * settings.max_request_bytes))
-        jobs = SettlerJobs(retention=RetentionPolicy.from_settings(settings), pack_every_s=PACK_EVERY_S,
+        jobs = SettlerJobs(retention=RetentionPolicy.from_settings(settings), pack_every_s=None,
                            evaluations=evaluations)
         if settle == "process":
             self.settler = SettlerProcess(settings.database_url, settings.settle_seconds, interval=settle_interval,

@@ -383,6 +383,7 @@ class BatchSizer:
 class SettlePass(NamedTuple):
     settled: int  # traces settled
     more: bool  # stopped at ``max_batches`` with more due
+    full: bool = False  # a batch took as many traces as it could: a backlog, not a trickle
 
 
 def settle(engine: Engine, *, settle_seconds: float = 5.0, trace_ids: Sequence[str] | None = None,
@@ -408,6 +409,7 @@ def settle_pass(engine: Engine, *, settle_seconds: float = 5.0, trace_ids: Seque
     sizer = sizer or BatchSizer()
     total = 0
     batches = 0
+    full = False
     ids = list(trace_ids) if trace_ids is not None else None
     while True:
         now = time.time_ns() if now_ns is None else now_ns
@@ -444,9 +446,10 @@ def settle_pass(engine: Engine, *, settle_seconds: float = 5.0, trace_ids: Seque
             progress(batch.settled)
         # With force, also the traces the batch re-opened or left pending for a producer
         # that arrived meanwhile.
+        full = full or batch.claimed == size
         more = batch.claimed == size or (force and (batch.reopened or batch.settled < batch.claimed))
         if chunk is None and not more:
             break
         if max_batches is not None and batches >= max_batches:
-            return SettlePass(total, bool(ids) if chunk is not None else more)
-    return SettlePass(total, False)
+            return SettlePass(total, bool(ids) if chunk is not None else more, full)
+    return SettlePass(total, False, full)

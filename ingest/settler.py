@@ -5,29 +5,33 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from sqlalchemy import Engine
-
-from .settle import BatchSizer, settle, settle_pass
 
 __all__ = ["Settler", "SettlerJobs", "SettlerProcess", "final_settle", "settle_loop"]
 
 log = logging.getLogger(__name__)
 
 PASS_BATCHES = 20  # settle batches between two turns of the periodic jobs
+#: Seconds an evaluation ahead of requests waits while the settler works off a backlog: an
+#: evaluation a minute then comes at most this late, within the 90 s a stored one answers for.
+EVALUATION_WAIT_S = 15.0
 
 
 @dataclass(frozen=True)
 class SettlerJobs:
     """The periodic work a settler does between passes: retention (a
     ``retention.RetentionPolicy``, every 10 minutes), packing closed hours of rollups every
-    ``pack_every_s`` (0 never), and ``evaluations``, a picklable ``engine -> schedule`` whose
-    ``maybe_run()`` evaluates the anomaly catalog ahead of requests (None: not here)."""
+    ``pack_every_s`` (0 never; None: ``models.packs.EVERY_S``, looked up where the settler
+    runs, so a receiver whose settler is a process of its own never imports numpy), and
+    ``evaluations``, a picklable ``engine -> schedule`` whose ``maybe_run()`` evaluates the
+    anomaly catalog ahead of requests (None: not here)."""
 
     retention: Any = None
-    pack_every_s: float = 0.0
+    pack_every_s: float | None = 0.0
     evaluations: Callable[[Engine], Any] | None = None
 
 
@@ -37,33 +41,55 @@ def settle_loop(engine: Engine, settle_seconds: float, interval: float, jobs: Se
     long enough, then the jobs that are due, until ``stopping(wait_s)`` (waits up to
     ``wait_s``) says stop; then one last pass over what is due (the rest stays pending,
     durably, for the next settler)."""
-    from ..models.packs import PackSchedule
+    from ..models.packs import EVERY_S, PackSchedule
     from .retention import PruneSchedule
+    from .settle import BatchSizer, settle_pass
 
     pruning = PruneSchedule(engine, jobs.retention)
-    packing = PackSchedule(engine, jobs.pack_every_s)
+    packing = PackSchedule(engine, EVERY_S if jobs.pack_every_s is None else jobs.pack_every_s)
     evaluating = jobs.evaluations(engine) if jobs.evaluations is not None else None
     sizer = BatchSizer()
     wait = interval
-    while not stopping(wait):
-        # A pass stops after PASS_BATCHES so the jobs below get their turn; with more due,
-        # the next pass starts at once.
-        wait = interval
-        try:
-            done = settle_pass(engine, settle_seconds=settle_seconds, max_batches=PASS_BATCHES, sizer=sizer)
-            on_settled(done.settled)
-            if done.more:
-                wait = 0
-        except Exception:  # noqa: BLE001 - keep settling; the next pass retries
-            log.exception("settling failed")
-        pruning.tick(should_stop=lambda: stopping(0))
-        if not stopping(0):
-            packing.maybe_run()
-        if evaluating is not None and not stopping(0):
+    backlog_since = None
+    try:
+        while not stopping(wait):
+            # A pass stops after PASS_BATCHES so the jobs below get their turn; with more due,
+            # the next pass starts at once.
+            wait = interval
+            backlog = False
+            try:
+                done = settle_pass(engine, settle_seconds=settle_seconds, max_batches=PASS_BATCHES, sizer=sizer)
+                on_settled(done.settled)
+                backlog = done.full
+                if done.more:
+                    wait = 0
+            except Exception:  # noqa: BLE001 - keep settling; the next pass retries
+                log.exception("settling failed")
+            pruning.tick(should_stop=lambda: stopping(0))
+            if not stopping(0):
+                packing.maybe_run()
+            if evaluating is None or stopping(0):
+                continue
+            # Catching up with a burst comes first (it is what makes spans queryable); an
+            # evaluation waits for it, at most EVALUATION_WAIT_S, so it still comes in time
+            # for requests to find one fresh.
+            now = time.monotonic()
+            if backlog:
+                backlog_since = now if backlog_since is None else backlog_since
+                if now - backlog_since < EVALUATION_WAIT_S:
+                    continue
+            else:
+                backlog_since = None
             evaluating.maybe_run()
+    finally:
+        close = getattr(evaluating, "close", None)
+        if close is not None:
+            close()
 
 
 def final_settle(engine: Engine, settle_seconds: float) -> int:
+    from .settle import settle
+
     try:
         return settle(engine, settle_seconds=settle_seconds)
     except Exception:  # noqa: BLE001 - what is left settles on the next start

@@ -75,18 +75,40 @@ def wait_for_signal() -> None:
 
 def settler_evaluations(settings):
     """What the settler evaluates between passes (``app.evaluations.settler_evaluations``),
-    as a picklable callable that imports the analysis layer where the settler runs: a
-    receiver process whose settler is a process of its own never loads pandas and the
-    detectors (about 50 MB of its memory)."""
+    as a picklable ``engine -> schedule``: each evaluation runs in a short-lived process of
+    its own (``ingest.helper_process``), so neither a receiver nor its settler keeps the
+    analysis layer (the detectors, pandas) in memory between evaluations."""
     if not settings.findings_every_s or not settings.findings_ranges_s:
         return None
     return functools.partial(_evaluation_schedule, settings)
 
 
 def _evaluation_schedule(settings, engine):
-    from .app.evaluations import settler_evaluations as evaluations
+    import random
 
-    return evaluations(settings)(engine)
+    from .ingest.helper_process import PeriodicProcess
+
+    every_s = float(settings.findings_every_s)
+    # a random first delay, as app.evaluations' own schedule takes: receivers started
+    # together fall out of step, so one evaluation serves all
+    return PeriodicProcess(functools.partial(evaluate_ahead_once, settings), every_s,
+                           first_delay_s=random.uniform(0, min(every_s / 4, 15)), name="findings evaluation")
+
+
+def evaluate_ahead_once(settings) -> int:
+    """One turn of the settler's evaluations (the ranges ending now, one past day if stale),
+    in the process that calls it; returns the windows evaluated."""
+    from .app.evaluations import EvaluationSchedule, settler_evaluations as evaluations
+    from .models.engine import make_engine
+
+    plan = evaluations(settings)
+    if plan is None:
+        return 0
+    engine = make_engine(settings.database_url, write=True)
+    try:
+        return EvaluationSchedule(engine, **plan.keywords).maybe_run()
+    finally:
+        engine.dispose()
 
 
 def start_receivers(settings, engine, rules=None, settle="process"):

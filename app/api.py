@@ -140,7 +140,7 @@ def anomalies():
                          f"the anomaly window is at most {MAX_ANOMALY_WINDOW_S // 86400} days")
     ev = evaluations.find_for(_reader(), window, parse_filters(request.args), _thresholds(),
                               relative=evaluations.ends_now(request.args))
-    resp = jsonify(ev.findings)
+    resp = jsonify([f.to_json() for f in ev.findings])
     # Which window the findings cover and when they were evaluated: a "last 24 h" request
     # may be answered by the worker's evaluation of up to 90 s ago (app/evaluations.py).
     resp.headers["X-Modalscope-Window"] = f"{rfc3339(ev.start_ns)}/{rfc3339(ev.end_ns)}"
@@ -168,7 +168,7 @@ def incidents_route():
 
     found = inc.incidents(reader, window, finder, parse_filters(request.args), found=ev.findings,
                           prefix=request.url_root.rstrip("/"))
-    resp = jsonify(found)
+    resp = jsonify([i.to_json() for i in found])
     resp.headers["X-Modalscope-Window"] = f"{rfc3339(ev.start_ns)}/{rfc3339(ev.end_ns)}"
     resp.headers["X-Modalscope-Evaluated-At"] = rfc3339(ev.evaluated_ns)
     return resp

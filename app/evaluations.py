@@ -21,7 +21,8 @@ whatever was written since, for ``ABSOLUTE_FRESH_S`` (90 s) after it was evaluat
 staleness a relative window's answer is allowed (a window still receiving spans, which a team
 opens together during an incident, runs the detectors once per 90 s, not on every request).
 Stored findings are unfiltered: a filter is applied on reading, as ``findings.matches`` does
-for fresh ones.
+for fresh ones. They are kept as the JSON the API answers (``Finding.to_json``, a list a row)
+and read back as ``Finding`` values (``Finding.from_json``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import orjson
 from sqlalchemy import Engine, and_, delete, or_, select
 from sqlalchemy.exc import DBAPIError
 
+from ..core.findings import Finding
 from ..models import FindingEvaluation, changes
 from ..models.reader import Filters, StoreReader
 from . import detectors as d
@@ -71,11 +73,21 @@ class Evaluation:
     """Findings of the window ``[start_ns, end_ns)``, evaluated at ``evaluated_ns``
     (``stored``: read from ``finding_evaluations`` rather than computed for this request)."""
 
-    findings: list[dict]
+    findings: list[Finding]
     start_ns: int
     end_ns: int
     evaluated_ns: int
     stored: bool
+
+
+def dumps(found: list[Finding]) -> str:
+    """Findings as a stored evaluation keeps them: the JSON array the API answers."""
+    return orjson.dumps([f.to_json() for f in found]).decode()
+
+
+def loads(stored: str | bytes) -> list[Finding]:
+    """A stored evaluation's findings (``dumps``)."""
+    return [Finding.from_json(f) for f in orjson.loads(stored)]
 
 
 def thresholds_key(th: d.Thresholds) -> str:
@@ -96,10 +108,10 @@ def latest(engine: Engine, range_s: int, key: str, not_before_end_ns: int) -> Ev
         row = conn.execute(q).first()
     if row is None:
         return None
-    return Evaluation(orjson.loads(row.findings), row.start_ns, row.end_ns, row.evaluated_ns, stored=True)
+    return Evaluation(loads(row.findings), row.start_ns, row.end_ns, row.evaluated_ns, stored=True)
 
 
-def store(engine: Engine, window: Window, key: str, found: list[dict], evaluated_ns: int) -> None:
+def store(engine: Engine, window: Window, key: str, found: list[Finding], evaluated_ns: int) -> None:
     """Keep ``found`` (unfiltered) as the evaluation of ``window``; drop evaluations of the
     same range older than ``RELATIVE_KEEP_S``."""
     range_s, fe = round(window.seconds), FindingEvaluation
@@ -108,7 +120,7 @@ def store(engine: Engine, window: Window, key: str, found: list[dict], evaluated
                                       fe.end_ns < window.end_ns - RELATIVE_KEEP_S * NS))
         conn.execute(fe.__table__.insert().values(
             range_s=range_s, thresholds_key=key, start_ns=window.start_ns, end_ns=window.end_ns,
-            evaluated_ns=evaluated_ns, findings=orjson.dumps(found).decode()))
+            evaluated_ns=evaluated_ns, findings=dumps(found)))
 
 
 def cached_absolute(engine: Engine, window: Window, th: d.Thresholds) -> Evaluation | None:
@@ -133,10 +145,10 @@ def cached_absolute(engine: Engine, window: Window, th: d.Thresholds) -> Evaluat
         with engine.connect() as conn:
             if changes.changed_since(conn, row.evaluated_ns - CHANGE_MARGIN_S * NS, first, last):
                 return None
-    return Evaluation(orjson.loads(row.findings), window.start_ns, window.end_ns, row.evaluated_ns, stored=True)
+    return Evaluation(loads(row.findings), window.start_ns, window.end_ns, row.evaluated_ns, stored=True)
 
 
-def store_absolute(engine: Engine, window: Window, th: d.Thresholds, found: list[dict], started_ns: int) -> None:
+def store_absolute(engine: Engine, window: Window, th: d.Thresholds, found: list[Finding], started_ns: int) -> None:
     """Keep ``found`` (unfiltered) as the findings of exactly ``window``, evaluated from
     ``started_ns`` on; older copies of it, entries past ``changes.KEEP_S`` and all but the
     newest ``ABSOLUTE_MAX_KEPT`` go."""
@@ -151,7 +163,7 @@ def store_absolute(engine: Engine, window: Window, th: d.Thresholds, found: list
         conn.execute(delete(fe).where(fe.id.in_(list(conn.execute(surplus).scalars()))))
         conn.execute(fe.__table__.insert().values(
             range_s=ABSOLUTE_RANGE, thresholds_key=key, start_ns=window.start_ns, end_ns=window.end_ns,
-            evaluated_ns=started_ns, findings=orjson.dumps(found).decode()))
+            evaluated_ns=started_ns, findings=dumps(found)))
 
 
 #: Stored evaluations (the newest overlapping the window) a new one may take results from.
@@ -163,7 +175,7 @@ KNOWN_SOURCES = 8
 class _Stored:
     window: Window  # the window its detectors judged
     evaluated_ns: int
-    findings: list[dict]
+    findings: list[Finding]
 
 
 class StoredFindings:
@@ -189,7 +201,7 @@ class StoredFindings:
         self.reader, self.th = reader, th if th is not None else d.Thresholds()  # (find's default)
         self.window = fnd.judged_window(window)
         self._stored: list[_Stored] | None = None
-        self._identities: dict[bytes, tuple[int, dict]] = {}
+        self._identities: dict[bytes, tuple[int, Finding]] = {}
         self._seen: dict[tuple[int, int], set[tuple[str, str]]] = {}
         self._changes: dict[int, list[tuple[int, int]] | None] = {}
 
@@ -204,10 +216,10 @@ class StoredFindings:
         with self.reader.engine.connect() as conn:
             rows = conn.execute(q).all()
         for found, start_ns, end_ns, evaluated_ns in rows:  # newest first
-            stored = _Stored(fnd.judged_window(Window(start_ns, end_ns)), evaluated_ns, orjson.loads(found))
+            stored = _Stored(fnd.judged_window(Window(start_ns, end_ns)), evaluated_ns, loads(found))
             self._stored.append(stored)
             for f in stored.findings:  # the newest copy of a finding is kept
-                if f.get("exemplar_trace_ids"):
+                if f.exemplar_trace_ids:
                     self._identities.setdefault(fnd.finding_identity(f), (evaluated_ns, f))
         return self._stored
 
@@ -222,7 +234,7 @@ class StoredFindings:
                 return not changes.changed_since(conn, since, first_minute, last_minute)
         return not any(a <= last_minute and b >= first_minute for a, b in logged)
 
-    def exemplars(self, f: dict) -> dict | None:
+    def exemplars(self, f: Finding) -> Finding | None:
         """The stored copy of ``f`` whose exemplars still hold, or None."""
         self._load()
         hit = self._identities.get(fnd.finding_identity(f))
@@ -240,7 +252,7 @@ class StoredFindings:
                 "inst", first_minute * d.NS_MIN, end_minute * d.NS_MIN)}
         return self._seen[key]
 
-    def cold_start(self, service: str, instance: str, born_minute: int) -> list[dict] | None:
+    def cold_start(self, service: str, instance: str, born_minute: int) -> list[Finding] | None:
         """The ``cold_start`` finding (or none) of the newest stored evaluation that checked
         this instance born at ``born_minute`` (the minutes of its check unchanged since)."""
         th, here = self.th, -(-fnd._data_start(self.window, self.th) // d.NS_MIN)
@@ -257,9 +269,9 @@ class StoredFindings:
                 continue
             if not self._unchanged(ev.evaluated_ns, born_minute, born_minute + fnd._cold_start_minutes(th)):
                 return None  # (older evaluations are older than the change too)
-            return [f for f in ev.findings if f["kind"] == "cold_start" and f["subject"].get("service") == service
-                    and f["subject"].get("attribute", {}).get("value") == instance
-                    and fnd.finding_window(f).start_ns // d.NS_MIN == born_minute]
+            return [f for f in ev.findings if f.kind == "cold_start" and f.subject.service == service
+                    and f.subject.attribute is not None and f.subject.attribute.value == instance
+                    and f.start_ns // d.NS_MIN == born_minute]
         return None
 
 

@@ -11,7 +11,8 @@ first minute, then its first five (``EXEMPLAR_WINDOWS_NS``): a bounded raw read.
 
 Public (called by the API, the CLI and the pages; keep these signatures): ``load_frames``,
 ``add_exemplars``, ``matches``, ``find``, ``judged_window``, ``read_minutes``, ``finding_identity``,
-``finding_window``.
+``finding_window``. Findings are ``core.findings.Finding`` values; their JSON
+(``Finding.to_json``) is made only where they leave: the API, the CLI, stored evaluations.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from ..core.findings import Finding
 from ..core.series import SeriesKind
 from ..models import packs, sketch
 from ..models.reader import Filters, StoreReader
@@ -115,10 +117,10 @@ def _cold_start_minutes(th: d.Thresholds) -> int:
 class Known(Protocol):
     """What earlier evaluations found over the same, unchanged data (``evaluations.StoredFindings``)."""
 
-    def exemplars(self, f: dict) -> dict | None:
+    def exemplars(self, f: Finding) -> Finding | None:
         """An identical finding whose exemplars were looked up over the same raw spans, or None."""
 
-    def cold_start(self, service: str, instance: str, born_minute: int) -> list[dict] | None:
+    def cold_start(self, service: str, instance: str, born_minute: int) -> list[Finding] | None:
         """The ``cold_start`` findings (one or none) an evaluation that checked this birth
         made from the same raw spans; None when no such evaluation is known."""
 
@@ -133,7 +135,7 @@ def _new_instances(reader: StoreReader, data_start: int, window: Window, th: d.T
     warm_minutes = _warm_minutes(th)
     looked_at = warm_minutes + d.COLD_STEADY_NS // d.NS_MIN  # minutes from a birth
     by_service: dict[str, list[tuple[str, int]]] = {}
-    taken: list[dict] = []
+    taken: list[Finding] = []
     for service, instance, born in _births(reader, data_start, window.end_ns):
         # A birth an earlier evaluation checked over the same minutes: its verdict, no read.
         same = known.cold_start(service, instance, born) if known is not None else None
@@ -241,11 +243,9 @@ def _other_frames(reader: StoreReader, data_start: int, window: Window, th: d.Th
                 **_convention_frames(reader, data_start, window.end_ns))
 
 
-def finding_window(f: dict) -> Window:
+def finding_window(f: Finding) -> Window:
     """A finding's ``start``/``end`` as a window."""
-    from .params import parse_time
-
-    return Window(parse_time(f["start"], "start"), parse_time(f["end"], "end"))
+    return Window(f.start_ns, f.end_ns)
 
 
 #: The attribute a finding of each attribute kind is about (its exemplars carry it), and
@@ -262,35 +262,37 @@ EXEMPLAR_WINDOWS_NS = (d.NS_MIN, 5 * d.NS_MIN)
 EXEMPLAR_MAX_SPANS = 50_000
 
 
-def _exemplar_rows(reader: StoreReader, f: dict, w: Window) -> list[dict]:
+def _exemplar_rows(reader: StoreReader, f: Finding, w: Window) -> list[dict]:
+    """Exemplar rows (``trace_id``; an attribute finding's also carry the ``hint`` its spans
+    give, ``detectors.describe_from_spans``) of ``f`` in ``w``."""
     from . import queries
 
-    s, ev = f["subject"], f["evidence"]
-    if f["kind"] in ("hot_spot", "p99_band_break"):
-        min_ms = ev.get("threshold_ms") if f["kind"] == "p99_band_break" else ev.get("p99_ms")
-        return queries.exemplar_traces(reader, w, Filters(caller=s.get("caller"), callee=s.get("callee")),
+    s, ev = f.subject, f.evidence
+    if f.kind in ("hot_spot", "p99_band_break"):
+        min_ms = ev.get("threshold_ms") if f.kind == "p99_band_break" else ev.get("p99_ms")
+        return queries.exemplar_traces(reader, w, Filters(caller=s.caller, callee=s.callee),
                                        min_ms=min_ms, limit=d.MAX_EXEMPLARS)
-    if f["kind"] == "baseline_regression":
+    if f.kind == "baseline_regression":
         thr = ev.get("threshold_ms")
-        return reader.slow_traces(w.start_ns, w.end_ns, input_type=s.get("input_type"),
+        return reader.slow_traces(w.start_ns, w.end_ns, input_type=s.input_type,
                                   min_ns=int(thr * 1e6) if thr else None, limit=d.MAX_EXEMPLARS)
-    if f["kind"] in d.ATTRIBUTE_KINDS:
+    if f.kind in d.ATTRIBUTE_KINDS:
         # Only the spans describe_from_spans looks at: the finding's own convention key (and
         # service), or for fusion the SERVER/CONSUMER spans without their attributes. Reading
         # every span with any key and parsing its JSON cost 0.1-0.25 s a finding.
-        if f["kind"] == "fusion_sync_wait":
+        if f.kind == "fusion_sync_wait":
             # (the encoder and fusion spans only, all the detector looks at: a third of the rows)
             rows = reader.attribute_spans(w.start_ns, w.end_ns, (), kinds=d.KIND_SERVER_CODES,
                                           limit=EXEMPLAR_MAX_SPANS, stages=d.SYNC_STAGES)
         else:
-            key, by_service = _EXEMPLAR_KEYS[f["kind"]]
+            key, by_service = _EXEMPLAR_KEYS[f.kind]
             rows = reader.attribute_spans(w.start_ns, w.end_ns, (key,),
-                                          service=s.get("service") if by_service else None,
+                                          service=s.service if by_service else None,
                                           limit=EXEMPLAR_MAX_SPANS)
-        d.describe_from_spans(f, _spans_frame(rows))
-        return [{"trace_id": t} for t in f["exemplar_trace_ids"]]
-    if f["kind"] == "preprocessing_bound":
-        return queries.exemplar_traces(reader, w, Filters(stage="preprocessing", input_type=s.get("input_type")),
+        described = d.describe_from_spans(f, _spans_frame(rows))
+        return [{"trace_id": t, "hint": described.hint} for t in described.exemplar_trace_ids]
+    if f.kind == "preprocessing_bound":
+        return queries.exemplar_traces(reader, w, Filters(stage="preprocessing", input_type=s.input_type),
                                        limit=d.MAX_EXEMPLARS)
     return []
 
@@ -307,15 +309,16 @@ EXEMPLAR_THREADS = 3
 THREADED_DIALECTS = frozenset({"postgresql"})
 
 
-def finding_identity(f: dict) -> bytes:
+def finding_identity(f: Finding) -> bytes:
     """What an exemplar look-up depends on: a finding's kind, severity, subject, window and
     evidence (not its exemplars, nor its hint, which the look-up may rewrite)."""
-    return orjson.dumps({k: f.get(k) for k in ("kind", "severity", "subject", "start", "end", "evidence")},
-                        option=orjson.OPT_SORT_KEYS)
+    return orjson.dumps({"kind": f.kind, "severity": f.severity, "subject": f.subject.to_json(), "start": f.start,
+                         "end": f.end, "evidence": f.evidence}, option=orjson.OPT_SORT_KEYS)
 
 
-def add_exemplars(reader: StoreReader, findings: list[dict], known: Known | None = None) -> None:
-    """Exemplar traces for rollup-based findings (the others carry theirs already).
+def add_exemplars(reader: StoreReader, findings: list[Finding], known: Known | None = None) -> None:
+    """Exemplar traces for rollup-based findings (the others carry theirs already): each
+    such finding in ``findings`` is replaced by its copy with exemplars (and hint).
 
     ``known.exemplars(f)``: an identical finding whose exemplars were already looked up over
     the same, unchanged raw spans, or None; its exemplars and hint are taken instead of a
@@ -328,26 +331,27 @@ def add_exemplars(reader: StoreReader, findings: list[dict], known: Known | None
     nothing or the window is no longer. (A flood of ~20,000 spans/s puts over a million
     spans in a minute.) Each finding's look-up touches only that finding.
     """
-    todo = [f for f in findings if not f["exemplar_trace_ids"]]
+    todo = [i for i, f in enumerate(findings) if not f.exemplar_trace_ids]
     if known is not None and todo:
         left = []
-        for f in todo:
-            same = known.exemplars(f)
+        for i in todo:
+            same = known.exemplars(findings[i])
             if same is None:
-                left.append(f)
+                left.append(i)
             else:
-                f["exemplar_trace_ids"], f["hint"] = list(same["exemplar_trace_ids"]), same["hint"]
+                findings[i] = findings[i].replace(exemplar_trace_ids=same.exemplar_trace_ids, hint=same.hint)
         todo = left
     if len(todo) > 1 and EXEMPLAR_THREADS > 1 and reader.engine.dialect.name in THREADED_DIALECTS:
         with ThreadPoolExecutor(min(EXEMPLAR_THREADS, len(todo)), thread_name_prefix="exemplars") as pool:
-            for _ in pool.map(lambda f: _add_exemplar(reader, f), todo):
-                pass
+            done = list(pool.map(lambda i: _with_exemplars(reader, findings[i]), todo))
     else:
-        for f in todo:
-            _add_exemplar(reader, f)
+        done = [_with_exemplars(reader, findings[i]) for i in todo]
+    for i, f in zip(todo, done):
+        findings[i] = f
 
 
-def _add_exemplar(reader: StoreReader, f: dict) -> None:
+def _with_exemplars(reader: StoreReader, f: Finding) -> Finding:
+    """``f`` with the exemplars (and an attribute finding's hint) its look-up found."""
     w = finding_window(f)
     rows: list[dict] = []
     try:
@@ -360,20 +364,21 @@ def _add_exemplar(reader: StoreReader, f: dict) -> None:
         if not rows or (len(rows) < d.MAX_EXEMPLARS and w.end_ns - w.start_ns <= EXEMPLAR_WINDOWS_NS[-1]):
             rows = _exemplar_rows(reader, f, w) or rows
     except Exception:  # noqa: BLE001 - exemplars are a courtesy; the finding stands without them
-        log.exception("exemplar look-up for a %s finding failed", f.get("kind"))
+        log.exception("exemplar look-up for a %s finding failed", f.kind)
         rows = []
-    f["exemplar_trace_ids"] = [r["trace_id"].lower() for r in rows][: d.MAX_EXEMPLARS]
+    hint = rows[0]["hint"] if rows and f.kind in d.ATTRIBUTE_KINDS else f.hint
+    return f.replace(exemplar_trace_ids=[r["trace_id"].lower() for r in rows][: d.MAX_EXEMPLARS], hint=hint)
 
 
-def matches(f: dict, filters: Filters) -> bool:
+def matches(f: Finding, filters: Filters) -> bool:
     """A finding is kept under a filter when its subject names that value (``service``
     also matches a pair's caller or callee)."""
-    s = f["subject"]
-    if filters.service and filters.service not in (s.get("service"), s.get("caller"), s.get("callee")):
+    s = f.subject
+    if filters.service and filters.service not in (s.service, s.caller, s.callee):
         return False
     for name in ("caller", "callee", "stage", "input_type"):
         want = getattr(filters, name)
-        if want and s.get(name) != want:
+        if want and getattr(s, name) != want:
             return False
     return True
 
@@ -419,7 +424,7 @@ def read_minutes(reader: StoreReader, window: Window, th: d.Thresholds) -> tuple
 
 def find(reader: StoreReader, window: Window, filters: Filters = Filters(), th: d.Thresholds | None = None,
          exemplars: bool = True, timings: dict | None = None,
-         known: Known | None = None) -> list[dict]:
+         known: Known | None = None) -> list[Finding]:
     """Every finding in the window (at most its last ``MAX_WINDOW_S``), most severe first;
     ``known``: what earlier evaluations found over the same data (``Known``)."""
     th = th or d.Thresholds()

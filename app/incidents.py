@@ -34,11 +34,13 @@ each incident again over its own span (``judge``): the catalog runs over the inc
 still. Its ``id`` hashes the headline's kind, subject and start minute.
 
 ``group``, ``build``, ``path_services`` and friends are pure; ``topology``, ``suspects``
-and ``incidents`` read the store.
+and ``incidents`` read the store. Findings and incidents are ``core.findings`` values
+(``Finding``, ``Incident``); ``to_json`` gives what the API answers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from dataclasses import dataclass, field
@@ -46,11 +48,12 @@ from typing import Callable, Iterable, Mapping
 
 import orjson
 
+from ..core.findings import AttributeSuspect, Finding, Incident, IncidentLinks, StageSuspect, Suspect
 from ..durations import MINUTE_NS as NS_MIN
 from ..models.reader import Filters, StoreReader
 from . import links
 from . import state as st
-from .params import Window, parse_time, rfc3339
+from .params import Window, rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -83,60 +86,50 @@ class Topology:
     caches: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
-def path_services(f: Mapping, topo: Topology) -> frozenset[str]:
+def path_services(f: Finding, topo: Topology) -> frozenset[str]:
     """The services (and ``cache:<name>``) a finding touches."""
-    s = f.get("subject") or {}
-    out: set[str] = set()
-    for key in ("service", "caller", "callee"):
-        if isinstance(s.get(key), str) and s[key]:
-            out.add(s[key])
-    cache = s.get("cache")
-    if isinstance(cache, str) and cache:
-        out.add(f"cache:{cache}")
-        out |= topo.caches.get(cache, frozenset())
-    it = s.get("input_type")
-    if isinstance(it, str) and it:
-        stage = s.get("stage")
-        if isinstance(stage, str) and (it, stage) in topo.input_type_stages:
-            out |= topo.input_type_stages[(it, stage)]
+    s = f.subject
+    out: set[str] = set(s.services())
+    if s.cache:
+        out.add(f"cache:{s.cache}")
+        out |= topo.caches.get(s.cache, frozenset())
+    it = s.input_type
+    if it:
+        if s.stage and (it, s.stage) in topo.input_type_stages:
+            out |= topo.input_type_stages[(it, s.stage)]
         else:
             out |= topo.input_types.get(it, frozenset())
     return frozenset(out)
 
 
-def _input_type(f: Mapping) -> str | None:
-    it = (f.get("subject") or {}).get("input_type")
-    return it if isinstance(it, str) and it else None
-
-
-def same_path(a: Mapping, b: Mapping, topo: Topology) -> bool:
-    ia, ib = _input_type(a), _input_type(b)
+def same_path(a: Finding, b: Finding, topo: Topology) -> bool:
+    ia, ib = a.subject.input_type, b.subject.input_type
     if ia and ib and ia != ib:
         return False
     return bool(path_services(a, topo) & path_services(b, topo))
 
 
-def span_ns(f: Mapping) -> tuple[int, int]:
-    return parse_time(str(f["start"]), "start"), parse_time(str(f["end"]), "end")
+def span_ns(f: Finding) -> tuple[int, int]:
+    return f.start_ns, f.end_ns
 
 
-def overlap_ns(a: Mapping, b: Mapping) -> int:
+def overlap_ns(a: Finding, b: Finding) -> int:
     (sa, ea), (sb, eb) = span_ns(a), span_ns(b)
     return min(ea, eb) - max(sa, sb)
 
 
-def is_cause(f: Mapping) -> bool:
-    return f["kind"] not in SYMPTOM_KINDS
+def is_cause(f: Finding) -> bool:
+    return f.kind not in SYMPTOM_KINDS
 
 
-def _rank(f: Mapping) -> tuple:
+def _rank(f: Finding) -> tuple:
     """Headline order: most severe, earliest, longest, then a fixed order of kind and subject."""
     s, e = span_ns(f)
-    return (SEVERITY_ORDER.get(f["severity"], 9), s, -(e - s), SYMPTOM_ORDER.get(f["kind"], -1), f["kind"],
-            orjson.dumps(f["subject"], option=orjson.OPT_SORT_KEYS))
+    return (SEVERITY_ORDER.get(f.severity, 9), s, -(e - s), SYMPTOM_ORDER.get(f.kind, -1), f.kind,
+            orjson.dumps(f.subject.to_json(), option=orjson.OPT_SORT_KEYS))
 
 
-def _components(items: list[dict], linked: Callable[[dict, dict], bool]) -> list[list[int]]:
+def _components(items: list[Finding], linked: Callable[[Finding, Finding], bool]) -> list[list[int]]:
     parent = list(range(len(items)))
 
     def root(i: int) -> int:
@@ -155,20 +148,20 @@ def _components(items: list[dict], linked: Callable[[dict, dict], bool]) -> list
     return list(groups.values())
 
 
-def group(findings: Iterable[dict], topo: Topology) -> list[list[dict]]:
+def group(findings: Iterable[Finding], topo: Topology) -> list[list[Finding]]:
     """The findings as incidents (lists of findings, headline first), by the module's rule."""
     findings = list(findings)
     causes = [f for f in findings if is_cause(f)]
     symptoms = [f for f in findings if not is_cause(f)]
     linked = lambda a, b: overlap_ns(a, b) > 0 and same_path(a, b, topo)  # noqa: E731
 
-    def cause_linked(a: dict, b: dict) -> bool:
+    def cause_linked(a: Finding, b: Finding) -> bool:
         # (one detector's run broken by a quiet block is still one problem)
         return _same_problem(a, b) or linked(a, b)
 
     cause_groups = [[causes[i] for i in g] for g in _components(causes, cause_linked)]
     of_cause = {id(f): k for k, g in enumerate(cause_groups) for f in g}
-    folded: list[list[dict]] = [[] for _ in cause_groups]
+    folded: list[list[Finding]] = [[] for _ in cause_groups]
     left = []
     for s in symptoms:
         s_start = span_ns(s)[0]
@@ -189,36 +182,26 @@ def group(findings: Iterable[dict], topo: Topology) -> list[list[dict]]:
 
 
 # -- pure: one incident ----------------------------------------------------------------
-def incident_id(headline: Mapping) -> str:
+def incident_id(headline: Finding) -> str:
     """Stable across windows: the headline's kind, subject and start minute."""
-    start_min = parse_time(str(headline["start"]), "start") // NS_MIN
-    blob = orjson.dumps({"kind": headline["kind"], "subject": headline["subject"], "start_minute": start_min},
+    start_min = headline.start_ns // NS_MIN
+    blob = orjson.dumps({"kind": headline.kind, "subject": headline.subject.to_json(), "start_minute": start_min},
                         option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def subject_text(subject: Mapping) -> str:
-    parts = []
-    for k, v in subject.items():
-        if isinstance(v, Mapping):
-            parts.append(f"{v.get('key')}={v.get('value')}")
-        else:
-            parts.append(f"{k}={v}")
-    return ", ".join(parts)
-
-
-def finding_href(f: Mapping) -> str:
+def finding_href(f: Finding) -> str:
     """The Anomalies page over a finding's window, narrowed to its subject."""
     return st.to_href(links.ANOMALIES_PATH, {**links.finding_window(f), **links.finding_filters(f)})
 
 
-def caused_hint(symptom: Mapping, cause: Mapping, prefix: str = "", incident: str | None = None) -> str:
+def caused_hint(symptom: Finding, cause: Finding, prefix: str = "", incident: str | None = None) -> str:
     """A folded symptom's hint: it names the cause and links to it (to its incident on the
     Anomalies page when ``incident`` names one), then the symptom's own."""
     href = finding_href(cause) if incident is None else incident_page_href(incident, {
         **links.finding_window(cause), **links.finding_filters(cause)})
-    return (f"Likely caused by {cause['kind']} ({subject_text(cause['subject'])}) from {cause['start']}: "
-            f"see {prefix}{href}. {symptom.get('hint') or ''}").strip()
+    return (f"Likely caused by {cause.kind} ({cause.subject.text()}) from {cause.start}: "
+            f"see {prefix}{href}. {symptom.hint or ''}").strip()
 
 
 #: The Anomalies page's own URL keys (not in ``state.KEYS``: only that page reads them).
@@ -244,42 +227,36 @@ def page_href(state: Mapping[str, str], **page: str | None) -> str:
     return base + ("&" if "?" in base else "?") + urlencode(extra, quote_via=quote, safe=":,")
 
 
-def incident_links(headline: Mapping, start_ns: int, end_ns: int, exemplars: list[str],
-                   prefix: str = "") -> dict:
+def incident_links(headline: Finding, start_ns: int, end_ns: int, exemplars: list[str],
+                   prefix: str = "") -> IncidentLinks:
     """``compare``/``drilldown`` over the incident's span for the headline's subject, and
     ``traces``: the trace pages of its exemplars. ``prefix``: the dashboard's root URL."""
     span = {"start": rfc3339(start_ns), "end": rfc3339(max(end_ns, start_ns + NS_MIN))}
     filters = links.finding_filters(headline)
     traces = [h for h in (links.trace_href(t, span) for t in exemplars) if h]
-    return {"compare": prefix + st.to_href(links.COMPARE_PATH, {**span, **filters}),
-            "drilldown": prefix + st.to_href(links.DRILLDOWN_PATH, {**span, **filters}),
-            "traces": [prefix + h for h in traces]}
+    return IncidentLinks(prefix + st.to_href(links.COMPARE_PATH, {**span, **filters}),
+                         prefix + st.to_href(links.DRILLDOWN_PATH, {**span, **filters}),
+                         tuple(prefix + h for h in traces))
 
 
-def build(members: list[dict], suspects: list[dict] | None = None, prefix: str = "") -> dict:
-    """The ``/api/v1/incidents`` object of one group (headline first, as ``group`` returns
-    them). The findings are copies: a folded symptom's hint is rewritten here only."""
+def build(members: list[Finding], suspects: list[Suspect] | None = None, prefix: str = "") -> Incident:
+    """The incident of one group (headline first, as ``group`` returns them). A folded
+    symptom's hint is rewritten in the incident's copy of it only."""
     head = members[0]
     cause_known = is_cause(head)
     spans = [span_ns(f) for f in members]
     start, end = min(s for s, _ in spans), max(e for _, e in spans)
-    out_findings = []
     iid = incident_id(head)
-    for f in members:
-        f = dict(f)
-        if cause_known and not is_cause(f):
-            f["hint"] = caused_hint(f, head, prefix, iid)
-        out_findings.append(f)
+    out_findings = tuple(f.replace(hint=caused_hint(f, head, prefix, iid)) if cause_known and not is_cause(f) else f
+                         for f in members)
     exemplars: list[str] = []
     for f in members:
-        for t in f.get("exemplar_trace_ids") or []:
+        for t in f.exemplar_trace_ids:
             if t not in exemplars and len(exemplars) < 5:
                 exemplars.append(t)
-    severity = min((f["severity"] for f in members), key=lambda s: SEVERITY_ORDER.get(s, 9))
-    return {"id": iid, "severity": severity, "start": rfc3339_s(start), "end": rfc3339_s(end),
-            "headline": out_findings[0], "cause_known": cause_known, "findings": out_findings,
-            "suspects": [] if cause_known else list(suspects or []),
-            "links": incident_links(head, start, end, exemplars, prefix)}
+    severity = min((f.severity for f in members), key=lambda s: SEVERITY_ORDER.get(s, 9))
+    return Incident(iid, severity, rfc3339_s(start), rfc3339_s(end), cause_known, out_findings,
+                    () if cause_known else tuple(suspects or ()), incident_links(head, start, end, exemplars, prefix))
 
 
 def rfc3339_s(ns: int) -> str:
@@ -287,40 +264,40 @@ def rfc3339_s(ns: int) -> str:
     return rfc3339(ns // 1_000_000_000 * 1_000_000_000).replace(".000Z", "Z")
 
 
-def sort_incidents(incidents: list[dict]) -> list[dict]:
+def sort_incidents(incidents: list[Incident]) -> list[Incident]:
     """Most severe first, then latest first."""
-    return sorted(incidents, key=lambda i: (SEVERITY_ORDER.get(i["severity"], 9),
-                                            -parse_time(i["start"], "start"), i["id"]))
+    return sorted(incidents, key=lambda i: (SEVERITY_ORDER.get(i.severity, 9), -i.start_ns, i.id))
 
 
-def suspects_from_compare(result: Mapping) -> list[dict]:
+def suspects_from_compare(result: Mapping) -> list[Suspect]:
     """Compare's answer as suspects: stages by their share of the added time, then attribute
     values by lift, strongest first."""
     stages = sorted((r for r in result.get("stages") or [] if (r.get("share_of_added_time") or 0) >= MIN_ADDED_SHARE),
                     key=lambda r: -r["share_of_added_time"])[:MAX_SUSPECTS]
     attrs = sorted(result.get("attributes") or [], key=lambda r: -r["lift"])[:MAX_SUSPECTS]
-    return ([{"stage": r["stage"], "added_share": r["share_of_added_time"]} for r in stages]
-            + [{"key": r["key"], "value": r["value"], "lift": r["lift"]} for r in attrs])
+    return ([StageSuspect(r["stage"], r["share_of_added_time"]) for r in stages]
+            + [AttributeSuspect(r["key"], r["value"], r["lift"]) for r in attrs])
 
 
-def matches_any(members: Iterable[Mapping], filters: Filters) -> bool:
+def matches_any(members: Iterable[Finding], filters: Filters) -> bool:
     from .findings import matches
 
-    return any(matches(dict(f), filters) for f in members)
+    return any(matches(f, filters) for f in members)
 
 
-def _same_finding(a: Mapping, b: Mapping) -> bool:
-    return a["kind"] == b["kind"] and a["subject"] == b["subject"] and overlap_ns(a, b) >= 0
+def _same_finding(a: Finding, b: Finding) -> bool:
+    return a.kind == b.kind and a.subject == b.subject and overlap_ns(a, b) >= 0
 
 
-def _same_problem(a: Mapping, b: Mapping) -> bool:
+def _same_problem(a: Finding, b: Finding) -> bool:
     """The same kind and subject, overlapping or at most a detector block apart."""
-    return a["kind"] == b["kind"] and a["subject"] == b["subject"] and overlap_ns(a, b) >= -ONSET_SLACK_NS
+    return a.kind == b.kind and a.subject == b.subject and overlap_ns(a, b) >= -ONSET_SLACK_NS
 
 
-def pick(groups: list[list[dict]], headline: Mapping) -> list[dict] | None:
+def pick(groups: Iterable[Iterable[Finding]], headline: Finding) -> list[Finding] | None:
     """The group headed by ``headline``'s finding again (same kind and subject,
     overlapping), else the group holding it; None when it is not found there."""
+    groups = [list(g) for g in groups]
     for g in groups:
         if _same_finding(g[0], headline):
             return g
@@ -330,7 +307,7 @@ def pick(groups: list[list[dict]], headline: Mapping) -> list[dict] | None:
     return None
 
 
-def span_window(members: Iterable[Mapping]) -> Window:
+def span_window(members: Iterable[Finding]) -> Window:
     """The whole minutes covering the findings' spans."""
     spans = [span_ns(f) for f in members]
     s = min(a for a, _ in spans) // NS_MIN * NS_MIN
@@ -364,7 +341,7 @@ def topology(reader: StoreReader, window: Window) -> Topology:
                     {k: frozenset(v) for k, v in caches.items()})
 
 
-def suspects(reader: StoreReader, members: list[dict]) -> list[dict]:
+def suspects(reader: StoreReader, members: list[Finding]) -> list[Suspect]:
     """What Compare finds for the incident's span against the same length just before it,
     narrowed to the headline's subject."""
     from . import queries
@@ -378,16 +355,16 @@ def suspects(reader: StoreReader, members: list[dict]) -> list[dict]:
     return suspects_from_compare(result)
 
 
-Finder = Callable[[Window], list[dict]]
+Finder = Callable[[Window], list[Finding]]
 
 
-def judge_window(members: Iterable[Mapping]) -> Window:
+def judge_window(members: Iterable[Finding]) -> Window:
     """Where an incident is judged: its whole minutes and ``JUDGE_PAD_NS`` either side."""
     w = span_window(members)
     return Window(w.start_ns - JUDGE_PAD_NS, w.end_ns + JUDGE_PAD_NS)
 
 
-def judge(members: list[dict], finder: Finder, topo_of: Callable[[Window], Topology]) -> list[dict]:
+def judge(members: list[Finding], finder: Finder, topo_of: Callable[[Window], Topology]) -> list[Finding]:
     """The incident as the catalog finds it over its own span, until the span holds still.
     A headline the catalog does not find again there (a detector that needs the wider
     window's context, e.g. "load is high" against the window's median) keeps its group."""
@@ -405,7 +382,7 @@ def judge(members: list[dict], finder: Finder, topo_of: Callable[[Window], Topol
 
 
 def incidents(reader: StoreReader, window: Window, finder: Finder, filters: Filters = Filters(),
-              found: list[dict] | None = None, prefix: str = "") -> list[dict]:
+              found: list[Finding] | None = None, prefix: str = "") -> list[Incident]:
     """The incidents of ``window``, most severe first. ``finder(window)``: the catalog's
     unfiltered findings of a window (cached or not, the caller's choice); ``found``: the
     request window's own, when already at hand. An incident is kept under ``filters`` when
@@ -423,7 +400,7 @@ def incidents(reader: StoreReader, window: Window, finder: Finder, filters: Filt
     # may come back headed by a cut of the same finding, which is then the same incident.
     # (then the larger: a run of a cause broken by a quiet block judged alone is part of it)
     judged.sort(key=lambda mj: (not _same_finding(mj[1][0], mj[0][0]), -len(mj[1])))
-    kept: list[list[dict]] = []
+    kept: list[list[Finding]] = []
     for _, members in judged:
         if any(_same_problem(members[0], f) for k in kept for f in k if is_cause(f) or f is k[0]):
             continue
@@ -443,7 +420,7 @@ def cached_finder(reader: StoreReader, th) -> Finder:
     ``incidents`` runs stored); raises ``NotJudged`` where the catalog would have to run."""
     from . import evaluations
 
-    def finder(w: Window) -> list[dict]:
+    def finder(w: Window) -> list[Finding]:
         hit = evaluations.cached_absolute(reader.engine, w, th)
         if hit is None:
             raise NotJudged(w)
@@ -452,31 +429,32 @@ def cached_finder(reader: StoreReader, th) -> Finder:
     return finder
 
 
-def window_incidents(reader: StoreReader, window: Window, found: list[dict], filters: Filters = Filters(),
-                     prefix: str = "", suspects_for: int = 3) -> list[dict]:
+def window_incidents(reader: StoreReader, window: Window, found: list[Finding], filters: Filters = Filters(),
+                     prefix: str = "", suspects_for: int = 3) -> list[Incident]:
     """The incidents of ``window`` judged over the window only (``group`` and ``build`` on its
     findings, no catalog rerun per incident): a fast stand-in for ``incidents`` whose
     severities are the window's. Suspects are looked up for the first ``suspects_for`` only."""
     out = sort_incidents([build(m, None, prefix) for m in group(found, topology(reader, window))
                           if matches_any(m, filters)])
-    for i in out[:suspects_for]:
-        if not i["cause_known"]:
-            i["suspects"] = suspects(reader, i["findings"])
+    for n, i in enumerate(out[:suspects_for]):
+        if not i.cause_known:
+            out[n] = dataclasses.replace(i, suspects=tuple(suspects(reader, list(i.findings))))
     return out
 
 
-def find_incident(incidents_: list[dict], wanted: str | None, groups: Callable[[], list[list[dict]]]) -> dict | None:
+def find_incident(incidents_: list[Incident], wanted: str | None,
+                  groups: Callable[[], list[list[Finding]]]) -> Incident | None:
     """The incident ``wanted`` names: by id, else (an id from ``window_incidents``, whose
     headline a rerun may have changed) the incident holding that group's headline finding.
     ``groups``: the window's ``group`` result, asked for only when the id is not found."""
     if not wanted:
         return None
     for i in incidents_:
-        if i["id"] == wanted:
+        if i.id == wanted:
             return i
     for g in groups():
         if incident_id(g[0]) == wanted:
             for i in incidents_:
-                if pick([i["findings"]], g[0]) is not None:
+                if pick([i.findings], g[0]) is not None:
                     return i
     return None

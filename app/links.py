@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from ..core.findings import SUBJECT_FILTERS, Finding  # noqa: F401 - SUBJECT_FILTERS: the pages read it here
 from . import ids
 from . import state as st
 from .params import ParamError, parse_time, parse_trace_id, rfc3339
@@ -145,7 +146,6 @@ def open_href(value: str | None, state: dict) -> tuple[str | None, str]:
 COMPARE_PATH = "/compare"
 ANOMALIES_PATH = "/anomalies"
 CACHE_PATH = "/cache"
-SUBJECT_FILTERS = ("caller", "callee", "service", "stage", "input_type")
 
 
 def compare_href(state: Mapping[str, str]) -> str:
@@ -153,44 +153,43 @@ def compare_href(state: Mapping[str, str]) -> str:
     return st.to_href(COMPARE_PATH, st.carried(state))
 
 
-def finding_filters(finding: Mapping[str, Any]) -> dict[str, str]:
-    """The filters naming a finding's subject (string values only)."""
-    subject = finding.get("subject") or {}
-    return {k: subject[k] for k in SUBJECT_FILTERS if isinstance(subject.get(k), str) and subject[k]}
+def finding_filters(finding: Finding) -> dict[str, str]:
+    """The filters naming a finding's subject."""
+    return finding.subject.filters()
 
 
-def finding_window(finding: Mapping[str, Any]) -> dict[str, str]:
+def finding_window(finding: Finding) -> dict[str, str]:
     try:
-        s, e = parse_time(str(finding["start"]), "start"), parse_time(str(finding["end"]), "end")
-    except (KeyError, ParamError):
+        s, e = parse_time(finding.start, "start"), parse_time(finding.end, "end")
+    except ParamError:
         return {}
     return {"start": rfc3339(s), "end": rfc3339(max(e, s + MINUTE_NS))}
 
 
-def finding_drill_href(finding: Mapping[str, Any]) -> str:
+def finding_drill_href(finding: Finding) -> str:
     """The drilldown for a finding's subject over its window."""
     return st.to_href(DRILLDOWN_PATH, {**finding_window(finding), **finding_filters(finding)})
 
 
-def finding_compare_href(finding: Mapping[str, Any]) -> str:
+def finding_compare_href(finding: Finding) -> str:
     """Compare for a finding's window (against the same length before) and subject."""
     return st.to_href(COMPARE_PATH, {**finding_window(finding), **finding_filters(finding)})
 
 
-def finding_cache_href(finding: Mapping[str, Any]) -> str | None:
+def finding_cache_href(finding: Finding) -> str | None:
     """The Cache page for a cache finding, grouped by its attribute when that is a plain key."""
     from .queries import valid_group_by
 
-    subject = finding.get("subject") or {}
-    if not isinstance(subject.get("cache"), str):
+    subject = finding.subject
+    if subject.cache is None:
         return None
-    attr = subject.get("attribute") if isinstance(subject.get("attribute"), Mapping) else {}
-    key = attr.get("key") if isinstance(attr.get("key"), str) and valid_group_by(attr.get("key")) else None
+    attr = subject.attribute
+    key = attr.key if attr is not None and valid_group_by(attr.key) else None
     win = finding_window(finding)
     if win:  # show the window with context before it
         s = parse_time(win["start"], "start") - HOUR_NS
         win = {"start": rfc3339(s), "end": win["end"]}
-    return st.to_href(CACHE_PATH, {**win, "cache": subject["cache"], "group_by": key})
+    return st.to_href(CACHE_PATH, {**win, "cache": subject.cache, "group_by": key})
 
 
 def trace_href(trace_id: Any, state: Mapping[str, str]) -> str | None:

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from .command_kit import catalog_window, open_reading_store
+
+if TYPE_CHECKING:
+    from .core.findings import Finding
 
 
 def add_anomalies_parser(sub) -> None:
@@ -22,19 +26,19 @@ def add_anomalies_parser(sub) -> None:
     p.set_defaults(func=cmd_anomalies)
 
 
-def format_finding(f: dict) -> str:
+def format_finding(f: Finding) -> str:
     subject = ", ".join(f"{k}={v['key']}={v['value']}" if isinstance(v, dict) else f"{k}={v}"
-                        for k, v in f["subject"].items())
+                        for k, v in f.subject.to_json().items())
     from .app.units import evidence_items
 
     # (in units, as the Anomalies page shows them; --json keeps the raw numbers)
-    evidence = ", ".join(f"{label} {value}" for _, label, value in evidence_items(f["evidence"]))
-    lines = [f"{f['severity'].upper():8} {f['kind']:22} {subject}",
-             f"         {f['start']} → {f['end']}",
+    evidence = ", ".join(f"{label} {value}" for _, label, value in evidence_items(f.evidence))
+    lines = [f"{f.severity.upper():8} {f.kind:22} {subject}",
+             f"         {f.start} → {f.end}",
              f"         evidence: {evidence}",
-             f"         hint: {f['hint']}"]
-    if f["exemplar_trace_ids"]:
-        lines.append(f"         exemplars: {' '.join(f['exemplar_trace_ids'])}")
+             f"         hint: {f.hint}"]
+    if f.exemplar_trace_ids:
+        lines.append(f"         exemplars: {' '.join(f.exemplar_trace_ids)}")
     return "\n".join(lines)
 
 
@@ -49,7 +53,7 @@ def cmd_anomalies(args) -> int:
     finally:
         engine.dispose()
     if args.json:
-        json.dump(found, sys.stdout, indent=2, ensure_ascii=True)
+        json.dump([f.to_json() for f in found], sys.stdout, indent=2, ensure_ascii=True)
         print()
         return 0
     if not found:
@@ -57,6 +61,6 @@ def cmd_anomalies(args) -> int:
         return 0
     for f in found:
         print(format_finding(f))
-    counts = {s: sum(f["severity"] == s for f in found) for s in ("critical", "warning", "info")}
+    counts = {s: sum(f.severity == s for f in found) for s in ("critical", "warning", "info")}
     print(f"{len(found)} findings: {counts['critical']} critical, {counts['warning']} warning, {counts['info']} info")
     return 0

@@ -8,6 +8,7 @@ import sys
 from datetime import datetime
 
 from .command_kit import catalog_window, open_reading_store
+from .core.findings import Incident, StageSuspect, Suspect
 
 
 def add_incidents_parser(sub) -> None:
@@ -38,35 +39,28 @@ def human_span(start: str, end: str) -> str:
     return f"{day}{s:%H:%M}–{e:%H:%M} ({length})"
 
 
-def _subject(subject: dict) -> str:
-    parts = []
-    for k, v in subject.items():
-        parts.append(f"{v.get('key')}={v.get('value')}" if isinstance(v, dict) else f"{k}={v}")
-    return ", ".join(parts)
+def _suspect(s: Suspect) -> str:
+    if isinstance(s, StageSuspect):
+        return f"{s.stage} {s.added_share * 100:.0f}% of added time"
+    return f"{s.key}={s.value} ×{s.lift:,.1f}"
 
 
-def _suspect(s: dict) -> str:
-    if "stage" in s:
-        return f"{s['stage']} {s['added_share'] * 100:.0f}% of added time"
-    return f"{s['key']}={s['value']} ×{s['lift']:,.1f}"
-
-
-def format_incidents(incidents: list[dict]) -> str:
+def format_incidents(incidents: list[Incident]) -> str:
     """A table: severity, span, headline kind and subject, its headline number in units,
     folded findings, cause or suspects."""
     from .app.units import evidence_measure
 
     rows = [("SEVERITY", "WHEN (UTC)", "HEADLINE", "MEASURE", "FINDINGS", "CAUSE / SUSPECTS")]
     for inc in incidents:
-        h = inc["headline"]
-        if inc["cause_known"]:
-            lead = f"cause: {h['kind']}"
-        elif inc["suspects"]:
-            lead = "suspects: " + "; ".join(_suspect(s) for s in inc["suspects"][:3])
+        h = inc.headline
+        if inc.cause_known:
+            lead = f"cause: {h.kind}"
+        elif inc.suspects:
+            lead = "suspects: " + "; ".join(_suspect(s) for s in inc.suspects[:3])
         else:
             lead = "cause unknown"
-        rows.append((inc["severity"], human_span(inc["start"], inc["end"]), f"{h['kind']} {_subject(h['subject'])}",
-                     evidence_measure(h.get("evidence")) or "-", str(len(inc["findings"])), lead))
+        rows.append((inc.severity, human_span(inc.start, inc.end), f"{h.kind} {h.subject.text()}",
+                     evidence_measure(h.evidence) or "-", str(len(inc.findings)), lead))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)
 
@@ -84,15 +78,15 @@ def cmd_incidents(args) -> int:
     finally:
         engine.dispose()
     if args.json:
-        json.dump(found, sys.stdout, indent=2, ensure_ascii=True)
+        json.dump([i.to_json() for i in found], sys.stdout, indent=2, ensure_ascii=True)
         print()
         return 0
     if not found:
         print(f"no incidents in the last {args.range or args.since or '1h'}")
         return 0
     print(format_incidents(found))
-    folded = sum(len(i["findings"]) for i in found)
-    counts = {s: sum(i["severity"] == s for i in found) for s in ("critical", "warning", "info")}
+    folded = sum(len(i.findings) for i in found)
+    counts = {s: sum(i.severity == s for i in found) for s in ("critical", "warning", "info")}
     print(f"{len(found)} incidents ({counts['critical']} critical, {counts['warning']} warning, "
           f"{counts['info']} info) from {folded} findings")
     return 0

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from modalscope.core.findings import AttributeSuspect, Finding, Incident, StageSuspect, Subject
 from modalscope.incidents_cmd import format_incidents, human_ms, human_span
 from modalscope.ingest import demo
 from tests.demo_stores import _build
@@ -63,12 +64,11 @@ def test_human_units():
     assert human_ms(8.25) == "8.2 ms" and human_ms(412.4) == "412 ms" and human_ms(6400) == "6.4 s"
     assert human_span("2025-11-30T14:05:00Z", "2025-11-30T14:32:00Z") == "14:05–14:32 (27 min)"
     assert human_span("2025-11-30T23:00:00Z", "2025-12-01T02:00:00Z") == "2025-11-30 23:00–02:00 (3.0 h)"
-    table = format_incidents([{
-        "severity": "critical", "start": "2025-11-30T14:05:00Z", "end": "2025-11-30T14:32:00Z",
-        "headline": {"kind": "p99_band_break", "subject": {"caller": "gateway", "callee": "vision-encoder"}},
-        "cause_known": False, "findings": [{}, {}],
-        "suspects": [{"stage": "preprocessing", "added_share": 0.8},
-                     {"key": "service.instance.id", "value": "pod-7", "lift": 4.04}]}])
+    head = Finding("p99_band_break", "critical", Subject(caller="gateway", callee="vision-encoder"),
+                   "2025-11-30T14:05:00Z", "2025-11-30T14:32:00Z")
+    table = format_incidents([Incident(
+        "ab" * 8, "critical", "2025-11-30T14:05:00Z", "2025-11-30T14:32:00Z", False, (head, head),
+        (StageSuspect("preprocessing", 0.8), AttributeSuspect("service.instance.id", "pod-7", 4.04)))])
     row = table.splitlines()[1]
     assert "p99_band_break caller=gateway, callee=vision-encoder" in row
     assert row.endswith("suspects: preprocessing 80% of added time; service.instance.id=pod-7 ×4.0")

@@ -8,6 +8,7 @@ from typing import Any, Mapping
 
 from dash import dcc, html
 
+from ...core.findings import Finding, Incident, StageSuspect
 from .. import links
 from .. import state as st
 from ..units import fmt_ms
@@ -66,7 +67,7 @@ def evidence_text(value: Any) -> str:
     return str(value)
 
 
-def finding_links(f: Mapping[str, Any], state: Mapping[str, str], n_traces: int = 5) -> list:
+def finding_links(f: Finding, state: Mapping[str, str], n_traces: int = 5) -> list:
     """Drilldown, Compare (and Cache) for the finding's subject and window, and its exemplar traces."""
     out = [dcc.Link("drilldown", href=links.finding_drill_href(f), className="ms-finding-link"),
            dcc.Link("compare", href=links.finding_compare_href(f), className="ms-finding-link")]
@@ -75,7 +76,7 @@ def finding_links(f: Mapping[str, Any], state: Mapping[str, str], n_traces: int 
         out.append(dcc.Link("cache", href=cache_href, className="ms-finding-link"))
     window = links.finding_window(f)
     traces = []
-    for tid in (f.get("exemplar_trace_ids") or [])[:n_traces]:
+    for tid in f.exemplar_trace_ids[:n_traces]:
         href = links.trace_href(tid, window or state)
         if href:
             traces.append(dcc.Link(str(tid)[:12] + "…", href=href, className="ms-mono ms-trace-link", title=str(tid)))
@@ -85,13 +86,13 @@ def finding_links(f: Mapping[str, Any], state: Mapping[str, str], n_traces: int 
     return out
 
 
-def finding_title(f: Mapping[str, Any]) -> list:
-    sev = str(f.get("severity", "info"))
+def finding_title(f: Finding) -> list:
+    sev = f.severity
     return [html.Span(sev, className=f"ms-severity ms-severity-{sev}"), " ",
-            html.Strong(str(f.get("kind", ""))), " — ", html.Span(subject_text(f.get("subject") or {}))]
+            html.Strong(f.kind), " — ", html.Span(subject_text(f.subject.to_json()))]
 
 
-def top_findings(found: list[dict], state: Mapping[str, str], n: int = 3) -> html.Div:
+def top_findings(found: list[Finding], state: Mapping[str, str], n: int = 3) -> html.Div:
     """The overview's panel: the ``n`` most severe findings with their links, findings that
     name a mechanism (the likely causes) before symptoms, most severe first within each."""
     from ..incidents import is_cause
@@ -104,7 +105,7 @@ def top_findings(found: list[dict], state: Mapping[str, str], n: int = 3) -> htm
     for f in sorted(found, key=lambda f: not is_cause(f))[:n]:
         items.append(html.Li(className="ms-finding", children=[
             html.Div(finding_title(f), className="ms-finding-title"),
-            html.Div(span_text(f.get("start"), f.get("end")), className="ms-note"),
+            html.Div(span_text(f.start, f.end), className="ms-note"),
             html.Div(finding_links(f, state, n_traces=2), className="ms-finding-links"),
         ]))
     more = dcc.Link(f"all {len(found)} findings →", href=st.to_href("/anomalies", st.carried(state)),
@@ -132,11 +133,11 @@ def kind_text(kind: Any) -> str:
     return str(kind or "").replace("_", " ")
 
 
-def finding_measure(f: Mapping[str, Any]) -> str:
+def finding_measure(f: Finding) -> str:
     """The finding's headline number against its baseline, in human units ('' when none)."""
     from ..units import fmt_pct
 
-    ev = f.get("evidence") if isinstance(f.get("evidence"), Mapping) else {}
+    ev = f.evidence
     if isinstance(ev.get("max_duration_ms"), (int, float)) and isinstance(ev.get("ceiling_s"), (int, float)):
         from ..units import evidence_measure  # "longest 29.97 s vs ceiling 30 s": just under it
 
@@ -150,13 +151,13 @@ def finding_measure(f: Mapping[str, Any]) -> str:
     return ""
 
 
-def incident_headline(i: Mapping[str, Any]) -> list:
+def incident_headline(i: Incident) -> list:
     """Severity badge, the headline finding's kind and subject, and its measure."""
-    head = i.get("headline") if isinstance(i.get("headline"), Mapping) else {}
-    sev = str(i.get("severity", "info"))
+    head = i.headline
+    sev = i.severity
     measure = finding_measure(head)
     return [html.Span(sev, className=f"ms-severity ms-severity-{sev}"), " ",
-            html.Strong(kind_text(head.get("kind"))), " — ", html.Span(subject_text(head.get("subject") or {})),
+            html.Strong(kind_text(head.kind)), " — ", html.Span(subject_text(head.subject.to_json())),
             *([html.Span(f" · {measure}", className="ms-incident-measure")] if measure else [])]
 
 
@@ -169,18 +170,18 @@ def span_text(start: Any, end: Any) -> str:
     return f"{s[:16].replace('T', ' ')} → {e_short} UTC"
 
 
-def incident_cause(i: Mapping[str, Any]) -> html.Div:
+def incident_cause(i: Incident) -> html.Div:
     """"Cause: <headline kind>" when a mechanism was found, else Compare's suspects."""
-    if i.get("cause_known"):
-        head = i.get("headline") or {}
-        return html.Div(["Likely cause: ", html.Strong(kind_text(head.get("kind"))), " on ",
-                         subject_text(head.get("subject") or {})], className="ms-incident-cause")
+    if i.cause_known:
+        head = i.headline
+        return html.Div(["Likely cause: ", html.Strong(kind_text(head.kind)), " on ",
+                         subject_text(head.subject.to_json())], className="ms-incident-cause")
     parts = []
-    for s in i.get("suspects") or []:
-        if "stage" in s:
-            parts.append(f"stage {s['stage']} ({fmt_pct_safe(s.get('added_share'))} of the added time)")
+    for s in i.suspects:
+        if isinstance(s, StageSuspect):
+            parts.append(f"stage {s.stage} ({fmt_pct_safe(s.added_share)} of the added time)")
         else:
-            parts.append(f"{s.get('key')}={s.get('value')} (×{float(s.get('lift') or 0):.2g})")
+            parts.append(f"{s.key}={s.value} (×{float(s.lift or 0):.2g})")
     text = "; ".join(str(p) for p in parts[:3]) or "none found"
     return html.Div(["Cause unknown — suspects: ", text], className="ms-incident-cause")
 
@@ -191,15 +192,15 @@ def fmt_pct_safe(v: Any) -> str:
     return fmt_pct(float(v), 0) if isinstance(v, (int, float)) and not isinstance(v, bool) else "—"
 
 
-def incident_card(i: Mapping[str, Any], href: str) -> html.Li:
+def incident_card(i: Incident, href: str) -> html.Li:
     """The overview's card of one incident: badge, headline, span, "+N related findings",
     cause or suspects, and ``href`` (the incident on the Anomalies page)."""
-    related = max(len(i.get("findings") or []) - 1, 0)
-    sev = str(i.get("severity", "info"))
-    return html.Li(className=f"ms-finding ms-incident ms-finding-{sev}", id=f"overview-incident-{i.get('id', '')}",
+    related = max(len(i.findings) - 1, 0)
+    sev = i.severity
+    return html.Li(className=f"ms-finding ms-incident ms-finding-{sev}", id=f"overview-incident-{i.id}",
                    children=[
         html.Div(incident_headline(i), className="ms-finding-title"),
-        html.Div([span_text(i.get("start"), i.get("end")),
+        html.Div([span_text(i.start, i.end),
                   f" · +{related} related finding{'' if related == 1 else 's'}" if related else ""],
                  className="ms-note"),
         incident_cause(i),

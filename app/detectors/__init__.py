@@ -2,7 +2,8 @@
 
 Every detector takes :class:`Frames` (pandas frames read from the store by
 ``app/findings.py``, or built by hand in tests) and :class:`Thresholds`, and returns a list
-of finding dicts shaped as ``/api/v1/anomalies`` answers them::
+of :class:`~modalscope.core.findings.Finding` (``finding`` builds one); its ``to_json()`` is
+the object ``/api/v1/anomalies`` answers::
 
     {"kind", "severity", "subject", "start", "end", "evidence", "exemplar_trace_ids", "hint"}
 
@@ -52,7 +53,8 @@ One module a concern; each detector is ``detect_<kind>`` in:
   ``describe_from_spans`` (exemplars of attribute findings found from rollups);
 * what they share: ``frames`` (``Thresholds``, ``Frames`` and their columns, ``finding``),
   ``hints`` (each kind's hint text), ``sketches`` (coarse latency matrices, quantiles, blocks
-  and runs) and ``pairs`` (each pair's rows, sketches and matrices, for the pair detectors).
+  and runs) and ``pairs`` (each pair's rows, sketches and matrices, for the pair detectors);
+  the finding types (``Finding``, ``Subject``, ``Attribute``) are ``core.findings``'.
 
 Every name other code uses is re-exported here. These are copies: a test that patches a
 constant must patch it in the module that reads it (e.g. ``detectors.band_break``).
@@ -60,6 +62,7 @@ constant must patch it in the module that reads it (e.g. ``detectors.band_break`
 
 from __future__ import annotations
 
+from ...core.findings import Attribute, Finding, Subject
 from ...models import sketch
 from .band_break import (BAND_BASELINE_DATA_MINUTES, BAND_CALM_BLOCKS, BAND_CHUNK_MINUTES, BAND_ENTRY_P, BAND_HOT_P,
                          BAND_MEDIAN_Z, _binomial_tail, _excess_p, _median_moved, detect_p99_band_break)
@@ -68,7 +71,7 @@ from .conventions import (BATCH_COLUMNS, CACHE_COLUMNS, CUDA_COLUMNS, MAX_TAG_VA
                           cuda_hint, detect_batching_failure, detect_cache_penetration, detect_cuda_graph_fallback)
 from .frames import (KIND_SERVER_CODES, LONG_TRACE_COLUMNS, MAX_EXEMPLARS, NS_MIN, PAIR_COLUMNS, SETTINGS,
                      SEVERITY_ORDER, SPAN_COLUMNS, STATUS_ERROR_CODE, TRACE_COLUMNS, TSTAGE_COLUMNS, Frames, Thresholds,
-                     empty_frame, finding, histogram_of, rfc3339)
+                     empty_frame, exemplar_ids, finding, histogram_of, rfc3339)
 from .hints import HINTS
 from .hot_spot import HOT_CELLS_CHUNK, VOLUME_TIE, _hot_cells, detect_hot_spot
 from .lifecycle import (COLD_STEADY_NS, cold_start_candidate, cold_start_histograms_candidate,
@@ -80,16 +83,16 @@ from .sketches import (COARSE, ROW_QUANTILE_CELLS, _block_of, _blocks, _coarse_q
 from .stages import SYNC_STAGES, _encoder_ends, detect_fusion_sync_wait, detect_preprocessing_bound
 
 __all__ = [
-    "ATTRIBUTE_KINDS", "BAND_BASELINE_DATA_MINUTES", "BAND_CALM_BLOCKS", "BAND_CHUNK_MINUTES", "BAND_ENTRY_P",
+    "ATTRIBUTE_KINDS", "Attribute", "BAND_BASELINE_DATA_MINUTES", "BAND_CALM_BLOCKS", "BAND_CHUNK_MINUTES", "BAND_ENTRY_P",
     "BAND_HOT_P", "BAND_MEDIAN_Z", "BATCH_COLUMNS", "CACHE_COLUMNS", "COARSE", "COLD_STEADY_NS", "CUDA_COLUMNS",
-    "DETECTORS", "Frames", "HINTS", "HOT_CELLS_CHUNK", "KIND_SERVER_CODES", "LONG_TRACE_COLUMNS", "MAX_EXEMPLARS",
+    "DETECTORS", "Finding", "Frames", "HINTS", "HOT_CELLS_CHUNK", "KIND_SERVER_CODES", "LONG_TRACE_COLUMNS", "MAX_EXEMPLARS",
     "MAX_TAG_VALUES", "NS_MIN", "PAIR_COLUMNS", "ROW_QUANTILE_CELLS", "SETTINGS", "SEVERITY_ORDER",
-    "SHARED_MATRICES_BYTES", "SPAN_COLUMNS", "STATUS_ERROR_CODE", "SYNC_COLUMNS", "SYNC_STAGES", "TRACE_COLUMNS",
+    "SHARED_MATRICES_BYTES", "SPAN_COLUMNS", "STATUS_ERROR_CODE", "Subject", "SYNC_COLUMNS", "SYNC_STAGES", "TRACE_COLUMNS",
     "TSTAGE_COLUMNS", "Thresholds", "VOLUME_TIE", "cold_start_candidate", "cold_start_histograms_candidate",
     "cuda_hint", "describe_from_spans", "detect_baseline_regression", "detect_batching_failure",
     "detect_cache_penetration", "detect_cold_start", "detect_cuda_graph_fallback", "detect_fusion_sync_wait",
     "detect_hot_spot", "detect_lb_timeout_truncation", "detect_p99_band_break", "detect_preprocessing_bound",
-    "empty_frame", "finding", "histogram_of", "rfc3339", "run_all", "sketch", "sort_findings",
+    "empty_frame", "exemplar_ids", "finding", "histogram_of", "rfc3339", "run_all", "sketch", "sort_findings",
     # private helpers the tests call directly
     "_binomial_tail", "_block_of", "_blocks", "_coarse_quantile", "_coarse_rows", "_counts_above", "_encoder_ends",
     "_excess_p", "_flat_sketches", "_hot_cells", "_median_moved", "_pair_block_matrix", "_pair_flats",

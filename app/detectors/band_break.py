@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from ...models import sketch
+from ...core.findings import Finding, Subject
 from .frames import NS_MIN, Frames, Thresholds, _clip_window, _ms, _reportable, finding
 from .hints import HINTS
 from .pairs import _pair_flats, _pair_minute_matrices, _pair_minute_matrix, _pair_rows_histogram, _pair_series
@@ -128,7 +129,7 @@ def _p99_past(calls: int, past: int) -> bool:
     return calls > 0 and past >= 0.01 * calls
 
 
-def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
+def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[Finding]:
     """``p99_band_break``: a pair's P99 jumps against its own trailing baseline while P50 holds.
 
     For every minute t whose trailing baseline ``[t - baseline_minutes, t)`` holds at least
@@ -236,7 +237,7 @@ def detect_p99_band_break(frames: Frames, th: Thresholds) -> list[dict]:
             if _reportable(frames, s_min, e_min) and ratio is not None:
                 sev = "critical" if ratio is not None and ratio >= 2 * th.band_ratio else "warning"
                 s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
-                out.append(finding("p99_band_break", sev, {"caller": caller, "callee": callee}, s_ns, e_ns, {
+                out.append(finding("p99_band_break", sev, Subject(caller=caller, callee=callee), s_ns, e_ns, {
                     "p99_ms": _ms(o99), "baseline_p99_ms": _ms(r99), "p50_ms": _ms(o50), "baseline_p50_ms": _ms(r50),
                     "ratio": round(ratio, 3) if ratio else None, "threshold_ratio": th.band_ratio,
                     "threshold_ms": _ms(thr_ns), "exit_threshold_ms": _ms(exit_ratio * b99[k]),

@@ -10,6 +10,7 @@ import pandas as pd
 
 from ...ingest.settle_fast import cache_hit_value, convention_contributions
 from ...models import sketch
+from ...core.findings import Attribute, Finding, Subject
 from .frames import NS_MIN, Frames, Thresholds, _clip_window, _reportable, empty_frame, finding, histogram_of
 from .hints import HINTS
 from .sketches import _block_of, _flagged_runs
@@ -102,7 +103,7 @@ def _penetrated(stats: pd.DataFrame, th: Thresholds) -> dict[str, list[tuple[int
     return flagged
 
 
-def detect_cache_penetration(frames: Frames, th: Thresholds) -> list[dict]:
+def detect_cache_penetration(frames: Frames, th: Thresholds) -> list[Finding]:
     """``cache_penetration``: per cache (``cache.name``, hits from ``cache.hit``) and per tag
     (a string attribute of the lookups with 2-20 values), the hit rate of one tag value
     falls below ``(1 - cache_drop)`` x the dominant value's in the same block, while the
@@ -151,7 +152,7 @@ def detect_cache_penetration(frames: Frames, th: Thresholds) -> list[dict]:
                     exemplars = misses
                 s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
                 out.append(finding("cache_penetration", "warning",
-                                   {"cache": str(cache), "attribute": {"key": key, "value": value}}, s_ns, e_ns, {
+                                   Subject(cache=str(cache), attribute=Attribute(key, value)), s_ns, e_ns, {
                     "hit_rate": round(mine["hits"].sum() / max(1, mine["n"].sum()), 4),
                     "dominant_hit_rate": round(dom_rate, 4),
                     "baseline_hit_rate": round(before["hits"].sum() / before["n"].sum(), 4)
@@ -181,7 +182,7 @@ def _batch_frame(frames: Frames) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(BATCH_COLUMNS)).groupby(["service", "minute"], as_index=False).sum()
 
 
-def detect_batching_failure(frames: Frames, th: Thresholds) -> list[dict]:
+def detect_batching_failure(frames: Frames, th: Thresholds) -> list[Finding]:
     """``batching_failure``: per service, the share of its spans with ``batch.size`` = 1
     reaches ``batch_stuck_share`` in blocks whose load (requests, from the ``trace``
     rollups) is at least ``batch_load_ratio`` x the median block's, while over the whole
@@ -218,7 +219,7 @@ def detect_batching_failure(frames: Frames, th: Thresholds) -> list[dict]:
                     exemplars = r.sort_values("duration_ns", ascending=False)["trace_id"].tolist()
                 s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
                 out.append(finding("batching_failure", "warning",
-                                   {"service": str(service), "attribute": {"key": "batch.size", "value": 1}}, s_ns, e_ns, {
+                                   Subject(service=str(service), attribute=Attribute("batch.size", 1)), s_ns, e_ns, {
                     "batch_one_share": round(float(inside["ones"].sum()) / n, 4), "baseline_batch_one_share": round(base, 4),
                     "threshold_share": th.batch_stuck_share,
                     "load_ratio": round(load_in / med, 3) if med else None, "threshold_load_ratio": th.batch_load_ratio,
@@ -244,7 +245,7 @@ def _cuda_frame(frames: Frames) -> pd.DataFrame:
     return pd.DataFrame(out, columns=list(CUDA_COLUMNS))
 
 
-def detect_cuda_graph_fallback(frames: Frames, th: Thresholds) -> list[dict]:
+def detect_cuda_graph_fallback(frames: Frames, th: Thresholds) -> list[Finding]:
     """``cuda_graph_fallback``: per service, blocks where at least ``fallback_share`` of the
     spans carrying ``gpu.cuda_graph`` say ``fallback`` (and at least ``min_events`` of them);
     the evidence adds their extra latency against captured spans of the same operation.
@@ -296,7 +297,7 @@ def detect_cuda_graph_fallback(frames: Frames, th: Thresholds) -> list[dict]:
             extra = float(np.median(ratios)) - 1 if ratios else None
             s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
             out.append(finding("cuda_graph_fallback", "warning",
-                               {"service": str(service), "attribute": {"key": "gpu.cuda_graph", "value": "fallback"}},
+                               Subject(service=str(service), attribute=Attribute("gpu.cuda_graph", "fallback")),
                                s_ns, e_ns, {
                 "fallback_share": round(n_fb / n, 4),
                 "baseline_fallback_share": round(float(outside["fb"].sum() / outside["count"].sum()), 4)

@@ -13,6 +13,7 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
+from ...core.findings import Finding, Subject
 from ...durations import MINUTE_NS as NS_MIN
 from ...models import sketch
 from ...settings import DetectorThresholds, SettingsError, declared, read_settings
@@ -144,23 +145,29 @@ def rfc3339(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def finding(kind: str, severity: str, subject: dict, start_ns: int, end_ns: int, evidence: dict,
-            hint: str, exemplars=()) -> dict:
-    """A finding as the API answers it. Each ``evidence`` key names its value's unit, as
+def finding(kind: str, severity: str, subject: Subject, start_ns: int, end_ns: int, evidence: dict,
+            hint: str, exemplars=()) -> Finding:
+    """A finding (``core.findings.Finding``): its window in whole seconds, floats in the
+    evidence rounded to 4 places, numpy numbers as Python's, and at most ``MAX_EXEMPLARS``
+    distinct exemplars in lowercase (``exemplar_ids``). Each ``evidence`` key names its value's unit, as
     ``units.evidence_unit`` reads it (``*_ms``, ``*_s``, ``*_minutes``, ``*_share``/``*_rate`` a
     fraction, ``*_ratio`` a multiple, ``*_count`` a count, or a key it lists): the pages and the
     CLI show it in that unit, and a test fails on a key it cannot place."""
     ev = {k: (round(float(v), 4) if isinstance(v, (float, np.floating)) else int(v) if isinstance(v, (np.integer,)) else v)
           for k, v in evidence.items()}
-    ids = []
+    return Finding(kind, severity, subject, rfc3339(start_ns), rfc3339(end_ns), ev, exemplar_ids(exemplars), hint)
+
+
+def exemplar_ids(exemplars) -> tuple[str, ...]:
+    """The first ``MAX_EXEMPLARS`` distinct trace ids of ``exemplars``, lowercase."""
+    ids: list[str] = []
     for t in exemplars:
         t = str(t).lower()
         if t not in ids:
             ids.append(t)
         if len(ids) >= MAX_EXEMPLARS:
             break
-    return {"kind": kind, "severity": severity, "subject": subject, "start": rfc3339(start_ns),
-            "end": rfc3339(end_ns), "evidence": ev, "exemplar_trace_ids": ids, "hint": hint}
+    return tuple(ids)
 
 
 def histogram_of(keys_list, counts_list) -> sketch.Histogram:

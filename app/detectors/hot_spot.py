@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...core.findings import Finding, Subject
 from .frames import NS_MIN, Frames, Thresholds, _clip_window, _ms, _reportable, finding
 from .hints import HINTS
 from .pairs import _pair_block_matrix, _pair_rows_histogram, _pair_series
@@ -36,7 +37,7 @@ def _hot_cells(counts: np.ndarray, p99: np.ndarray, min_samples: int) -> np.ndar
     return hot
 
 
-def detect_hot_spot(frames: Frames, th: Thresholds) -> list[dict]:
+def detect_hot_spot(frames: Frames, th: Thresholds) -> list[Finding]:
     """``hot_spot``: a pair in the top quartile of both P99 and call volume, per block.
 
     Per block, pairs with at least ``min_samples`` calls are ranked; a pair is in the top
@@ -77,7 +78,7 @@ def detect_hot_spot(frames: Frames, th: Thresholds) -> list[dict]:
                 if key != (caller, callee) and sel.any() and count[sel].sum() >= th.min_samples:
                     all_p99.append(_pair_rows_histogram(frames, series[key], sel).quantile(0.99))
             s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
-            out.append(finding("hot_spot", "warning", {"caller": caller, "callee": callee}, s_ns, e_ns, {
+            out.append(finding("hot_spot", "warning", Subject(caller=caller, callee=callee), s_ns, e_ns, {
                 "p99_ms": _ms(h.quantile(0.99)), "p50_ms": _ms(h.quantile(0.5)),
                 "calls": int(h.count), "calls_per_min": round(h.count / max(1, e_min - s_min), 2),
                 "median_pair_p99_ms": _ms(float(np.median(all_p99))) if all_p99 else None,

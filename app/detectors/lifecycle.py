@@ -5,12 +5,12 @@
 from __future__ import annotations
 
 import math
-from datetime import datetime
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from ...core.findings import Attribute, Finding, Subject
 from ...models import sketch
 from .frames import (KIND_SERVER_CODES, NS_MIN, Frames, Thresholds, _clip_window, _ms, _reportable, finding,
                      histogram_of)
@@ -18,7 +18,7 @@ from .hints import HINTS
 from .sketches import _block_of, _counts_above, _flagged_runs
 
 
-def detect_lb_timeout_truncation(frames: Frames, th: Thresholds) -> list[dict]:
+def detect_lb_timeout_truncation(frames: Frames, th: Thresholds) -> list[Finding]:
     """``lb_timeout_truncation``: per root service, the longest traces pile up just under a
     ceiling and end in errors: at least ``min_events`` traces within ``lb_band`` (a
     fraction) below the longest one, at least 80 % of them errors, the ceiling at least
@@ -40,9 +40,8 @@ def detect_lb_timeout_truncation(frames: Frames, th: Thresholds) -> list[dict]:
         if err.mean() < 0.8:
             continue
         types = band["input_type"].value_counts()
-        subject: dict[str, Any] = {"service": str(root)}
-        if len(types) and types.iloc[0] / len(band) >= 0.8:
-            subject["input_type"] = str(types.index[0])
+        subject = Subject(service=str(root), input_type=str(types.index[0])
+                          if len(types) and types.iloc[0] / len(band) >= 0.8 else None)
         ceiling_s = math.ceil(top / 1e9)
         s_ns = int(band["start_ns"].min()) // NS_MIN * NS_MIN
         e_ns = (int(band["start_ns"].max()) // NS_MIN + 1) * NS_MIN
@@ -74,23 +73,19 @@ def cold_start_histograms_candidate(first: sketch.Histogram, steady: sketch.Hist
     return first.quantile(0.5) >= 0.5 * th.cold_factor * steady.quantile(0.5)
 
 
-def detect_cold_start(frames: Frames, th: Thresholds) -> list[dict]:
+def detect_cold_start(frames: Frames, th: Thresholds) -> list[Finding]:
     """``cold_start``: a ``service.instance.id`` first seen after the data began (a new
     instance) whose requests (SERVER/CONSUMER spans) in its first ``cold_warmup_s`` are,
     at the median, ``cold_factor`` x slower than the same operations' steady state (the
     service's other spans in the half hour after that instance's warm-up, all instances).
     Needs ``min_events`` first requests and ``min_samples`` steady ones.
     """
-    known = []
-    for f in frames.cold_starts_known or ():
-        s_ns = datetime.fromisoformat(f["start"].replace("Z", "+00:00")).timestamp()
-        e_ns = datetime.fromisoformat(f["end"].replace("Z", "+00:00")).timestamp()
-        if _reportable(frames, int(s_ns) // 60, -(-int(e_ns) // 60)):
-            known.append(f)
+    known = [f for f in frames.cold_starts_known or ()
+             if _reportable(frames, f.start_ns // NS_MIN, -(-f.end_ns // NS_MIN))]
     return known + _cold_starts_from_spans(frames, th)
 
 
-def _cold_starts_from_spans(frames: Frames, th: Thresholds) -> list[dict]:
+def _cold_starts_from_spans(frames: Frames, th: Thresholds) -> list[Finding]:
     df = frames.spans
     if df.empty:
         return []
@@ -164,7 +159,7 @@ def _cold_starts_from_spans(frames: Frames, th: Thresholds) -> list[dict]:
         if not _reportable(frames, s_ns // NS_MIN, e_ns // NS_MIN):
             continue
         out.append(finding("cold_start", "warning",
-                           {"service": str(service), "attribute": {"key": "service.instance.id", "value": str(inst)}},
+                           Subject(service=str(service), attribute=Attribute("service.instance.id", str(inst))),
                            s_ns, e_ns, {
             "first_median_ms": _ms(float(np.median(f["duration_ns"]))),
             "steady_median_ms": _ms(float(np.median(steady.reindex(f["name"]).to_numpy()))),
@@ -184,7 +179,7 @@ def _wilson_lower(k: float, n: float, z: float = 3.0) -> float:
     return centre - half
 
 
-def detect_baseline_regression(frames: Frames, th: Thresholds) -> list[dict]:
+def detect_baseline_regression(frames: Frames, th: Thresholds) -> list[Finding]:
     """``baseline_regression``: P95 per input type over its baseline P95 (``baseline``
     setting, default the reference latency table) by more than ``baseline_margin``.
 
@@ -229,7 +224,7 @@ def detect_baseline_regression(frames: Frames, th: Thresholds) -> list[dict]:
             change = p95 / base95 - 1
             sev = "critical" if change > 2 * th.baseline_margin else "warning"
             s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
-            out.append(finding("baseline_regression", sev, {"input_type": str(it)}, s_ns, e_ns, {
+            out.append(finding("baseline_regression", sev, Subject(input_type=str(it)), s_ns, e_ns, {
                 "p95_ms": _ms(p95), "baseline_p95_ms": _ms(base95), "threshold_ms": _ms(limit),
                 "change": round(change, 4), "margin": th.baseline_margin,
                 "over_threshold": n_above, "sample_count": int(h.count),

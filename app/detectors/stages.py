@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ...core.findings import Finding, Subject
 from .frames import KIND_SERVER_CODES, NS_MIN, Frames, Thresholds, _clip_window, _reportable, finding, histogram_of
 from .hints import HINTS
 from .sketches import _block_of, _flagged_runs, _row_quantiles
@@ -86,7 +87,7 @@ def _sync_blocks(frames: Frames, th: Thresholds):
     return stats, median_of, df.groupby("service")["count"].sum().idxmax()
 
 
-def detect_fusion_sync_wait(frames: Frames, th: Thresholds) -> list[dict]:
+def detect_fusion_sync_wait(frames: Frames, th: Thresholds) -> list[Finding]:
     """``fusion_sync_wait``: in traces with a fusion-stage span, the spread between the
     first and the last encoder to finish (per service, the end of its last encoder-stage
     SERVER span). Fires for blocks whose median spread, over at least ``min_samples``
@@ -107,7 +108,7 @@ def detect_fusion_sync_wait(frames: Frames, th: Thresholds) -> list[dict]:
             med_in, n_in, exemplars = median_of(lambda blk: (blk >= s_min) & (blk < e_min))
             med_out, n_out, _ = median_of(lambda blk: (blk < s_min) | (blk >= e_min))
             s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
-            out.append(finding("fusion_sync_wait", "warning", {"service": str(fusion_service), "stage": "fusion"},
+            out.append(finding("fusion_sync_wait", "warning", Subject(service=str(fusion_service), stage="fusion"),
                                s_ns, e_ns, {
                 "median_spread_ms": round(float(med_in), 3),
                 "baseline_spread_ms": round(float(med_out), 3) if n_out and med_out is not None else None,
@@ -121,7 +122,7 @@ def _block_table(df: pd.DataFrame, th: Thresholds, by: list[str], value_cols: li
     return d.groupby(by + ["block"])[value_cols].sum().reset_index()
 
 
-def detect_preprocessing_bound(frames: Frames, th: Thresholds) -> list[dict]:
+def detect_preprocessing_bound(frames: Frames, th: Thresholds) -> list[Finding]:
     """``preprocessing_bound``: per input type and block, the preprocessing stage's share of
     end-to-end latency (``tstage`` self time over ``trace`` duration) reaches both
     ``preprocess_min_share`` and ``preprocess_ratio`` x its baseline (the median block
@@ -153,7 +154,7 @@ def detect_preprocessing_bound(frames: Frames, th: Thresholds) -> list[dict]:
                 inside = g.iloc[k:j + 1]
                 share = float(inside["pre_ns"].sum() / inside["sum_ns"].sum())
                 s_ns, e_ns = _clip_window(frames, s_min * NS_MIN, e_min * NS_MIN)
-                out.append(finding("preprocessing_bound", "warning", {"input_type": str(it), "stage": "preprocessing"},
+                out.append(finding("preprocessing_bound", "warning", Subject(input_type=str(it), stage="preprocessing"),
                                    s_ns, e_ns, {
                     "share": round(share, 4), "baseline_share": round(base, 4),
                     "threshold_share": round(max(th.preprocess_min_share, th.preprocess_ratio * base), 4),

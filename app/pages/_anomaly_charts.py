@@ -13,6 +13,7 @@ from modalscope.app import components as c
 from modalscope.app import figures, findings, links, queries
 from modalscope.app import state as st
 from modalscope.app.params import ParamError, Window, parse_time, rfc3339
+from modalscope.core.findings import Finding
 from modalscope.models.reader import Filters, RollupQuery
 
 CONTEXT_NS = 45 * 60_000_000_000  # before the finding's window, on its chart
@@ -26,26 +27,29 @@ PLACEHOLDER = {"data": [], "layout": {"height": CHART_HEIGHT, "margin": {"l": 0,
                                       "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)"}}
 
 
-def evidence_window(f: dict) -> tuple[Window, int, int] | None:
+def evidence_window(f: Finding) -> tuple[Window, int, int] | None:
+    """The window a finding's chart shows (its own with context around it), its start and end."""
+    return _window_around(f.start, f.end)
+
+
+def _window_around(start, end) -> tuple[Window, int, int] | None:
     try:
-        s, e = parse_time(str(f["start"]), "start"), parse_time(str(f["end"]), "end")
-    except (KeyError, ParamError):
+        s, e = parse_time(str(start), "start"), parse_time(str(end), "end")
+    except ParamError:
         return None
     return Window(s - CONTEXT_NS, e + CONTEXT_NS // 3), s, e
 
 
-def chart_spec(f: dict) -> dict:
-    """What a finding's chart needs (kept in the card, sent back by the browser): its kind,
-    window, subject filters, attribute, cache and evidence numbers."""
-    subject = f.get("subject") if isinstance(f.get("subject"), dict) else {}
-    spec = {"kind": str(f.get("kind") or ""), "start": str(f["start"]), "end": str(f["end"]),
-            "subject": links.finding_filters(f),
-            "evidence": {str(k): v for k, v in (f.get("evidence") or {}).items() if _number(v) is not None}}
-    attr = subject.get("attribute")
-    if isinstance(attr, dict) and isinstance(attr.get("key"), str):
-        spec["attribute"] = {"key": attr["key"], "value": str(attr.get("value"))}
-    if isinstance(subject.get("cache"), str):
-        spec["cache"] = subject["cache"]
+def chart_spec(f: Finding) -> dict:
+    """What a finding's chart needs (kept in the card, sent back by the browser, so plain
+    JSON): its kind, window, subject filters, attribute, cache and evidence numbers."""
+    spec = {"kind": f.kind, "start": f.start, "end": f.end, "subject": links.finding_filters(f),
+            "evidence": {str(k): v for k, v in f.evidence.items() if _number(v) is not None}}
+    attr = f.subject.attribute
+    if attr is not None:
+        spec["attribute"] = {"key": attr.key, "value": str(attr.value)}
+    if f.subject.cache is not None:
+        spec["cache"] = f.subject.cache
     return spec
 
 
@@ -86,7 +90,7 @@ def chart_figure(spec: dict | None):
     spec = spec if isinstance(spec, dict) else {}
     subject = spec.get("subject") if isinstance(spec.get("subject"), dict) else {}
     subject = {k: v for k, v in subject.items() if k in links.SUBJECT_FILTERS and isinstance(v, str)}
-    ew = evidence_window({**spec, "subject": subject})
+    ew = _window_around(spec["start"], spec["end"]) if "start" in spec and "end" in spec else None
     if ew is None:
         return figures.empty_figure("This finding has no valid window.", CHART_HEIGHT)
     window, s, e = ew

@@ -25,6 +25,7 @@ from modalscope.app import components as c
 from modalscope.app import evaluations, findings, ids
 from modalscope.app import incidents as inc
 from modalscope.app import state as st
+from modalscope.core.findings import Finding, Incident
 from modalscope.models.reader import Filters
 
 # The parts, re-exported: tests and callers reach them through the page module.
@@ -78,7 +79,7 @@ def layout(**query):
     ])
 
 
-def page_incidents(res, state: dict) -> tuple[evaluations.Evaluation, list[dict]]:
+def page_incidents(res, state: dict) -> tuple[evaluations.Evaluation, list[Incident]]:
     """The window's findings (as ``/api/v1/anomalies``) and incidents (as ``/api/v1/incidents``)."""
     reader, th = c.reader(), c.thresholds()
     ev = evaluations.find_for(reader, res.window, Filters(), th, relative=evaluations.ends_now(state))
@@ -105,10 +106,10 @@ def _fill(state):
         return html.Div([*notes, c.empty_state("No findings in this window.",
                              "Nothing in the anomaly catalog fired. Widen the time range, clear filters, or ",
                              *c.EMPTY_HINT)])
-    kinds = sorted({f["kind"] for i in all_incidents for f in i["findings"]} | {f["kind"] for f in found})
+    kinds = sorted({f.kind for i in all_incidents for f in i.findings} | {f.kind for f in found})
     shown = [i for i in all_incidents
-             if (not page.get("kind") or any(f["kind"] == page["kind"] for f in i["findings"]))
-             and (not page.get("severity") or i["severity"] == page["severity"])]
+             if (not page.get("kind") or any(f.kind == page["kind"] for f in i.findings))
+             and (not page.get("severity") or i.severity == page["severity"])]
     chosen = inc.find_incident(all_incidents, page.get("incident"),
                                lambda: inc.group(ev.findings, inc.topology(c.reader(), res.window)))
     if page.get("incident") and chosen is None:
@@ -119,10 +120,10 @@ def _fill(state):
     owner: dict[int, int] = {}
     for n, f in enumerate(found):
         for k, i in enumerate(all_incidents):
-            if inc.pick([i["findings"]], f) is not None:
+            if inc.pick([i.findings], f) is not None:
                 owner[n] = k
                 break
-    by_incident: dict[int, list[tuple[int, dict]]] = {}
+    by_incident: dict[int, list[tuple[int, Finding]]] = {}
     for n, k in owner.items():
         by_incident.setdefault(k, []).append((n, found[n]))
     index = {id(i): k for k, i in enumerate(all_incidents)}
@@ -130,8 +131,8 @@ def _fill(state):
     sections = [incident_section(i, by_incident.get(index[id(i)], []), state, page, i is chosen, charts)
                 for i in shown]
     loose = [(n, f) for n, f in enumerate(found) if n not in owner
-             and (not page.get("kind") or f["kind"] == page["kind"])
-             and (not page.get("severity") or f["severity"] == page["severity"])]
+             and (not page.get("kind") or f.kind == page["kind"])
+             and (not page.get("severity") or f.severity == page["severity"])]
     if loose:
         sections.append(html.Section(id="anomalies-other-findings", className="ms-incident-section", children=[
             html.H2("Findings in no incident", className="ms-panel-title"),
@@ -139,7 +140,7 @@ def _fill(state):
             *(finding_card(f, n, state, charts(f, n)) for n, f in loose)]))
     if not sections:
         sections = [c.empty_state("No incident matches these filters.", "Clear the kind or severity filter.")]
-    counts = {s: sum(1 for i in all_incidents if i["severity"] == s) for s in c.SEVERITY_ORDER}
+    counts = {s: sum(1 for i in all_incidents if i.severity == s) for s in c.SEVERITY_ORDER}
     head = html.Div([html.Span(f"{len(all_incidents)} incidents ("
                                + " · ".join(f"{n} {s}" for s, n in counts.items() if n) + f"), {len(found)} findings",
                                id="anomalies-counts"),

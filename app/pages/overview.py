@@ -176,7 +176,7 @@ def _findings(state):
     return c.top_findings(found, state, n=3)
 
 
-def incidents_for(res, state) -> tuple[list[dict], bool]:
+def incidents_for(res, state) -> tuple[list, bool]:
     """The window's incidents, most severe first, and whether each was judged over its own
     span (from stored evaluations) rather than over the window only (see the module doc)."""
     from modalscope.app import evaluations
@@ -194,7 +194,7 @@ def incidents_for(res, state) -> tuple[list[dict], bool]:
 TOP_INCIDENTS = 3
 
 
-def top_incidents(found: list[dict], state, judged: bool, n: int = TOP_INCIDENTS) -> html.Div:
+def top_incidents(found: list, state, judged: bool, n: int = TOP_INCIDENTS) -> html.Div:
     """The overview's panel: the ``n`` most severe incidents, each linking to its section on
     the Anomalies page."""
     from modalscope.app import incidents as inc
@@ -202,7 +202,7 @@ def top_incidents(found: list[dict], state, judged: bool, n: int = TOP_INCIDENTS
     if not found:
         return c.empty_state("No incidents in this window.",
                              "The anomaly catalog found nothing that needs attention.")
-    cards = [c.incident_card(i, inc.incident_page_href(i["id"], state)) for i in found[:n]]
+    cards = [c.incident_card(i, inc.incident_page_href(i.id, state)) for i in found[:n]]
     note = [] if judged else [html.Div("Judged over this window only; the Anomalies page judges each incident "
                                        "over its own span.", className="ms-note", id="overview-incidents-note")]
     more = dcc.Link(f"all {len(found)} incidents →", href=inc.page_href(state), id="overview-all-incidents")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ...core.findings import Finding
 from .. import figures
 from .. import state as st
 from ..units import fmt_count, fmt_ms, fmt_num, fmt_pct
@@ -96,16 +97,16 @@ def _evidence_text(evidence: Mapping[str, Any], limit: int = 4) -> str:
     return " · ".join(f"{label} {value}" for _, label, value in evidence_items(dict(evidence), limit))
 
 
-def anomalies_table(found: list[dict]) -> Table:
+def anomalies_table(found: list[Finding]) -> Table:
     cols = [("severity", "severity"), ("kind", "finding"), ("subject", "subject"), ("window", "window (UTC)"),
             ("evidence", "evidence"), ("hint", "hint")]
     out, classes = [], []
     for f in found:
-        sev = str(f.get("severity", "info"))
-        window = f"{f.get('start', '')} → {f.get('end', '')}".replace("T", " ").replace("Z", "")
-        out.append({"severity": cell_text(sev), "kind": cell_text(f.get("kind", "")),
-                    "subject": cell_text(subject_text(f.get("subject") or {})), "window": cell_text(window),
-                    "evidence": cell_text(_evidence_text(f.get("evidence") or {})),
-                    "hint": cell_text(f.get("hint") or "", 400)})
+        sev = f.severity
+        window = f"{f.start} → {f.end}".replace("T", " ").replace("Z", "")
+        out.append({"severity": cell_text(sev), "kind": cell_text(f.kind),
+                    "subject": cell_text(subject_text(f.subject.to_json())), "window": cell_text(window),
+                    "evidence": cell_text(_evidence_text(f.evidence)),
+                    "hint": cell_text(f.hint, 400)})
         classes.append(f"ms-sev-{sev}" if sev in ("critical", "warning", "info") else "")
     return Table(cols, out, classes, "" if out else "No findings in this window.")

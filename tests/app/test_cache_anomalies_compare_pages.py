@@ -11,17 +11,18 @@ import pytest
 
 from modalscope.app import components as c
 from modalscope.app import figures, links
+from modalscope.core.findings import Finding, Subject
 from modalscope.ingest import demo
 from tests.demo_stores import PATTERNS
 
 MIN = 60_000_000_000
 HOSTILE = "<img src=x onerror=alert(1)>"
 
-FINDING = {"kind": "p99_band_break", "severity": "critical",
-           "subject": {"caller": "gateway", "callee": "vision-encoder"},
-           "start": "2026-11-30T14:00:00.000Z", "end": "2026-11-30T14:20:00.000Z",
-           "evidence": {"p99_ms": 900.0, "baseline_p99_ms": 200.0, "sample_count": 1200},
-           "exemplar_trace_ids": ["ab" * 16, "javascript:alert(1)", "CD" * 16], "hint": "contention"}
+FINDING = Finding.from_json({
+    "kind": "p99_band_break", "severity": "critical", "subject": {"caller": "gateway", "callee": "vision-encoder"},
+    "start": "2026-11-30T14:00:00.000Z", "end": "2026-11-30T14:20:00.000Z",
+    "evidence": {"p99_ms": 900.0, "baseline_p99_ms": 200.0, "sample_count": 1200},
+    "exemplar_trace_ids": ["ab" * 16, "javascript:alert(1)", "CD" * 16], "hint": "contention"})
 
 
 def _dump(x) -> str:
@@ -39,10 +40,11 @@ def test_finding_links_name_subject_and_window():
                          "end": "2026-11-30T14:20:00.000Z"}
     assert links.finding_compare_href(FINDING).startswith("/compare?")
     assert links.finding_cache_href(FINDING) is None
-    cache = {**FINDING, "subject": {"cache": "profile", "attribute": {"key": "user_tier", "value": "bronze"}}}
+    cache = FINDING.replace(subject=Subject.from_json({"cache": "profile",
+                                                       "attribute": {"key": "user_tier", "value": "bronze"}}))
     q = _q(links.finding_cache_href(cache))
     assert q["cache"] == "profile" and q["group_by"] == "user_tier" and q["start"] < "2026-11-30T14:00"
-    bad = {**FINDING, "subject": {"cache": "p", "attribute": {"key": HOSTILE, "value": "x"}}}
+    bad = FINDING.replace(subject=Subject.from_json({"cache": "p", "attribute": {"key": HOSTILE, "value": "x"}}))
     assert "group_by" not in _q(links.finding_cache_href(bad))
 
 
@@ -80,7 +82,7 @@ def test_figures_escape_untrusted_text():
 
 
 def test_top_findings_panel_lists_three_with_links():
-    found = [dict(FINDING, kind=f"k{i}") for i in range(5)]
+    found = [FINDING.replace(kind=f"k{i}") for i in range(5)]
     panel = _dump(c.top_findings(found, {"range": "1h"}))
     assert panel.count('"ms-finding"') == 3 and "k3" not in panel
     assert "/drilldown?" in panel and "/trace/" in panel and "all 5 findings" in panel
@@ -89,8 +91,8 @@ def test_top_findings_panel_lists_three_with_links():
 
 
 def test_top_findings_put_causes_before_the_symptoms_they_explain():
-    symptoms = [dict(FINDING, kind="baseline_regression", subject={"input_type": f"t{i}"}) for i in range(3)]
-    cause = dict(FINDING, kind="cold_start", severity="warning", subject={"service": "llm"})
+    symptoms = [FINDING.replace(kind="baseline_regression", subject=Subject(input_type=f"t{i}")) for i in range(3)]
+    cause = FINDING.replace(kind="cold_start", severity="warning", subject=Subject(service="llm"))
     panel = _dump(c.top_findings(symptoms + [cause], {"range": "1h"}))
     assert panel.index("cold_start") < panel.index("baseline_regression"), panel
     assert "2026-11-30 14:00 \\u2192 14:20 UTC" in panel

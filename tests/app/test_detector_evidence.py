@@ -105,7 +105,7 @@ def _store(engine, spans: list[SpanRecord]) -> StoreReader:
 
 def _minutes(tr: Traffic, f: dict) -> tuple[float, float]:
     """A finding's start and end, in minutes from the data's start."""
-    return ((parse_time(f["start"], "start") - tr.start_ns) / MIN, (parse_time(f["end"], "end") - tr.start_ns) / MIN)
+    return ((parse_time(f.start, "start") - tr.start_ns) / MIN, (parse_time(f.end, "end") - tr.start_ns) / MIN)
 
 
 SEEDS = (101, 202, 303, 404)
@@ -117,13 +117,13 @@ def test_band_break_over_a_step_of_heavy_tailed_traffic(engine, seed):
     reader = _store(engine, spans)
     # The window begins with the data: its look-back before holds nothing to compare with.
     window = Window(tr.start_ns, tr.start_ns + (tr.minutes + 1) * MIN)
-    found = [f for f in findings.find(reader, window, th=TH, exemplars=False) if f["kind"] == "p99_band_break"]
+    found = [f for f in findings.find(reader, window, th=TH, exemplars=False) if f.kind == "p99_band_break"]
     spans_of = {tr.stepped: [], tr.quiet: []}
     for f in found:
         s, e = _minutes(tr, f)
-        assert s >= d.BAND_BASELINE_DATA_MINUTES, (seed, f["subject"], s, e)  # not in the first 30 minutes
-        assert f["evidence"]["baseline_data_minutes"] >= d.BAND_BASELINE_DATA_MINUTES
-        spans_of[(f["subject"]["caller"], f["subject"]["callee"])].append((s, e))
+        assert s >= d.BAND_BASELINE_DATA_MINUTES, (seed, f.subject, s, e)  # not in the first 30 minutes
+        assert f.evidence["baseline_data_minutes"] >= d.BAND_BASELINE_DATA_MINUTES
+        spans_of[(f.subject.caller, f.subject.callee)].append((s, e))
     assert spans_of[tr.quiet] == [], (seed, spans_of)  # no step: no break, heavy tail or not
     got = spans_of[tr.stepped]
     step0, step1 = tr.step
@@ -145,5 +145,5 @@ def test_no_band_break_in_a_pairs_first_half_hour_whatever_the_window(engine, se
     reader = _store(engine, spans)
     for start_min, end_min in ((-90, 40), (0, 30), (2, 45), (10, 35)):
         window = Window(tr.start_ns + start_min * MIN, tr.start_ns + end_min * MIN)
-        found = [f for f in findings.find(reader, window, th=TH, exemplars=False) if f["kind"] == "p99_band_break"]
+        found = [f for f in findings.find(reader, window, th=TH, exemplars=False) if f.kind == "p99_band_break"]
         assert found == [], (seed, start_min, end_min, found)

@@ -164,25 +164,25 @@ def test_detectors_find_the_same_from_stored_rollups_as_from_raw_spans(engine):
     found = findings.find(reader, window, th=TH)
     frames = findings.load_frames(reader, window, TH)
     assert frames.spans.empty  # nothing read raw: no new instance here
-    from_raw = [f for f in d.run_all(raw_frames(spans, frames.traces, window), TH) if f["kind"] in KINDS]
-    from_rollups = [f for f in found if f["kind"] in KINDS]
-    assert sorted(f["kind"] for f in from_rollups) == sorted(KINDS)
+    from_raw = [f for f in d.run_all(raw_frames(spans, frames.traces, window), TH) if f.kind in KINDS]
+    from_rollups = [f for f in found if f.kind in KINDS]
+    assert sorted(f.kind for f in from_rollups) == sorted(KINDS)
 
     def key(f):
-        return f["kind"], repr(f["subject"]), f["start"], f["end"]
+        return f.kind, repr(f.subject.to_json()), f.start, f.end
 
     assert sorted(map(key, from_rollups)) == sorted(map(key, from_raw))
     for a, b in zip(sorted(from_rollups, key=key), sorted(from_raw, key=key)):
-        assert a["evidence"]["sample_count"] == b["evidence"]["sample_count"]
-        for name, value in a["evidence"].items():  # sketch medians within the sketch's error
-            assert value == pytest.approx(b["evidence"][name], rel=0.02), (a["kind"], name)
-        assert 1 <= len(a["exemplar_trace_ids"]) <= 5  # from a bounded raw read of the window
-    by_kind = {f["kind"]: f for f in from_rollups}
+        assert a.evidence["sample_count"] == b.evidence["sample_count"]
+        for name, value in a.evidence.items():  # sketch medians within the sketch's error
+            assert value == pytest.approx(b.evidence[name], rel=0.02), (a.kind, name)
+        assert 1 <= len(a.exemplar_trace_ids) <= 5  # from a bounded raw read of the window
+    by_kind = {f.kind: f for f in from_rollups}
     cache = by_kind["cache_penetration"]
-    assert cache["subject"] == {"cache": "kv", "attribute": {"key": "tier", "value": "free"}}
+    assert cache.subject.to_json() == {"cache": "kv", "attribute": {"key": "tier", "value": "free"}}
     misses = {s.trace_id for s in spans if s.attributes.get("tier") == "free" and not s.attributes.get("cache.hit")}
-    assert set(cache["exemplar_trace_ids"]) <= misses
-    assert "instance w-1" in by_kind["cuda_graph_fallback"]["hint"]
+    assert set(cache.exemplar_trace_ids) <= misses
+    assert "instance w-1" in by_kind["cuda_graph_fallback"].hint
 
 
 def test_raw_spans_read_around_a_new_instance_change_no_finding_from_the_rollups(engine):
@@ -196,12 +196,12 @@ def test_raw_spans_read_around_a_new_instance_change_no_finding_from_the_rollups
     frames = findings.load_frames(StoreReader(engine), window, TH)
     around_birth = raw_frames([s for s in spans if s.kind == 2], frames.traces, window).spans.assign(
         attrs=lambda df: [{} for _ in range(len(df))])
-    plain = [f for f in d.run_all(frames, TH) if f["kind"] in KINDS]
-    with_raw = [f for f in d.run_all(dataclasses.replace(frames, spans=around_birth), TH) if f["kind"] in KINDS]
-    assert sorted(f["kind"] for f in plain) == sorted(KINDS)
+    plain = [f for f in d.run_all(frames, TH) if f.kind in KINDS]
+    with_raw = [f for f in d.run_all(dataclasses.replace(frames, spans=around_birth), TH) if f.kind in KINDS]
+    assert sorted(f.kind for f in plain) == sorted(KINDS)
     assert with_raw == plain
-    (cuda,) = [f for f in with_raw if f["kind"] == "cuda_graph_fallback"]
-    assert cuda["evidence"]["extra_latency_ratio"] is not None
+    (cuda,) = [f for f in with_raw if f.kind == "cuda_graph_fallback"]
+    assert cuda.evidence["extra_latency_ratio"] is not None
 
 
 def test_attribute_findings_read_a_bounded_number_of_raw_spans_for_exemplars(engine, monkeypatch):
@@ -218,18 +218,18 @@ def test_attribute_findings_read_a_bounded_number_of_raw_spans_for_exemplars(eng
     real = reader.attribute_spans
     monkeypatch.setattr(reader, "attribute_spans", lambda *a, **k: read.append(len(rows := real(*a, **k))) or rows)
     monkeypatch.setattr(findings, "EXEMPLAR_MAX_SPANS", 40)
-    found = {f["kind"]: f for f in findings.find(reader, window, th=TH) if f["kind"] in KINDS}
+    found = {f.kind: f for f in findings.find(reader, window, th=TH) if f.kind in KINDS}
     assert sorted(found) == sorted(KINDS) and read and max(read) <= 40
     for kind, key in (("cache_penetration", "cache.name"), ("batching_failure", "batch.size"),
                       ("cuda_graph_fallback", "gpu.cuda_graph")):
         f = found[kind]
-        start = f["start"] if isinstance(f["start"], int) else findings.finding_window(f).start_ns
+        start = f.start if isinstance(f.start, int) else findings.finding_window(f).start_ns
         first = sorted((s for s in spans if key in s.attributes and s.start_ns >= start
-                        and (kind == "cache_penetration" or s.service == f["subject"]["service"])),
+                        and (kind == "cache_penetration" or s.service == f.subject.service)),
                        key=lambda s: s.start_ns)[:40]
-        assert f["exemplar_trace_ids"] and set(f["exemplar_trace_ids"]) <= {s.trace_id for s in first}, kind
+        assert f.exemplar_trace_ids and set(f.exemplar_trace_ids) <= {s.trace_id for s in first}, kind
     misses = {s.trace_id for s in spans if s.attributes.get("tier") == "free" and not s.attributes.get("cache.hit")}
-    assert set(found["cache_penetration"]["exemplar_trace_ids"]) <= misses
+    assert set(found["cache_penetration"].exemplar_trace_ids) <= misses
     monkeypatch.setattr(findings, "EXEMPLAR_MAX_SPANS", 1_000_000)
     read.clear()
     findings.find(reader, window, th=TH)
@@ -250,10 +250,10 @@ def test_exemplar_look_ups_start_with_the_findings_first_minute(engine, monkeypa
 
     def spy(r, f, w):
         out = real(r, f, w)
-        reads.setdefault(f["kind"], []).append((w.end_ns - w.start_ns, len(out)))
+        reads.setdefault(f.kind, []).append((w.end_ns - w.start_ns, len(out)))
         return out
     monkeypatch.setattr(findings, "_exemplar_rows", spy)
-    found = {f["kind"]: f for f in findings.find(reader, window, th=TH)}
+    found = {f.kind: f for f in findings.find(reader, window, th=TH)}
     assert set(reads) >= {"cache_penetration", "batching_failure", "cuda_graph_fallback"}
     for kind, seen in reads.items():
         assert seen[0][0] == MIN, (kind, seen)  # the first minute first
@@ -261,7 +261,7 @@ def test_exemplar_look_ups_start_with_the_findings_first_minute(engine, monkeypa
             assert got < d.MAX_EXEMPLARS and longer > MIN  # widened only while short of exemplars
         if seen[0][1] >= d.MAX_EXEMPLARS:
             assert len(seen) == 1
-        assert found[kind]["exemplar_trace_ids"]
+        assert found[kind].exemplar_trace_ids
     assert any(len(seen) == 1 for seen in reads.values())
 
 
@@ -293,10 +293,10 @@ def test_cold_start_from_instance_rollups_reads_raw_spans_only_around_the_birth(
     frames = findings.load_frames(reader, window, th)
     assert frames.new_instances == {("model", "p-4")}
     assert frames.spans["start_ns"].min() >= (T0 + 40) * MIN  # only around the birth
-    (f,) = [f for f in findings.find(reader, window, th=th) if f["kind"] == "cold_start"]
-    assert f["subject"] == {"service": "model", "attribute": {"key": "service.instance.id", "value": "p-4"}}
-    assert f["start"] == d.rfc3339((T0 + 40) * MIN) and f["end"] <= d.rfc3339((T0 + 43) * MIN)
-    assert f["evidence"]["ratio"] > 10 and len(f["exemplar_trace_ids"]) == 5
+    (f,) = [f for f in findings.find(reader, window, th=th) if f.kind == "cold_start"]
+    assert f.subject.to_json() == {"service": "model", "attribute": {"key": "service.instance.id", "value": "p-4"}}
+    assert f.start == d.rfc3339((T0 + 40) * MIN) and f.end <= d.rfc3339((T0 + 43) * MIN)
+    assert f.evidence["ratio"] > 10 and len(f.exemplar_trace_ids) == 5
 
 
 def test_a_cold_start_check_a_stored_evaluation_made_is_not_read_again(engine, monkeypatch):
@@ -326,7 +326,7 @@ def test_a_cold_start_check_a_stored_evaluation_made_is_not_read_again(engine, m
 
     def cold_starts(window):
         return [f for f in ev.find_for(reader, window, Filters(), th, relative=False).findings
-                if f["kind"] == "cold_start"]
+                if f.kind == "cold_start"]
 
     # A window ending before the birth stores nothing to take: the next one reads.
     cold_starts(Window((T0 + 5) * MIN, (T0 + 39) * MIN))
@@ -334,7 +334,7 @@ def test_a_cold_start_check_a_stored_evaluation_made_is_not_read_again(engine, m
     first = cold_starts(Window((T0 + 10) * MIN, (T0 + 70) * MIN))
     assert reads == ["model"] and len(first) == 1
     exact = [f for f in findings.find(reader, Window((T0 + 12) * MIN, (T0 + 70) * MIN), th=th)
-             if f["kind"] == "cold_start"]
+             if f.kind == "cold_start"]
     reads.clear()
     checked.clear()
     assert cold_starts(Window((T0 + 12) * MIN, (T0 + 70) * MIN)) == exact == first and reads == []
@@ -418,8 +418,8 @@ def test_reads_in_threads_find_what_they_find_one_after_another(engine, monkeypa
     reader = StoreReader(engine)
     found = findings.find(reader, Window(now - 60 * MIN, now), exemplars=False)
     # the demo's patterns: several findings, rollup- and attribute-based, whose look-ups read raw spans
-    assert len(found) >= 3 and any(f["kind"] in d.ATTRIBUTE_KINDS for f in found)
-    assert sum(not f["exemplar_trace_ids"] for f in found) >= 3
+    assert len(found) >= 3 and any(f.kind in d.ATTRIBUTE_KINDS for f in found)
+    assert sum(not f.exemplar_trace_ids for f in found) >= 3
     serial, threaded = copy.deepcopy(found), copy.deepcopy(found)
     monkeypatch.setattr(findings, "THREADED_DIALECTS", frozenset())
     findings.add_exemplars(reader, serial)
@@ -433,7 +433,7 @@ def test_reads_in_threads_find_what_they_find_one_after_another(engine, monkeypa
     monkeypatch.setattr(findings, "_exemplar_rows", watched)
     monkeypatch.setattr(findings, "THREADED_DIALECTS", frozenset({engine.dialect.name}))
     findings.add_exemplars(reader, threaded)
-    assert threaded == serial and any(f["exemplar_trace_ids"] for f in serial)
+    assert threaded == serial and any(f.exemplar_trace_ids for f in serial)
     assert looked_up_in and all(name.startswith("exemplars") for name in looked_up_in)
 
     # The frames: the pairs read in a thread of their own beside the rest, the same findings.
@@ -465,7 +465,7 @@ def test_the_pair_detectors_find_the_same_with_shared_minute_matrices_as_without
     frames = findings.load_frames(reader, Window(now - 90 * MIN, now), TH)
     shared = d.detect_hot_spot(frames, TH) + d.detect_p99_band_break(frames, TH)
     assert d._pair_minute_matrices(frames) is not None, "a demo hour and a half fits: shared"
-    assert {f["kind"] for f in shared} == {"hot_spot", "p99_band_break"}, "the demo's pair patterns"
+    assert {f.kind for f in shared} == {"hot_spot", "p99_band_break"}, "the demo's pair patterns"
     blocks = d._blocks(frames, TH)
     mats = {key: (d._pair_minute_matrices(frames)[key], d._pair_block_matrix(frames, key, blocks, TH))
             for key in d._pair_series(frames)}

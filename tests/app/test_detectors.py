@@ -68,9 +68,9 @@ def band_frames(stall_from=None, stall_share=0.06, calls=60, single_outlier=Fals
 
 def test_band_break_fires_with_its_window_and_frozen_baseline():
     (f,) = d.detect_p99_band_break(band_frames(stall_from=80), TH)
-    assert f["kind"] == "p99_band_break" and f["subject"] == {"caller": "svc-a", "callee": "svc-b"}
-    assert f["start"] == d.rfc3339((T0 + 80) * MIN) and f["end"] == d.rfc3339((T0 + 95) * MIN)
-    ev = f["evidence"]
+    assert f.kind == "p99_band_break" and f.subject.to_json() == {"caller": "svc-a", "callee": "svc-b"}
+    assert f.start == d.rfc3339((T0 + 80) * MIN) and f.end == d.rfc3339((T0 + 95) * MIN)
+    ev = f.evidence
     assert ev["p99_ms"] > 2 * ev["baseline_p99_ms"] and ev["p50_ms"] == pytest.approx(ev["baseline_p50_ms"], rel=0.25)
     assert ev["sample_count"] >= 15 * 60 and ev["baseline_minutes"] >= 30
 
@@ -116,8 +116,8 @@ def hot_frames(hot_p99=True, tied=False):
 
 def test_hot_spot_is_top_quartile_of_volume_and_p99():
     found = d.detect_hot_spot(hot_frames(), TH)
-    assert [f["subject"] for f in found] == [{"caller": "front", "callee": "back-0"}]
-    assert found[0]["evidence"]["calls"] == 1000
+    assert [f.subject.to_json() for f in found] == [{"caller": "front", "callee": "back-0"}]
+    assert found[0].evidence["calls"] == 1000
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 50])
@@ -223,10 +223,10 @@ def cache_frames(collapse=True, n_per_min=30):
 
 def test_cache_penetration_names_the_tag_value():
     (f,) = d.detect_cache_penetration(cache_frames(), TH)
-    assert f["subject"] == {"cache": "kv", "attribute": {"key": "tier", "value": "t-c"}}
-    assert (f["start"], f["end"]) == (d.rfc3339((T0 + 30) * MIN), d.rfc3339((T0 + 45) * MIN))
-    assert f["evidence"]["hit_rate"] < 0.2 < 0.8 < f["evidence"]["dominant_hit_rate"]
-    assert 1 <= len(f["exemplar_trace_ids"]) <= 5 and "tier=t-a" in f["hint"]
+    assert f.subject.to_json() == {"cache": "kv", "attribute": {"key": "tier", "value": "t-c"}}
+    assert (f.start, f.end) == (d.rfc3339((T0 + 30) * MIN), d.rfc3339((T0 + 45) * MIN))
+    assert f.evidence["hit_rate"] < 0.2 < 0.8 < f.evidence["dominant_hit_rate"]
+    assert 1 <= len(f.exemplar_trace_ids) <= 5 and "tier=t-a" in f.hint
 
 
 @pytest.mark.parametrize("kw", [{"collapse": False}, {"n_per_min": 2}])
@@ -246,8 +246,8 @@ def sync_frames(spread_ms):
 
 def test_fusion_sync_wait():
     found = d.detect_fusion_sync_wait(sync_frames(200), TH)
-    assert [f["subject"] for f in found] == [{"service": "fuse", "stage": "fusion"}]
-    assert found[0]["evidence"]["median_spread_ms"] == pytest.approx(200)
+    assert [f.subject.to_json() for f in found] == [{"service": "fuse", "stage": "fusion"}]
+    assert found[0].evidence["median_spread_ms"] == pytest.approx(200)
     assert d.detect_fusion_sync_wait(sync_frames(12), TH) == []
 
 
@@ -268,8 +268,8 @@ def batch_frames(stuck, load):
 
 def test_batching_failure_needs_high_load():
     (f,) = d.detect_batching_failure(batch_frames(True, 1.5), TH)
-    assert f["subject"] == {"service": "gpu-svc", "attribute": {"key": "batch.size", "value": 1}}
-    assert (f["start"], f["end"]) == (d.rfc3339((T0 + 30) * MIN), d.rfc3339((T0 + 40) * MIN))
+    assert f.subject.to_json() == {"service": "gpu-svc", "attribute": {"key": "batch.size", "value": 1}}
+    assert (f.start, f.end) == (d.rfc3339((T0 + 30) * MIN), d.rfc3339((T0 + 40) * MIN))
     assert d.detect_batching_failure(batch_frames(True, 0.5), TH) == []  # low load: batch 1 is expected
     assert d.detect_batching_failure(batch_frames(False, 1.5), TH) == []
 
@@ -286,8 +286,8 @@ def fallback_frames(share):
 
 def test_cuda_graph_fallback():
     (f,) = d.detect_cuda_graph_fallback(fallback_frames(0.3), TH)
-    assert f["subject"] == {"service": "gen", "attribute": {"key": "gpu.cuda_graph", "value": "fallback"}}
-    assert f["evidence"]["extra_latency_ratio"] == pytest.approx(0.6) and "p-2" in f["hint"]
+    assert f.subject.to_json() == {"service": "gen", "attribute": {"key": "gpu.cuda_graph", "value": "fallback"}}
+    assert f.evidence["extra_latency_ratio"] == pytest.approx(0.6) and "p-2" in f.hint
     assert d.detect_cuda_graph_fallback(fallback_frames(0.01), TH) == []
 
 
@@ -302,8 +302,8 @@ def lb_frames(n_piled, errors=True):
 
 def test_lb_timeout_truncation():
     (f,) = d.detect_lb_timeout_truncation(lb_frames(8), TH)
-    assert f["severity"] == "critical" and f["subject"] == {"service": "front", "input_type": "multi_image"}
-    assert f["evidence"]["ceiling_s"] == 30 and len(f["exemplar_trace_ids"]) == 5
+    assert f.severity == "critical" and f.subject.to_json() == {"service": "front", "input_type": "multi_image"}
+    assert f.evidence["ceiling_s"] == 30 and len(f.exemplar_trace_ids) == 5
     assert d.detect_lb_timeout_truncation(lb_frames(3), TH) == []  # too few
     assert d.detect_lb_timeout_truncation(lb_frames(8, errors=False), TH) == []  # long, but not cut
 
@@ -323,8 +323,8 @@ def cold_frames(cold):
 
 def test_cold_start():
     (f,) = d.detect_cold_start(cold_frames(True), TH)
-    assert f["subject"] == {"service": "model", "attribute": {"key": "service.instance.id", "value": "w-3"}}
-    assert f["start"] == d.rfc3339((T0 + 20) * MIN) and f["end"] <= d.rfc3339((T0 + 23) * MIN)
+    assert f.subject.to_json() == {"service": "model", "attribute": {"key": "service.instance.id", "value": "w-3"}}
+    assert f.start == d.rfc3339((T0 + 20) * MIN) and f.end <= d.rfc3339((T0 + 23) * MIN)
     assert d.detect_cold_start(cold_frames(False), TH) == []  # a new instance at speed: a restart
 
 
@@ -348,9 +348,9 @@ def trace_frames(it, median_ms, slow_from=None, slow_factor=1.5, per_minute=20, 
 
 def test_baseline_regression_against_the_seed_table():
     (f,) = d.detect_baseline_regression(trace_frames("multi_image", 5000, slow_from=30), TH)
-    assert f["subject"] == {"input_type": "multi_image"} and f["severity"] == "critical"
-    assert f["evidence"]["baseline_p95_ms"] == 6400 and f["evidence"]["p95_ms"] > 7040
-    assert (f["start"], f["end"]) == (d.rfc3339((T0 + 30) * MIN), d.rfc3339((T0 + 45) * MIN))
+    assert f.subject.to_json() == {"input_type": "multi_image"} and f.severity == "critical"
+    assert f.evidence["baseline_p95_ms"] == 6400 and f.evidence["p95_ms"] > 7040
+    assert (f.start, f.end) == (d.rfc3339((T0 + 30) * MIN), d.rfc3339((T0 + 45) * MIN))
     # Within the SLO; and an input type with no baseline.
     assert d.detect_baseline_regression(trace_frames("multi_image", 5000), TH) == []
     assert d.detect_baseline_regression(trace_frames("audio", 50_000), TH) == []
@@ -363,9 +363,9 @@ def test_baseline_regression_against_the_seed_table():
 
 def test_preprocessing_bound():
     (f,) = d.detect_preprocessing_bound(trace_frames("image", 1300, pre_jump=0.45), TH)
-    assert f["subject"] == {"input_type": "image", "stage": "preprocessing"}
-    assert f["evidence"]["share"] == pytest.approx(0.45, abs=0.01)
-    assert f["evidence"]["baseline_share"] == pytest.approx(0.2, abs=0.01)
+    assert f.subject.to_json() == {"input_type": "image", "stage": "preprocessing"}
+    assert f.evidence["share"] == pytest.approx(0.45, abs=0.01)
+    assert f.evidence["baseline_share"] == pytest.approx(0.2, abs=0.01)
     # A high but steady share is the input type's normal bottleneck, not a finding.
     assert d.detect_preprocessing_bound(trace_frames("image", 1300, pre_share=0.4), TH) == []
 
@@ -375,12 +375,12 @@ def test_run_all_orders_by_severity_and_shapes_findings():
     f = band_frames(stall_from=80)
     f.long_traces = lb_frames(8).long_traces
     found = d.run_all(f, TH)
-    assert [x["kind"] for x in found] == ["lb_timeout_truncation", "p99_band_break"] or \
-        [x["severity"] for x in found] == sorted((x["severity"] for x in found), key=d.SEVERITY_ORDER.get)
+    assert [x.kind for x in found] == ["lb_timeout_truncation", "p99_band_break"] or \
+        [x.severity for x in found] == sorted((x.severity for x in found), key=d.SEVERITY_ORDER.get)
     for x in found:
-        assert set(x) == {"kind", "severity", "subject", "start", "end", "evidence", "exemplar_trace_ids", "hint"}
-        assert x["start"].endswith("Z") and x["hint"]
-        assert all(isinstance(v, (int, float)) or v is None for v in x["evidence"].values())
+        assert list(x.to_json()) == ["kind", "severity", "subject", "start", "end", "evidence", "exemplar_trace_ids", "hint"]
+        assert x.start.endswith("Z") and x.hint
+        assert all(isinstance(v, (int, float)) or v is None for v in x.evidence.values())
     assert d.run_all(frames(), TH) == []  # nothing stored: nothing found
 
 
@@ -703,17 +703,17 @@ def test_band_break_needs_thirty_minutes_of_the_pairs_own_data(stall_from):
     """Empty minutes before a pair's first call are no baseline: a stall in its first half
     hour fires nothing, whatever the window's look-back held."""
     found = d.detect_p99_band_break(late_pair_frames(stall_from), TH)
-    assert all(f["start"] >= d.rfc3339((T0 + 60 + 30) * MIN) for f in found), found
+    assert all(f.start >= d.rfc3339((T0 + 60 + 30) * MIN) for f in found), found
     if stall_from + 15 <= 30:  # over before the pair's first half hour ends: nothing at all
         assert found == []
     else:  # still stalling after it: that part may be a break, with a baseline of 30 minutes
-        assert [f["evidence"]["baseline_data_minutes"] for f in found] == [30]
+        assert [f.evidence["baseline_data_minutes"] for f in found] == [30]
 
 
 def test_band_break_after_thirty_minutes_of_data_fires_and_says_so():
     (f,) = d.detect_p99_band_break(late_pair_frames(40), TH)
-    assert f["start"] == d.rfc3339((T0 + 100) * MIN) and f["end"] == d.rfc3339((T0 + 115) * MIN)
-    assert d.BAND_BASELINE_DATA_MINUTES <= f["evidence"]["baseline_data_minutes"] <= TH.baseline_minutes
+    assert f.start == d.rfc3339((T0 + 100) * MIN) and f.end == d.rfc3339((T0 + 115) * MIN)
+    assert d.BAND_BASELINE_DATA_MINUTES <= f.evidence["baseline_data_minutes"] <= TH.baseline_minutes
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
@@ -726,11 +726,11 @@ def test_band_break_on_a_heavy_tail_ends_when_its_p99_returns(seed):
     assert len(found) == 1, found
     f = found[0]
     stall_end = T0 + lead + stall_from + stall_for
-    assert d.rfc3339((T0 + lead + stall_from - TH.block_minutes) * MIN) <= f["start"] \
+    assert d.rfc3339((T0 + lead + stall_from - TH.block_minutes) * MIN) <= f.start \
         <= d.rfc3339((T0 + lead + stall_from + TH.block_minutes) * MIN)
-    assert d.rfc3339((stall_end - TH.block_minutes) * MIN) <= f["end"] \
+    assert d.rfc3339((stall_end - TH.block_minutes) * MIN) <= f.end \
         <= d.rfc3339((stall_end + (d.BAND_CALM_BLOCKS + 1) * TH.block_minutes) * MIN), f
-    assert f["evidence"]["exit_threshold_ms"] < f["evidence"]["threshold_ms"]
+    assert f.evidence["exit_threshold_ms"] < f.evidence["threshold_ms"]
 
 
 def test_band_break_tail_tests_match_their_definitions():

@@ -20,6 +20,7 @@ from modalscope.app import create_app, evaluations as ev
 from modalscope.app import findings as fnd
 from modalscope.app.detectors import Thresholds
 from modalscope.app.params import Window, parse_time
+from modalscope.core.findings import Finding, Subject
 from modalscope.ingest import demo
 from modalscope.ingest.settle import settle
 from modalscope.ingest.settler import Settler, SettlerJobs, SettlerProcess
@@ -83,7 +84,7 @@ def test_filters_apply_to_stored_findings_as_to_fresh_ones(filled):
     window = Window(end - HOUR, end)
     ev.find_for(reader, window, Filters(), th, relative=True)  # stores the unfiltered findings
     everything = fnd.find(reader, window, Filters(), th)
-    subjects = {(k, v) for f in everything for k, v in f["subject"].items() if k in ("input_type", "callee")}
+    subjects = {(k, v) for f in everything for k, v in f.subject.to_json().items() if k in ("input_type", "callee")}
     assert subjects
     for key, value in sorted(subjects):
         filters = Filters(**{key: value})
@@ -101,7 +102,7 @@ def test_frames_read_beside_each_other_find_what_reading_them_in_turn_finds(fill
     window, th = Window(now - HOUR, now + 60 * S), Thresholds()
     beside = fnd.load_frames(StoreReader(filled), window, th)
     found = fnd.find(StoreReader(filled), window, Filters(), th)
-    assert beside.new_instances and len(beside.spans) and any(f["kind"] == "cold_start" for f in found)
+    assert beside.new_instances and len(beside.spans) and any(f.kind == "cold_start" for f in found)
     monkeypatch.setattr(fnd, "THREADED_DIALECTS", frozenset())
     in_turn = fnd.load_frames(StoreReader(filled), window, th)
     for name in ("pairs", "traces", "tstage", "spans", "long_traces", "cache", "batch", "cuda", "sync"):
@@ -137,8 +138,8 @@ def test_an_absolute_window_is_computed_once_and_answered_while_its_minutes_are_
     assert (again.start_ns, again.end_ns) == (window.start_ns, window.end_ns)
     # Filtered on reading, as fresh ones.
     for f in first.findings:
-        filters = Filters(caller=f["subject"]["caller"]) if "caller" in f["subject"] else Filters(
-            service=f["subject"].get("service"), input_type=f["subject"].get("input_type"))
+        filters = Filters(caller=f.subject.caller) if f.subject.caller else Filters(
+            service=f.subject.service, input_type=f.subject.input_type)
         got = ev.find_for(reader, window, filters, th, relative=False)
         assert got.stored and got.findings == [g for g in first.findings if fnd.matches(g, filters)]
     # Another window (a nanosecond apart) or other thresholds: computed, stored beside it.
@@ -204,28 +205,28 @@ def test_a_new_window_takes_the_exemplars_of_identical_stored_findings_while_the
     window = Window(end - HOUR + 60 * S, end)
     ev.find_for(reader, window, Filters(), th, relative=True)
     plain = fnd.find(reader, window, Filters(), th)
-    looked_up = [f for f in fnd.find(reader, window, Filters(), th, exemplars=False) if not f["exemplar_trace_ids"]]
+    looked_up = [f for f in fnd.find(reader, window, Filters(), th, exemplars=False) if not f.exemplar_trace_ids]
     assert len(looked_up) >= 3, "the demo hour has findings whose exemplars are looked up"
     # Marked, so a taken exemplar shows where it came from.
     marker = "ab" * 16
     _mark_stored_exemplars(filled, marker)
     lookups = []
     real_rows = fnd._exemplar_rows
-    monkeypatch.setattr(fnd, "_exemplar_rows", lambda r, f, w: lookups.append(f["kind"]) or real_rows(r, f, w))
+    monkeypatch.setattr(fnd, "_exemplar_rows", lambda r, f, w: lookups.append(f.kind) or real_rows(r, f, w))
     # An absolute window a few seconds apart: its findings are the stored ones (none at its edges).
     moved = Window(window.start_ns + 5 * S, window.end_ns)
     got = ev.find_for(reader, moved, Filters(), th, relative=False)
     assert not got.stored and not lookups
     ids = {fnd.finding_identity(f) for f in looked_up}
     taken = [f for f in got.findings if fnd.finding_identity(f) in ids]
-    assert len(taken) == len(looked_up) and all(f["exemplar_trace_ids"] == [marker] for f in taken)
+    assert len(taken) == len(looked_up) and all(f.exemplar_trace_ids == (marker,) for f in taken)
     # The others carried their own exemplars from the raw spans, as before; a cold start's
     # check (a raw read) was taken whole from the stored evaluation.
     others = [f for f in got.findings if fnd.finding_identity(f) not in ids]
-    assert [dict(f, exemplar_trace_ids=None) for f in others] == [
-        dict(f, exemplar_trace_ids=None) for f in plain if fnd.finding_identity(f) not in ids]
-    assert [f["exemplar_trace_ids"] == [marker] for f in others] == [f["kind"] == "cold_start" for f in others]
-    assert any(f["kind"] == "cold_start" for f in others), "the demo hour's cold start is among them"
+    assert [f.replace(exemplar_trace_ids=()) for f in others] == [
+        f.replace(exemplar_trace_ids=()) for f in plain if fnd.finding_identity(f) not in ids]
+    assert [f.exemplar_trace_ids == (marker,) for f in others] == [f.kind == "cold_start" for f in others]
+    assert any(f.kind == "cold_start" for f in others), "the demo hour's cold start is among them"
 
     # A write logged over one finding's first minute: the findings over that minute are looked
     # up again (exactly as before), the rest are taken.
@@ -237,14 +238,14 @@ def test_a_new_window_takes_the_exemplars_of_identical_stored_findings_while_the
     lookups.clear()
     again = ev.find_for(reader, Window(window.start_ns + 10 * S, window.end_ns), Filters(), th, relative=False)
     by_id = {fnd.finding_identity(f): f for f in again.findings}
-    exact = {fnd.finding_identity(f): f["exemplar_trace_ids"] for f in plain}
+    exact = {fnd.finding_identity(f): f.exemplar_trace_ids for f in plain}
     # Every finding over the written minute is looked up again; one whose baseline look-back
     # (not its own window) holds the minute may be too, depending on where the hour falls.
-    assert {f["kind"] for f in looked_up if fnd.finding_identity(f) in touched} <= set(lookups)
-    assert set(lookups) <= {f["kind"] for f in looked_up}
+    assert {f.kind for f in looked_up if fnd.finding_identity(f) in touched} <= set(lookups)
+    assert set(lookups) <= {f.kind for f in looked_up}
     assert len(lookups) < len(looked_up), "findings far from the written minute keep theirs"
     for i in ids:
-        assert by_id[i]["exemplar_trace_ids"] in ([exact[i]] if i in touched else [[marker], exact[i]])
+        assert by_id[i].exemplar_trace_ids in ([exact[i]] if i in touched else [(marker,), exact[i]])
 
     # Other thresholds: nothing is taken from an evaluation made with different settings.
     lookups.clear()
@@ -341,13 +342,17 @@ def test_retention_and_retag_make_stored_absolute_findings_stale(filled, monkeyp
     assert not ev.find_for(reader, window, Filters(), th, relative=False).stored
 
 
+def _a_finding(kind: str) -> Finding:
+    return Finding(kind, "info", Subject(), "2025-11-30T10:00:00Z", "2025-11-30T10:01:00Z")
+
+
 def test_absolute_findings_kept_are_bounded(engine, monkeypatch):
     monkeypatch.setattr(ev, "ABSOLUTE_MAX_KEPT", 3)
     th, now = Thresholds(), time.time_ns()
     ev.store_absolute(engine, Window(now - 9 * HOUR, now), th, [], now - 2 * changes.KEEP_S * S)
     assert ev.cached_absolute(engine, Window(now - 9 * HOUR, now), th) is None  # past KEEP_S: never answers
     for i in range(5):
-        ev.store_absolute(engine, Window(now - HOUR + i * S, now), th, [{"kind": str(i)}], now + i)
+        ev.store_absolute(engine, Window(now - HOUR + i * S, now), th, [_a_finding(str(i))], now + i)
     ev.store_absolute(engine, Window(now - HOUR + 4 * S, now), th, [], now + 9)  # replaces its older copy
     with engine.connect() as conn:
         kept = conn.execute(select(FindingEvaluation.evaluated_ns).order_by(FindingEvaluation.evaluated_ns)).scalars()
@@ -372,7 +377,7 @@ def test_old_evaluations_are_deleted_when_a_new_one_is_stored(engine):
     ev.store(engine, Window(end - (ev.RELATIVE_KEEP_S + 60) * S - HOUR, end - (ev.RELATIVE_KEEP_S + 60) * S), key, [], 1)
     ev.store(engine, Window(end - 60 * S - HOUR, end - 60 * S), key, [], 2)
     assert _rows(engine) == 2
-    ev.store(engine, Window(end - HOUR, end), key, [{"kind": "x"}], 3)
+    ev.store(engine, Window(end - HOUR, end), key, [_a_finding("x")], 3)
     with engine.connect() as conn:
         kept = conn.execute(select(FindingEvaluation.evaluated_ns).order_by(FindingEvaluation.end_ns)).scalars().all()
     assert kept == [2, 3]
@@ -447,7 +452,7 @@ def test_the_schedule_keeps_the_day_before_the_last_24_h_evaluated(filled, monke
     shared = {fnd.finding_identity(f): f for f in stored.findings}
     taken = [f for f in got.findings if fnd.finding_identity(f) in shared]
     assert len(taken) >= 3 and not set(lookups) & set(shared)
-    assert all(f["exemplar_trace_ids"] == shared[fnd.finding_identity(f)]["exemplar_trace_ids"] for f in taken)
+    assert all(f.exemplar_trace_ids == shared[fnd.finding_identity(f)].exemplar_trace_ids for f in taken)
     # Past its fresh period, a late trace settled into it makes it stale: evaluated again.
     with filled.begin() as conn:
         conn.execute(update(FindingEvaluation).values(evaluated_ns=FindingEvaluation.evaluated_ns - 600 * S))

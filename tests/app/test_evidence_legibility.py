@@ -17,6 +17,7 @@ from modalscope.app import components, detectors, figures, panels
 from modalscope.app.units import evidence_items, evidence_measure, evidence_unit, fmt_evidence, fmt_ms, fmt_num
 from modalscope.incidents_cmd import format_incidents
 from modalscope.anomalies_cmd import format_finding
+from modalscope.core.findings import Finding, Incident
 from tests.demo_stores import PATTERNS
 
 SCIENTIFIC = re.compile(r"\d[eE][+-]\d")  # as Python and JavaScript write 2.999e+04
@@ -141,7 +142,7 @@ def test_every_kind_charts_its_threshold_on_the_anomalies_page(pattern_store, de
             if f["kind"] in seen:
                 continue
             seen.add(f["kind"])
-            spec = json.loads(json.dumps(anomalies.chart_spec(f)))  # as the browser sends it back
+            spec = json.loads(json.dumps(anomalies.chart_spec(Finding.from_json(f))))  # as the browser sends it back
             fig = json.loads(anomalies._fill_chart(spec).to_json())
             lines = [t for t in fig["data"] if t.get("meta") == "threshold"]
             measured = [t for t in fig["data"] if t.get("meta") != "threshold"]
@@ -160,18 +161,18 @@ def test_every_kind_charts_its_threshold_on_the_anomalies_page(pattern_store, de
 
 def test_cli_and_embed_show_units(demo_findings, pattern_store):  # noqa: F811
     for f in demo_findings:
-        text = format_finding(f)
+        text = format_finding(Finding.from_json(f))
         assert not SCIENTIFIC.search(text), text
         evidence = text.splitlines()[2]
         assert "_ms" not in evidence and "=" not in evidence and re.search(r"\d (ms|s|min)\b|\d %", evidence), evidence
     lb_finding = next(f for f in demo_findings if f["kind"] == "lb_timeout_truncation")
-    lb = format_finding(lb_finding)
+    lb = format_finding(Finding.from_json(lb_finding))
     assert "longest request 29.97 s" in lb and "timeout ceiling 30 s" in lb and "errors among them 100.0 %" in lb
     # The incident cards' headline number says how close to the ceiling the requests ended.
-    assert components.finding_measure(lb_finding) == "longest 29.97 s vs ceiling 30 s"
-    table = format_incidents(pattern_store.get("incidents"))
+    assert components.finding_measure(Finding.from_json(lb_finding)) == "longest 29.97 s vs ceiling 30 s"
+    table = format_incidents([Incident.from_json(i) for i in pattern_store.get("incidents")])
     assert table.splitlines()[0].split()[:6] == ["SEVERITY", "WHEN", "(UTC)", "HEADLINE", "MEASURE", "FINDINGS"]
     assert "longest 29.97 s vs ceiling 30 s" in table and not SCIENTIFIC.search(table)
-    embed = panels.anomalies_table(demo_findings)
+    embed = panels.anomalies_table([Finding.from_json(f) for f in demo_findings])
     cells = " ".join(str(r["evidence"]) for r in embed.rows)
     assert "P95 3.36 s" in cells and not SCIENTIFIC.search(cells)

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from modalscope.app.params import parse_time
+from modalscope.core.findings import Finding
 from modalscope.ingest import demo
 from tests.demo_stores import PATTERNS
 from tests.test_cli import run
@@ -100,5 +101,5 @@ def test_cli_prints_findings(pattern_store, capsys, monkeypatch):  # noqa: F811
     from modalscope import anomalies_cmd
 
     found = pattern_store.get("anomalies")
-    text = anomalies_cmd.format_finding(found[0])
+    text = anomalies_cmd.format_finding(Finding.from_json(found[0]))
     assert found[0]["kind"] in text and found[0]["severity"].upper() in text and "hint:" in text

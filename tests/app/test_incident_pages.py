@@ -13,7 +13,8 @@ import pytest
 from modalscope.app import components as c
 from modalscope.app import ids
 from modalscope.app import incidents as inc
-from modalscope.app.params import Window, rfc3339
+from modalscope.app.params import Window, parse_time, rfc3339
+from modalscope.core.findings import AttributeSuspect, Finding, Incident, StageSuspect, Subject
 from modalscope.ingest import demo
 from tests.demo_stores import PATTERNS
 
@@ -114,18 +115,18 @@ def test_overview_without_stored_judgements_groups_the_window(pattern_store, who
 
     with pattern_store.app.test_request_context():
         reader, th = c.reader(), c.thresholds()
-        window = Window(inc.parse_time(whole_window["start"], "start"), inc.parse_time(whole_window["end"], "end"))
+        window = Window(parse_time(whole_window["start"], "start"), parse_time(whole_window["end"], "end"))
         found = evaluations.find_for(reader, window, Filters(), th, relative=False).findings
         quick = inc.window_incidents(reader, window, found)
         tree = _tree(overview.top_incidents(quick, whole_window, judged=False))
         with pytest.raises(inc.NotJudged):  # an hour nobody judged: nothing stored
             inc.cached_finder(reader, th)(Window(window.start_ns - 600 * MIN, window.start_ns - 540 * MIN))
     assert "overview-incidents-note" in json.dumps(tree)
-    heads = [i["headline"]["kind"] for i in quick]
+    heads = [i.headline.kind for i in quick]
     assert "cold_start" in heads and "cache_penetration" in heads
-    assert not any(i["headline"]["kind"] in inc.SYMPTOM_KINDS for i in quick if i["cause_known"])
-    unknown = [i for i in quick[:3] if not i["cause_known"]]
-    assert all(i["suspects"] for i in unknown)
+    assert not any(i.headline.kind in inc.SYMPTOM_KINDS for i in quick if i.cause_known)
+    unknown = [i for i in quick[:3] if not i.cause_known]
+    assert all(i.suspects for i in unknown)
     assert len(_nodes(tree, lambda n: n["props"].get("id", "").startswith("overview-incident-") if isinstance(
         n["props"].get("id"), str) else False)) == 3
 
@@ -142,7 +143,7 @@ def test_window_incident_ids_open_the_judged_incident(pattern_store, whole_windo
         groups = inc.group(ev.findings, inc.topology(reader, res.window))
         for g in groups:
             chosen = inc.find_incident(judged, inc.incident_id(g[0]), lambda: groups)
-            assert chosen is not None and inc.pick([chosen["findings"]], g[0]) is not None, g[0]["kind"]
+            assert chosen is not None and inc.pick([chosen.findings], g[0]) is not None, g[0].kind
         assert inc.find_incident(judged, "0" * 16, lambda: groups) is None
 
 
@@ -230,12 +231,13 @@ def test_links_are_relative_and_text_stays_text(pattern_store, whole_window):  #
     for tree in trees:
         hrefs = _hrefs(tree)
         assert hrefs and all(h.startswith("/") and not h.startswith("//") for h in hrefs)
-    headline = {"kind": "cold_start", "severity": "critical", "start": "2025-11-30T10:30:00Z",
-                "end": "2025-11-30T10:35:00Z", "hint": HOSTILE, "exemplar_trace_ids": ["javascript:alert(1)"],
-                "subject": {"service": HOSTILE, "attribute": {"key": HOSTILE, "value": "javascript:x"}},
-                "evidence": {"first_median_ms": 3918.1, "steady_median_ms": 248.2}}
+    headline = Finding.from_json({
+        "kind": "cold_start", "severity": "critical", "start": "2025-11-30T10:30:00Z",
+        "end": "2025-11-30T10:35:00Z", "hint": HOSTILE, "exemplar_trace_ids": ["javascript:alert(1)"],
+        "subject": {"service": HOSTILE, "attribute": {"key": HOSTILE, "value": "javascript:x"}},
+        "evidence": {"first_median_ms": 3918.1, "steady_median_ms": 248.2}})
     built = inc.build([headline])
-    card = _tree(c.incident_card(built, inc.incident_page_href(built["id"], {"range": "1h"})))
+    card = _tree(c.incident_card(built, inc.incident_page_href(built.id, {"range": "1h"})))
     assert HOSTILE in _text(card) and "3.92 s vs 248 ms" in _text(card)
     assert [h.split("?")[0] for h in _hrefs(card)] == ["/anomalies"]
     section = _tree(overview.top_incidents([built], {"range": "1h"}, judged=True))
@@ -247,17 +249,20 @@ def test_links_are_relative_and_text_stays_text(pattern_store, whole_window):  #
 
 def test_card_pieces():
     assert c.kind_text("p99_band_break") == "p99 band break"
-    assert c.finding_measure({"evidence": {"hit_rate": 0.1011, "baseline_hit_rate": 0.8413}}) == \
+    def with_evidence(evidence: dict) -> Finding:
+        return Finding("p99_band_break", "warning", Subject(), "2025-11-30T10:30:00Z", "2025-11-30T10:35:00Z",
+                       evidence)
+
+    assert c.finding_measure(with_evidence({"hit_rate": 0.1011, "baseline_hit_rate": 0.8413})) == \
         "hit rate 10.1 % vs 84.1 %"
-    assert c.finding_measure({"evidence": {"p99_ms": 11380.6, "baseline_p99_ms": 2788.8}}) == "P99 11.4 s vs 2.79 s"
-    assert c.finding_measure({"evidence": {"sample_count": 3}}) == ""
+    assert c.finding_measure(with_evidence({"p99_ms": 11380.6, "baseline_p99_ms": 2788.8})) == "P99 11.4 s vs 2.79 s"
+    assert c.finding_measure(with_evidence({"sample_count": 3})) == ""
     assert c.span_text("2025-11-30T10:30:00Z", "2025-11-30T10:35:00Z") == "2025-11-30 10:30 → 10:35 UTC"
     assert c.span_text("2025-11-30T23:30:00Z", "2025-12-01T00:35:00Z") == \
         "2025-11-30 23:30 → 2025-12-01 00:35 UTC"
-    unknown = {"id": "ab" * 8, "severity": "critical", "cause_known": False, "start": "a", "end": "b",
-               "headline": {"kind": "p99_band_break", "subject": {"caller": "gateway", "callee": "llm"}},
-               "findings": [{}], "suspects": [{"stage": "preprocessing", "added_share": 0.556},
-                                              {"key": "input_type", "value": "multi_image", "lift": 2.75}]}
+    unknown = Incident("ab" * 8, "critical", "a", "b", False,
+                       (with_evidence({}).replace(subject=Subject(caller="gateway", callee="llm")),),
+                       (StageSuspect("preprocessing", 0.556), AttributeSuspect("input_type", "multi_image", 2.75)))
     text = _text(_tree(c.incident_cause(unknown)))
     assert text.startswith("Cause unknown") and "stage preprocessing (56 % of the added time)" in text
     assert "input_type=multi_image (×2.8)" in text

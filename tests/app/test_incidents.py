@@ -7,6 +7,7 @@ import pytest
 
 from modalscope.app import incidents as inc
 from modalscope.app.params import parse_time
+from modalscope.core.findings import AttributeSuspect, Finding, StageSuspect, Subject
 from modalscope.ingest import demo
 from modalscope.models.reader import Filters
 from tests.demo_stores import PATTERNS
@@ -22,10 +23,10 @@ TOPO = inc.Topology(
 )
 
 
-def f(kind: str, subject: dict, start: str, end: str, severity: str = "warning", hint: str = "own hint") -> dict:
-    return {"kind": kind, "severity": severity, "subject": subject, "start": f"{T0}{start}:00Z",
-            "end": f"{T0}{end}:00Z", "evidence": {"sample_count": 100}, "exemplar_trace_ids": ["ab" * 16],
-            "hint": hint}
+def f(kind: str, subject: dict, start: str, end: str, severity: str = "warning", hint: str = "own hint") -> Finding:
+    return Finding.from_json({"kind": kind, "severity": severity, "subject": subject, "start": f"{T0}{start}:00Z",
+                              "end": f"{T0}{end}:00Z", "evidence": {"sample_count": 100},
+                              "exemplar_trace_ids": ["ab" * 16], "hint": hint})
 
 
 COLD = f("cold_start", {"service": "llm", "attribute": {"key": "service.instance.id", "value": "pod-9"}}, "30", "34")
@@ -33,8 +34,8 @@ BAND_LLM = f("p99_band_break", {"caller": "gateway", "callee": "llm"}, "30", "32
 REG_TEXT = f("baseline_regression", {"input_type": "text"}, "30", "35", "critical")
 
 
-def kinds(group: list[dict]) -> list[str]:
-    return [x["kind"] for x in group]
+def kinds(group: list[Finding]) -> list[str]:
+    return [x.kind for x in group]
 
 
 def test_symptoms_fold_under_the_cause_on_their_path():
@@ -42,19 +43,19 @@ def test_symptoms_fold_under_the_cause_on_their_path():
     assert len(groups) == 1
     assert groups[0][0] is COLD and set(kinds(groups[0][1:])) == {"p99_band_break", "baseline_regression"}
     built = inc.build(groups[0])
-    assert built["cause_known"] is True and built["suspects"] == []
-    assert built["headline"]["kind"] == "cold_start"
-    assert built["severity"] == "critical"  # the most severe of its findings
-    assert (built["start"], built["end"]) == (COLD["start"], REG_TEXT["end"])
-    folded = [x for x in built["findings"] if x["kind"] != "cold_start"]
+    assert built.cause_known is True and built.suspects == ()
+    assert built.headline.kind == "cold_start"
+    assert built.severity == "critical"  # the most severe of its findings
+    assert (built.start, built.end) == (COLD.start, REG_TEXT.end)
+    folded = [x for x in built.findings if x.kind != "cold_start"]
     for x in folded:  # each names the cause and links to it, then keeps its own hint
-        assert "cold_start" in x["hint"] and "/anomalies?" in x["hint"] and "service=llm" in x["hint"]
-        assert x["hint"].endswith("own hint")
-    assert REG_TEXT["hint"] == "own hint"  # the findings themselves are not rewritten
-    assert built["headline"]["hint"] == "own hint"
-    assert built["links"]["compare"].startswith("/compare?start=") and "service=llm" in built["links"]["compare"]
-    assert built["links"]["drilldown"].startswith("/drilldown?")
-    assert built["links"]["traces"] == [f"/trace/{'ab' * 16}?start={T0}30:00.000Z&end={T0}35:00.000Z"]
+        assert "cold_start" in x.hint and "/anomalies?" in x.hint and "service=llm" in x.hint
+        assert x.hint.endswith("own hint")
+    assert REG_TEXT.hint == "own hint"  # the findings themselves are not rewritten
+    assert built.headline.hint == "own hint"
+    assert built.links.compare.startswith("/compare?start=") and "service=llm" in built.links.compare
+    assert built.links.drilldown.startswith("/drilldown?")
+    assert built.links.traces == (f"/trace/{'ab' * 16}?start={T0}30:00.000Z&end={T0}35:00.000Z",)
 
 
 def test_a_symptom_off_the_causes_path_or_onset_stays_apart():
@@ -65,9 +66,10 @@ def test_a_symptom_off_the_causes_path_or_onset_stays_apart():
     # Both symptoms overlap on the gateway, with no cause: one incident, cause unknown.
     (left,) = [g for g in groups if g[0] is not COLD]
     assert set(map(id, left)) == {id(vision), id(before)} and left[0] is before  # earlier leads
-    built = inc.build(left, [{"stage": "encoder", "added_share": 0.8}])
-    assert built["cause_known"] is False and built["suspects"] == [{"stage": "encoder", "added_share": 0.8}]
-    assert all(x["hint"] == "own hint" for x in built["findings"])
+    built = inc.build(left, [StageSuspect("encoder", 0.8)])
+    assert built.cause_known is False and built.suspects == (StageSuspect("encoder", 0.8),)
+    assert built.to_json()["suspects"] == [{"stage": "encoder", "added_share": 0.8}]
+    assert all(x.hint == "own hint" for x in built.findings)
 
 
 def test_causes_on_one_path_merge_and_the_most_severe_heads():
@@ -104,11 +106,11 @@ def test_cache_path_and_hot_spot_fold():
 
 
 def test_id_is_stable_and_ignores_seconds_and_severity():
-    a = dict(COLD, start=f"{T0}30:20Z")
-    b = dict(COLD, severity="critical", end=f"{T0}59:00Z")
+    a = COLD.replace(start=f"{T0}30:20Z")
+    b = COLD.replace(severity="critical", end=f"{T0}59:00Z")
     assert inc.incident_id(a) == inc.incident_id(COLD) == inc.incident_id(b)
-    assert inc.incident_id(dict(COLD, start=f"{T0}31:00Z")) != inc.incident_id(COLD)
-    assert inc.incident_id(dict(COLD, subject={"service": "llm"})) != inc.incident_id(COLD)
+    assert inc.incident_id(COLD.replace(start=f"{T0}31:00Z")) != inc.incident_id(COLD)
+    assert inc.incident_id(COLD.replace(subject=Subject(service="llm"))) != inc.incident_id(COLD)
 
 
 def test_suspects_from_compare_strongest_first():
@@ -117,25 +119,24 @@ def test_suspects_from_compare_strongest_first():
               "attributes": [{"key": "service.instance.id", "value": "pod-7", "lift": 4.1},
                              {"key": "input_type", "value": "multi_image", "lift": 6.0}]}
     assert inc.suspects_from_compare(result) == [
-        {"stage": "preprocessing", "added_share": 0.78}, {"stage": "encoder", "added_share": 0.2},
-        {"key": "input_type", "value": "multi_image", "lift": 6.0},
-        {"key": "service.instance.id", "value": "pod-7", "lift": 4.1}]
+        StageSuspect("preprocessing", 0.78), StageSuspect("encoder", 0.2),
+        AttributeSuspect("input_type", "multi_image", 6.0), AttributeSuspect("service.instance.id", "pod-7", 4.1)]
 
 
 def test_judging_over_its_own_span_decides_severity_and_members():
     """The request window's copy of a finding is replaced by the one found over the
     incident's own span; a headline not found there keeps its group."""
     calls = []
-    narrow_reg = dict(REG_TEXT, severity="warning")
+    narrow_reg = REG_TEXT.replace(severity="warning")
 
     def finder(window):
         calls.append(window)
         return [COLD, narrow_reg]
 
     got = inc.judge([COLD, REG_TEXT], finder, lambda w: TOPO)
-    assert [x["severity"] for x in got] == ["warning", "warning"]
-    lo = parse_time(COLD["start"], "start") - inc.JUDGE_PAD_NS
-    assert calls[0].start_ns == lo and calls[0].end_ns == parse_time(REG_TEXT["end"], "end") + inc.JUDGE_PAD_NS
+    assert [x.severity for x in got] == ["warning", "warning"]
+    lo = parse_time(COLD.start, "start") - inc.JUDGE_PAD_NS
+    assert calls[0].start_ns == lo and calls[0].end_ns == parse_time(REG_TEXT.end, "end") + inc.JUDGE_PAD_NS
     assert inc.judge([COLD, REG_TEXT], lambda w: [], lambda w: TOPO) == [COLD, REG_TEXT]
 
 

@@ -2,8 +2,8 @@
 
 Per span (``convention_contributions``: the reference, and what the detectors compute from
 raw spans) and for a whole batch of rows (``_convention_parts``, part of
-``settle_fast.summarize_rows``). pandas is imported inside the functions that need it, as in
-``settle_fast``: a receiver process must not load it.
+``settle_fast.summarize_rows``). Settling does without pandas (``settle_rows.factorize``),
+so neither a receiver nor a settler process loads it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import numpy as np
 import orjson
 
 from .records import KIND_CONSUMER, KIND_SERVER
-from .settle_rows import ATTRS, BATCH, GRAPH, INSTANCE, NAME, NS_PER_MINUTE, RESOURCE, SERVICE, STAGE
+from .settle_rows import (ATTRS, BATCH, GRAPH, INSTANCE, NAME, NS_PER_MINUTE, RESOURCE, SERVICE, STAGE, factorize,
+                          factorize_ints, first_of_each)
 
 # Convention rollups (docs/design.md "Span conventions"), what the attribute-based detectors read:
 #
@@ -174,18 +175,16 @@ def _batch_sizes(values: Sequence) -> np.ndarray:
 def _factorize_rows(*columns) -> tuple[np.ndarray, list[tuple]]:
     """Codes of the rows of several equally long columns and their distinct value tuples,
     in order of first appearance: what ``pd.factorize(pd.MultiIndex.from_arrays(columns))``
-    gives, without the MultiIndex (5x slower: most of a settle batch's convention work when
-    every span carries ``gpu.cuda_graph``). Each column is factorized alone and the codes
-    combined into one integer a row (None is a value, as it is in a MultiIndex)."""
-    import pandas as pd  # heavy: only a settling pass needs it, not the receivers
-
+    gives, without pandas. Each column is factorized alone and the codes combined into one
+    integer a row (None is a value, as it is in a MultiIndex)."""
     combined = np.zeros(len(columns[0]), dtype=np.int64)
     uniques = []
     for col in columns:
-        codes, uniq = pd.factorize(np.asarray(col), use_na_sentinel=False)
+        col = np.asarray(col)
+        codes, uniq = factorize_ints(col) if col.dtype.kind in "iub" else factorize(col.tolist())
         combined = combined * len(uniq) + codes
         uniques.append(uniq)
-    codes, seen = pd.factorize(combined)
+    codes, seen = factorize_ints(combined)
     rows = []
     for c in seen.tolist():
         values = []
@@ -199,7 +198,6 @@ def _factorize_rows(*columns) -> tuple[np.ndarray, list[tuple]]:
 def _batch_and_cuda(cols, t_codes: np.ndarray, start: np.ndarray, dur: np.ndarray, key_id, parts) -> None:
     """Append the ``batch`` and ``cuda`` contributions (see ``convention_contributions``) of
     every span with an extracted BATCH or GRAPH value to ``parts``."""
-    import pandas as pd  # heavy: only a settling pass needs it, not the receivers
     parts_t, parts_k, parts_m, parts_v, parts_e = parts
     services = np.asarray(cols[SERVICE], dtype=object)
     batch_raw = cols[BATCH]
@@ -210,7 +208,7 @@ def _batch_and_cuda(cols, t_codes: np.ndarray, start: np.ndarray, dur: np.ndarra
         ok = ~np.isnan(sizes)
         idx, sizes = idx[ok], sizes[ok]
         if len(idx):
-            codes, names = pd.factorize(pd.Series(services[idx], dtype=object))
+            codes, names = factorize(services[idx].tolist())
             keys = np.array([key_id(("batch", sv, "", "", "", "", "")) for sv in names], dtype=np.int64)
             parts_t.append(t_codes[idx])
             parts_k.append(keys[codes])
@@ -241,7 +239,6 @@ def _convention_parts(rows: Sequence[tuple], cols: list, t_codes: np.ndarray, st
     """Append the ``cache``/``cache_untagged``, ``batch``, ``cuda``, ``sync`` and ``inst``
     contributions of the spans in ``rows`` (columns ``cols``, stages as counted) to
     ``parts``; ``attrs(i)`` gives row i's parsed attributes."""
-    import pandas as pd  # heavy: only a settling pass needs it, not the receivers
 
     n = len(rows)
     services = cols[SERVICE]
@@ -279,30 +276,42 @@ def _convention_parts(rows: Sequence[tuple], cols: list, t_codes: np.ndarray, st
             fusion_service.setdefault(int(t_codes[i]), services[i])
         enc = enc[np.isin(t_codes[enc], np.fromiter(fusion_service, dtype=np.int64, count=len(fusion_service)))]
         if len(enc):
-            e = pd.DataFrame({"t": t_codes[enc], "s": [services[i] for i in enc.tolist()], "end": end[enc],
-                              "start": start[enc]})
-            per_service = e.groupby(["t", "s"], sort=False).agg(end=("end", "max"), start=("start", "min"))
-            per = per_service.groupby(level="t", sort=True).agg(n=("end", "size"), first=("end", "min"),
-                                                                last=("end", "max"), start=("start", "min"))
-            per = per[per["n"] >= 2]
-            if len(per):
-                tt = per.index.to_numpy(dtype=np.int64)
+            # per (trace, encoder service): its last end and first start; then per trace
+            # with two encoder services or more: the spread of those ends
+            s_codes, s_names = factorize([services[i] for i in enc.tolist()])
+            cell, cell_of = np.unique(t_codes[enc] * len(s_names) + s_codes, return_inverse=True)
+            cell_of = cell_of.reshape(-1)
+            cell_end = np.full(len(cell), np.iinfo(np.int64).min)
+            np.maximum.at(cell_end, cell_of, end[enc])
+            cell_start = np.full(len(cell), np.iinfo(np.int64).max)
+            np.minimum.at(cell_start, cell_of, start[enc])
+            tt, t_of, n_services = np.unique(cell // len(s_names), return_inverse=True, return_counts=True)
+            t_of = t_of.reshape(-1)
+            first = np.full(len(tt), np.iinfo(np.int64).max)
+            np.minimum.at(first, t_of, cell_end)
+            last = np.full(len(tt), np.iinfo(np.int64).min)
+            np.maximum.at(last, t_of, cell_end)
+            t_start = np.full(len(tt), np.iinfo(np.int64).max)
+            np.minimum.at(t_start, t_of, cell_start)
+            spread = n_services >= 2
+            if spread.any():
+                tt = tt[spread].astype(np.int64)
                 parts_t.append(tt)
                 parts_k.append(np.array([key_id(("sync", fusion_service[t], "", "", "", "", ""))
                                          for t in tt.tolist()], dtype=np.int64))
-                parts_m.append(per["start"].to_numpy(dtype=np.int64) // NS_PER_MINUTE)
-                parts_v.append((per["last"] - per["first"]).to_numpy(dtype=np.int64))
-                parts_e.append(np.zeros(len(per), dtype=np.int64))
+                parts_m.append(t_start[spread] // NS_PER_MINUTE)
+                parts_v.append(last[spread] - first[spread])
+                parts_e.append(np.zeros(len(tt), dtype=np.int64))
     # inst: a trace's first SERVER/CONSUMER span on each (service, instance).
     instances = cols[INSTANCE]
     inst_arr = np.asarray(instances, dtype=object)
     srv = np.flatnonzero(server & (inst_arr != None) & (inst_arr != ""))  # noqa: E711 - elementwise
     if len(srv):
         srv = srv[np.lexsort((srv, start[srv], t_codes[srv]))]
-        sv_codes, sv_names = pd.factorize(pd.Series(np.asarray(services, dtype=object)[srv], dtype=object))
-        in_codes, in_names = pd.factorize(pd.Series(inst_arr[srv], dtype=object))
-        combo = sv_codes.astype(np.int64) * len(in_names) + in_codes
-        first = ~pd.DataFrame({"t": t_codes[srv], "c": combo}).duplicated().to_numpy()
+        sv_codes, sv_names = factorize(np.asarray(services, dtype=object)[srv].tolist())
+        in_codes, in_names = factorize(inst_arr[srv].tolist())
+        combo = sv_codes * len(in_names) + in_codes
+        first = first_of_each(t_codes[srv] * (len(sv_names) * len(in_names)) + combo)
         idx = srv[first]
         cells, inv = np.unique(combo[first], return_inverse=True)
         cell_key = np.array([key_id(("inst", sv_names[c // len(in_names)], in_names[c % len(in_names)],

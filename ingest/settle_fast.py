@@ -27,7 +27,7 @@ from .settle_conventions import (CACHE_GROUP_KEY, CACHE_MAX_TAGS, CACHE_TAG_MAX_
                                  _convention_parts, _factorize_rows, cache_contributions, cache_hit_value,
                                  convention_columns, convention_contributions)
 from .settle_rows import (ATTRS, BATCH, DUR, GRAPH, INSTANCE, KIND, LAYER, LINKS, NAME, NS_PER_MINUTE, PARENT,
-                          RESOURCE, ROW, SERVICE, SID, SIGNALS, STAGE, START, STATUS, TID)
+                          RESOURCE, ROW, SERVICE, SID, SIGNALS, STAGE, START, STATUS, TID, factorize)
 from .signals import span_signals, trace_input_type
 from .trace_pairs import _text_value, token_entries
 from .trace_signals import LEGACY_SIGNAL_KEYS, LEGACY_SIGNAL_NEEDLES
@@ -104,13 +104,10 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
 
     ``linked``: spans outside the batch that CONSUMER spans' links point at, keyed
     (trace_id, span_id) (``settle.load_link_targets``); a link into the batch is resolved in it."""
-    import pandas as pd  # heavy: only a settling pass needs it, not the receivers
-
     n = len(rows)
     cols = list(zip(*rows)) if n else [()] * 19
-    t_codes, t_uniques = pd.factorize(pd.Series(cols[TID], dtype=object), sort=False)
+    t_codes, t_uniques = factorize(cols[TID])
     n_tr = len(t_uniques)
-    t_codes = t_codes.astype(np.int64)
     start = np.fromiter(cols[START], dtype=np.int64, count=n)
     dur = np.clip(np.fromiter(cols[DUR], dtype=np.int64, count=n), 0, None)
     end = start + dur
@@ -148,8 +145,8 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
     if len(ridx):
         order = ridx[np.lexsort((ridx, start[ridx]))]
         # first occurrence per trace in (start, row) order
-        first = pd.Series(order).groupby(t_codes[order]).first()
-        root_of[first.index.to_numpy()] = first.to_numpy()
+        traces, first = np.unique(t_codes[order], return_index=True)
+        root_of[traces] = order[first]
     t_min = np.full(n_tr, np.iinfo(np.int64).max)
     np.minimum.at(t_min, t_codes, start)
     t_max = np.zeros(n_tr, dtype=np.int64)
@@ -262,7 +259,7 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
         combo = np.zeros(n, dtype=np.int64)
         decoders = []
         for values in (services, cols[NAME], cols[STAGE]):
-            codes, uniques = pd.factorize(pd.Series(values, dtype=object), use_na_sentinel=False)
+            codes, uniques = factorize(values)
             combo = combo * len(uniques) + codes
             decoders.append(uniques)
         combo = combo * max(len(_IT_INDEX), 1) + it_codes[t_codes]
@@ -361,7 +358,7 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
         parts_e.append(error.astype(np.int64))
     # tstage: (root service, stage, input type) per trace and stage present
     if n:
-        st_codes, st_uniques = pd.factorize(pd.Series(cols[STAGE], dtype=object).fillna("other"))
+        st_codes, st_uniques = factorize(["other" if v is None else v for v in cols[STAGE]])
         cell = t_codes * len(st_uniques) + st_codes
         cells, inv = np.unique(cell, return_inverse=True)
         sums = np.zeros(len(cells), dtype=np.int64)

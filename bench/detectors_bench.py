@@ -95,7 +95,7 @@ def main() -> int:
     import benchlib
 
     print(benchlib.machine_line(benchlib.machine_info()))
-    kinds = sorted({f["kind"] for f in found})
+    kinds = sorted({f.kind for f in found})
     print("kinds found:", ", ".join(kinds))
     engine.dispose()
     return 0

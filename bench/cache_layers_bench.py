@@ -1,10 +1,9 @@
-"""What each cache layer buys: the dashboard's reads with one layer turned off at a time.
+"""What each cache layer buys: the dashboard's reads with layers turned off.
 
 The layers between a request and the minute rollups, turned off here by patching the code
 that consults them (the store is not changed):
 
-* ``quarter tier``: 15-minute rollups at a window's ragged edges (read as minutes instead);
-* ``hour tier``: hourly rollups for a window's whole hours (read as minutes and quarters);
+* ``hour tier``: hourly rollups for a window's whole hours (read as minutes instead);
 * ``hour packs``: a closed hour of a kind's minute rollups as one blob, which the detectors
   and the heatmap read (``models/packs.py``; read as minute rows instead);
 * ``pack cache``: the worker's in-process copy of decoded packs (``packs.PackCache``);
@@ -49,14 +48,6 @@ def _patched(target, name: str, value) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def no_quarters() -> Iterator[None]:
-    from modalscope.models.reader import tiers
-
-    with _patched(tiers, "_split_quarters", lambda first, last: ([(first, last)], None)):
-        yield
-
-
-@contextlib.contextmanager
 def no_hours() -> Iterator[None]:
     import modalscope.models.reader as reader_pkg
     from modalscope.app.queries import cache as cache_queries
@@ -64,12 +55,12 @@ def no_hours() -> Iterator[None]:
 
     real = tiers.tier_plan
 
-    def minutes_and_quarters(start_ns, end_ns, minutes_kept_from=None, *, hours=True):
+    def minutes_only(start_ns, end_ns, minutes_kept_from=None, *, hours=True):
         return real(start_ns, end_ns, minutes_kept_from, hours=False)
 
     with contextlib.ExitStack() as stack:
         for module in (tiers, rollups, reader_pkg, cache_queries):
-            stack.enter_context(_patched(module, "tier_plan", minutes_and_quarters))
+            stack.enter_context(_patched(module, "tier_plan", minutes_only))
         yield
 
 
@@ -99,12 +90,20 @@ def no_memo() -> Iterator[None]:
 
 VARIANTS: tuple[tuple[str, Callable], ...] = (
     ("every layer", contextlib.nullcontext),
-    ("no quarter tier", no_quarters),
     ("no hour tier", no_hours),
     ("no hour packs", no_packs),
     ("no pack cache", no_pack_cache),
     ("no memo", no_memo),
+    ("no pack cache, no memo", lambda: _together(no_pack_cache, no_memo)),
 )
+
+
+@contextlib.contextmanager
+def _together(*layers: Callable) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for layer in layers:
+            stack.enter_context(layer())
+        yield
 
 
 def _calls(app, client, window) -> list[tuple[str, Callable]]:

@@ -8,7 +8,7 @@ raw spans here: ``rollups`` returns merged histograms.
 
 * ``base``: the engine reads go through, the short-lived memo of store-wide facts
   (``_recent``), ``Filters`` and the series filter;
-* ``tiers``: which minute, quarter-hour and hourly rows answer a window (``TierPlan``,
+* ``tiers``: which minute and hourly rows answer a window (``TierPlan``,
   ``tier_plan``, ``plan_tiers``), their ``UNION ALL`` reads and the merge into
   ``RollupGroup``s;
 * ``rollups``: rollup reads (``RollupQuery``, ``rollups``, ``rollup_steps``, ``tier_rows``,

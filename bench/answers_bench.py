@@ -8,7 +8,8 @@ Each answer is a ``/api/v1`` response body (pairs, input types, stages, cache ra
 anomalies, incidents, compare) or a chart's series (traffic, percentiles, cache hit rates) at
 steps of 1, 5, 15, 30 and 60 minutes, over windows ending at the store's newest minute and
 windows with ragged edges. ``--compare`` prints every answer that differs and exits 1 if any
-does. A store of an older schema is upgraded on open, so run the older code first.
+does. Nothing is written to the store: give each version its own copy, migrated with
+``modalscope db upgrade`` where the newer code's schema differs.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import time
 from sqlalchemy import Connection, case, delete, exists, select, update
 
 from ..durations import NS as _NS
-from . import RollupChange
+from . import RollupChange, RollupPack
 
 #: Change rows are kept this long (and a result cached from the rollups is trusted at most
 #: this long after it was computed): the oldest are deleted as new ones are written.
@@ -51,9 +51,7 @@ def record(conn: Connection, first_minute: int, last_minute: int, now_ns: int | 
         conn.execute(RollupChange.__table__.insert().values(
             first_minute=first_minute, last_minute=last_minute, changed_ns=now_ns))
     # The hour packs of those minutes are stale now (models/packs.py: the settler rebuilds them).
-    from .packs import invalidate  # (packs reads this module's constants)
-
-    invalidate(conn, first_minute, last_minute)
+    conn.execute(delete(RollupPack).where(RollupPack.hour >= first_minute // 60, RollupPack.hour <= last_minute // 60))
 
 
 def record_everything(conn: Connection) -> None:

@@ -11,7 +11,7 @@ calls. Packs are a cache of the rollups, never the only copy:
   ``HORIZON_S`` a few minutes after it ends, and marks a pack ``verified`` once no write that
   was in flight while it was built touched its hour (``verify``);
 - every write to the rollups deletes the packs of the hours it touches, in its own
-  transaction (``changes.record`` calls ``invalidate``): a late span, a retention pass, a retag;
+  transaction (``changes.record``): a late span, a retention pass, a retag;
 - readers use verified packs only, and minute rows for every other minute of the window.
 
 Layout (little-endian): ``MAGIC``, then ``n`` rows and ``e`` sketch entries (int64 each), the
@@ -33,7 +33,7 @@ from sqlalchemy import Connection, Engine, delete, select, update
 
 from ..core.series import SeriesKind
 from . import RollupPack, Rollup, Series
-from .changes import CHANGE_MARGIN_S, READ_AT_MOST
+from .changes import CHANGE_MARGIN_S, READ_AT_MOST, changed_since, changes_since
 from .engine import BINARY_RESULTS
 
 log = logging.getLogger(__name__)
@@ -255,8 +255,6 @@ def build(engine: Engine, kind: str, hour: int, now_ns: int | None = None) -> No
 def verify(engine: Engine, now_ns: int | None = None, after_s: float = VERIFY_AFTER_S) -> tuple[int, int]:
     """Mark the packs built at least ``after_s`` ago verified, or delete those whose hour a
     write logged since their build (less ``CHANGE_MARGIN_S``) touched. Returns (verified, dropped)."""
-    from .changes import changed_since
-
     now_ns = time.time_ns() if now_ns is None else now_ns
     ok = dropped = 0
     with engine.begin() as conn:
@@ -271,13 +269,6 @@ def verify(engine: Engine, now_ns: int | None = None, after_s: float = VERIFY_AF
                 conn.execute(update(RollupPack).where(*key).values(verified=True))
                 ok += 1
     return ok, dropped
-
-
-def invalidate(conn: Connection, first_minute: int, last_minute: int) -> None:
-    """Delete the packs of the hours ``[first_minute, last_minute]`` touch (called by every
-    write to the rollups, in its transaction: ``changes.record``)."""
-    conn.execute(delete(RollupPack).where(RollupPack.hour >= int(first_minute) // 60,
-                                          RollupPack.hour <= int(last_minute) // 60))
 
 
 #: Bytes of decoded packs a reader keeps (``PackCache``): a day of every packed kind at ten
@@ -387,8 +378,6 @@ def refresh(engine: Engine, now_ns: int | None = None, limit: int | None = None,
     (done, total) after each. ``wait_for_writes``: skip hours written less than
     ``CHANGE_MARGIN_S`` ago (verification would drop their packs; a bulk fill or import
     writes every hour at once): a later tick packs them."""
-    from .changes import changes_since
-
     now_ns = time.time_ns() if now_ns is None else now_ns
     verify(engine, now_ns, verify_after_s)
     with engine.begin() as conn:  # hours past the horizon are no longer read: not kept either
@@ -451,4 +440,4 @@ class PackSchedule:
 
 
 __all__ = ["Columns", "PACK_KINDS", "PackCache", "PackSchedule", "build", "columns_of_rows", "concat", "decode", "encode",
-           "invalidate", "merge", "pack_everything", "read", "refresh", "select_rows", "sort_rows", "take", "verify"]
+           "merge", "pack_everything", "read", "refresh", "select_rows", "sort_rows", "take", "verify"]

@@ -7,7 +7,6 @@ that consults them (the store is not changed):
 * ``hour packs``: a closed hour of a kind's minute rollups as one blob, which the detectors
   and the heatmap read (``models/packs.py``; read as minute rows instead);
 * ``pack cache``: the worker's in-process copy of decoded packs (``packs.PackCache``);
-* ``memo``: the reader's 10 s memo of store-wide facts (``models/reader/base.py``).
 
 Stored evaluations and reused findings are measured by ``dashboard_bench.py`` (its anomalies
 rows: "window ending now", "an absolute window's first request", "nothing stored").
@@ -80,30 +79,12 @@ def no_pack_cache() -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
-def no_memo() -> Iterator[None]:
-    from modalscope.models.reader import base
-
-    with _patched(base, "REMEMBER_S", 0.0):
-        yield
-
-
 VARIANTS: tuple[tuple[str, Callable], ...] = (
     ("every layer", contextlib.nullcontext),
     ("no hour tier", no_hours),
     ("no hour packs", no_packs),
     ("no pack cache", no_pack_cache),
-    ("no memo", no_memo),
-    ("no pack cache, no memo", lambda: _together(no_pack_cache, no_memo)),
 )
-
-
-@contextlib.contextmanager
-def _together(*layers: Callable) -> Iterator[None]:
-    with contextlib.ExitStack() as stack:
-        for layer in layers:
-            stack.enter_context(layer())
-        yield
 
 
 def _calls(app, client, window) -> list[tuple[str, Callable]]:

@@ -6,8 +6,7 @@ raw spans here: ``rollups`` returns merged histograms.
 
 ``StoreReader`` is composed of one class a concern, each in its module:
 
-* ``base``: the engine reads go through, the short-lived memo of store-wide facts
-  (``_recent``), ``Filters`` and the series filter;
+* ``base``: the engine reads go through, ``Filters`` and the series filter;
 * ``tiers``: which minute and hourly rows answer a window (``TierPlan``,
   ``tier_plan``, ``plan_tiers``), their ``UNION ALL`` reads and the merge into
   ``RollupGroup``s;
@@ -30,7 +29,7 @@ from __future__ import annotations
 from .. import Series
 from .attributes import (ATTRIBUTE_SCAN_SLACK, ATTRIBUTE_SERVICE_SHARE, ATTRIBUTE_WALK_COUNTED, ROOTS_PER_STATEMENT,
                          STAGE_WALK_SERVICES, SUBJECT_CLUSTERS, AttributeReads)
-from .base import NS_PER_MINUTE, PAIR_STAGE_BEFORE, REMEMBER_S, Filters, ReaderBase, _raw_rows
+from .base import NS_PER_MINUTE, PAIR_STAGE_BEFORE, Filters, ReaderBase, _raw_rows
 from .calls import (PENDING_CHUNK, PENDING_STRAGGLER_SHARE, PENDING_WALK_AFTER, PENDING_WALK_ENTRIES_PER_TRACE,
                     TRACE_WALK_SHARE, CallReads)
 from .rollups import RollupQuery, RollupReads
@@ -47,7 +46,7 @@ class StoreReader(RollupReads, SpanReads, AttributeReads, CallReads):
 __all__ = [
     "ATTRIBUTE_SCAN_SLACK", "ATTRIBUTE_SERVICE_SHARE", "ATTRIBUTE_WALK_COUNTED", "CALLEE_KIND_CODES", "CALLEE_LATE_NS",
     "CALLEE_SKEW_NS", "KIND_CLIENT_CODE", "NS_PER_MINUTE", "PAIR_STAGE_BEFORE", "PENDING_CHUNK",
-    "PENDING_STRAGGLER_SHARE", "PENDING_WALK_AFTER", "PENDING_WALK_ENTRIES_PER_TRACE", "REMEMBER_S",
+    "PENDING_STRAGGLER_SHARE", "PENDING_WALK_AFTER", "PENDING_WALK_ENTRIES_PER_TRACE",
     "ROOTS_PER_STATEMENT", "SPAN_WALK_SHARE", "STAGE_WALK_SERVICES", "SUBJECT_CLUSTERS", "TIERS_PER_STATEMENT",
     "TRACE_WALK_SHARE", "AttributeReads", "CallReads", "Filters", "ReaderBase", "RollupGroup", "RollupQuery",
     "RollupReads", "Series", "SpanQuery", "SpanReads", "SpanWalks", "StoreReader", "TierPlan", "TierReads",

@@ -1,12 +1,9 @@
-"""What every read of the store shares: the engine reads go through, the short-lived memo of
-store-wide facts (``_recent``), the retention boundary and the series filters."""
+"""What every read of the store shares: the engine reads go through, the retention boundary
+and the series filters."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import time
 
 from sqlalchemy import Connection, Engine, and_, or_, select
 
@@ -33,9 +30,6 @@ class Filters:
 # call was a CLIENT span then, counted as network.
 PAIR_STAGE_BEFORE = ""
 
-#: How long a reader keeps the store's time range and the pair-call cursor (``StoreReader._recent``).
-REMEMBER_S = 10.0
-
 
 def _raw_rows(conn, stmt, params: dict | None = None) -> list[tuple]:
     """All rows of ``stmt`` as plain tuples, straight from the DB-API cursor: the
@@ -60,22 +54,7 @@ class ReaderBase:
         # The same pool; ``engine`` itself is untouched for the callers that write through it.
         self._reads = (engine.execution_options(isolation_level="AUTOCOMMIT")
                        if engine.dialect.name == "postgresql" else engine)
-        self._remembered: dict[Any, tuple[float, Any]] = {}
         self.pack_cache = packs.PackCache()  # decoded hour packs kept between reads
-
-    def _recent(self, key: Any, read) -> Any:
-        """``read()``, or its value from at most ``REMEMBER_S`` ago: for facts about the whole
-        store that only choose a plan or are conservative when stale (an exemplar search
-        asked each a statement and a connection a look-up: 28 of 64 ms for nine findings'
-        look-ups on PostgreSQL). The app shares one reader between requests and threads; a
-        race reads twice, no more."""
-        now = time.monotonic()
-        hit = self._remembered.get(key)
-        if hit is not None and now - hit[0] < REMEMBER_S:
-            return hit[1]
-        value = read()
-        self._remembered[key] = (now, value)
-        return value
 
     @staticmethod
     def _minutes_kept_from(conn) -> int | None:

@@ -36,13 +36,9 @@ class CallReads(SpanWalks):
 
     def pair_calls_complete_from(self) -> int:
         """The span start (ns) from which ``pair_calls`` holds every settled call: 0 for a
-        store created with it, later for one upgraded to it (see migration 0005). Remembered
-        ``REMEMBER_S``: it only moves back (to 0 when ``retag`` rebuilds the table), so a stale
-        answer sends a search to the raw spans, never to an incomplete table."""
-        def read() -> int:
-            with self._reads.connect() as conn:
-                return int(conn.execute(select(Cursor.position).where(Cursor.name == PAIR_CALLS_CURSOR)).scalar() or 0)
-        return self._recent("pair calls from", read)
+        store created with it, later for one upgraded to it (see migration 0005)."""
+        with self._reads.connect() as conn:
+            return int(conn.execute(select(Cursor.position).where(Cursor.name == PAIR_CALLS_CURSOR)).scalar() or 0)
 
     def slow_calls(self, filters: Filters, start_ns: int, end_ns: int, *, min_ns: int | None = None,
                    max_ns: int | None = None, limit: int = 20) -> tuple[list[dict], bool]:

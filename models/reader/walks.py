@@ -46,10 +46,9 @@ class SpanWalks(ReaderBase):
     def _long_window(self, model, start_ns: int, end_ns: int, share: int) -> bool:
         """Is the window long enough, against what the table holds, that walking a duration
         index slowest first beats sorting the window? Yes when it covers at least 1/``share``
-        of the stored time range (two index lookups, remembered ``REMEMBER_S``: either answer
-        is exact, only the plan differs): the walk then visits about ``share`` index entries
-        per row it keeps."""
-        lo, hi = self._recent(("time range", model.__tablename__), lambda: self._time_range(model))
+        of the stored time range (two index look-ups): the walk then visits about ``share``
+        index entries per row it keeps."""
+        lo, hi = self._time_range(model)
         if lo is None:
             return False
         return (end_ns - start_ns) * share >= (hi - lo)

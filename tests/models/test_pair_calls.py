@@ -132,7 +132,7 @@ def test_pair_exemplars_equal_the_raw_span_search(engine, demo_store):
 
     walked = answers()
     _raw_span_search(engine)
-    reader = StoreReader(engine)  # (a reader remembers the cursor for REMEMBER_S)
+    reader = StoreReader(engine)
     assert reader.pair_calls_complete_from() > full.end_ns
     searched = answers()
     assert walked == searched

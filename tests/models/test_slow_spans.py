@@ -272,31 +272,16 @@ def test_one_services_spans_of_a_busy_window_are_read_through_the_walk_index(eng
             assert conn.exec_driver_sql("SHOW enable_indexscan").scalar_one() == "on"
 
 
-def test_a_reader_asks_the_stores_time_range_once_every_few_seconds(engine, monkeypatch):
-    """The walk-or-sort choice reads the stored time range once per ``REMEMBER_S`` (an
-    exemplar search asked it for each look-up); later it sees spans written since."""
-    from sqlalchemy import event
-
-    from modalscope.models.reader import base as reader_mod
-
+def test_the_walk_or_sort_choice_follows_the_stored_time_range(engine):
+    """An hour is short against six hours of spans and long once the older spans are gone
+    (retention): the choice reads the stored range each time, so it follows at once."""
     start, end, spans = _store(engine)
-    clock = [1000.0]
-    monkeypatch.setattr(reader_mod.time, "monotonic", lambda: clock[0])
     reader = StoreReader(engine)
-    asked: list[str] = []
-    event.listen(engine, "before_cursor_execute",
-                 lambda conn, cur, stmt, params, ctx, many: asked.append(stmt) if "max(spans.start_ns)" in stmt else None)
-    short = (end - HOUR, end)  # an hour of the six: short against the store
-    assert not reader._long_window(Span, *short, 4) and len(asked) == 1
-    assert not reader._long_window(Span, *short, 4) and len(asked) == 1  # remembered
-    # A week later the same hour is long against a store that now starts there (the old spans
-    # gone): the reader sees that once its memory has expired, not before.
+    short = (end - HOUR, end)
+    assert not reader._long_window(Span, *short, 4)
     with engine.begin() as conn:
         conn.execute(Span.__table__.delete().where(Span.start_ns < end - HOUR))
-    clock[0] += reader_mod.REMEMBER_S - 1
-    assert not reader._long_window(Span, *short, 4) and len(asked) == 1
-    clock[0] += 2
-    assert reader._long_window(Span, *short, 4) and len(asked) == 2
+    assert reader._long_window(Span, *short, 4)
 
 
 def test_raw_reads_come_in_postgresqls_binary_format_with_the_same_rows(engine):

@@ -7,11 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
+import numpy as np
 from sqlalchemy import Connection, func, or_, select
 from sqlalchemy.orm import aliased
 
-from .. import Span, Trace
+from .. import Series, Span, Trace, sketch
 from ..buckets import MAX_BUCKET, duration_bucket
+from .base import Filters
+from .tiers import TierReads, plan_tiers, tier_plan
 from .walks import _CANDIDATE_COLUMNS, _TRACE_SUMMARY_COLUMNS, CALLEE_KIND_CODES, SpanWalks, _stage_is
 from ...durations import HOUR_NS, MINUTE_NS
 
@@ -57,6 +60,10 @@ class SpanQuery:
 # walk skips out-of-window spans in the index itself (cheap: ten minutes of a day already
 # beat reading the window); for traces see ``calls.TRACE_WALK_SHARE``.
 SPAN_WALK_SHARE = 200
+# A stage's slowest spans are found below a ceiling the rollups give (plus the pending traces'
+# own spans) when at most this many traces are pending in the window; past that the walk
+# starts at each service's slowest span.
+STAGE_CEILING_PENDING_AT_MOST = 2_000
 
 _SPAN_COLUMNS = [c.key for c in Span.__table__.columns]
 _TRACE_COLUMNS = [c.key for c in Trace.__table__.columns if c.key != "contributions"]
@@ -102,21 +109,85 @@ class SpanReads(SpanWalks):
         if not services or not self._long_window(Span, q.start_ns, q.end_ns, SPAN_WALK_SHARE):
             return self._slow_spans_in_window(q)
         wanted = q.offset + q.limit
+        bounds = self._stage_bounds(q, services) if q.stage else None
         rows: list[dict] = []
         for service in services:
-            rows.extend(self._walk_buckets(q, service, wanted))
+            if bounds is None:
+                rows.extend(self._walk_buckets(q, service, wanted))
+            elif service in bounds[0]:  # (a service without a top has no span of the stage)
+                rows.extend(self._walk_buckets(q, service, wanted, top=bounds[0][service], bottom=bounds[1]))
         rows.sort(key=lambda r: (-r["duration_ns"], r["start_ns"], r["_id"]))
         out = rows[q.offset : q.offset + q.limit]
         for r in out:
             del r["_id"]
         return out
 
-    def _walk_buckets(self, q: SpanQuery, service: str, wanted: int) -> list[dict]:
+    def _stage_bounds(self, q: SpanQuery, services: list[str]) -> tuple[dict[str, int], int] | None:
+        """Where the slowest spans of ``q.stage`` lie: per service, the duration bucket of its
+        slowest span of the stage in the window (or one above), and a bucket every one of the
+        ``offset + limit`` slowest is at or above (0: unknown). A service's slowest spans are
+        mostly of other stages (a gateway's whole requests above its preprocessing), which a
+        walk from the top, or down past the wanted rows, would read through.
+
+        The ``op`` rollups bound the settled spans, as settling stored their stages: the
+        window's minutes rounded out give each service's top, those wholly inside it the
+        floor. The spans of pending traces are read themselves (they can only raise a top).
+        None when too many traces are pending to read."""
+        outer = (q.start_ns // MINUTE_NS, -(-q.end_ns // MINUTE_NS))
+        inner = (-(-q.start_ns // MINUTE_NS), q.end_ns // MINUTE_NS)
+        with self._reads.connect() as conn:
+            pending = conn.execute(select(Trace.trace_id).where(
+                Trace.pending.is_(True), or_(Trace.first_start_ns.is_(None), Trace.first_start_ns < q.end_ns))
+                .limit(STAGE_CEILING_PENDING_AT_MOST + 1)).scalars().all()
+            if len(pending) > STAGE_CEILING_PENDING_AT_MOST:
+                return None
+            series, kept = TierReads._series_and_kept_from(
+                conn, self._series_filter("op", Filters(stage=q.stage, input_type=q.input_type)), [Series.service])
+            series = {sid: dims for sid, dims in series.items() if dims[0] in services}
+            plan = tier_plan(outer[0] * MINUTE_NS, outer[1] * MINUTE_NS, kept)
+            by_service: dict[str, list[bytes]] = {}
+            inside: list[bytes] = []
+            for r in TierReads._rows_of_series(conn, series, plan_tiers(plan)):
+                minute, blob, service = r[0], r[4], r[5]
+                by_service.setdefault(service, []).append(blob)
+                minutes = 1 if any(m0 <= minute < m1 for m0, m1 in plan.minute_ranges) else 60
+                if inner[0] <= minute and minute + minutes <= inner[1]:
+                    inside.append(blob)
+            bounds: dict[str, int] = {}
+            for service, blobs in by_service.items():
+                keys = np.flatnonzero(sketch.merge_blobs(blobs).counts)
+                if not len(keys):
+                    continue
+                if keys[-1] >= sketch.NUM_KEYS - 1:  # the top key holds any larger value
+                    return None
+                # (a value of key k is at most bucket_upper(k): a little over, for float rounding)
+                bounds[service] = duration_bucket(int(sketch.bucket_upper(int(keys[-1])) * (1 + 1e-9)) + 1)
+            for i in range(0, len(pending), 500):
+                for service, top in conn.execute(
+                        select(Span.service, func.max(Span.duration_bucket))
+                        .where(Span.trace_id.in_(pending[i : i + 500]), _stage_is(q.stage),
+                               Span.service.in_(services)).group_by(Span.service)):
+                    bounds[service] = max(bounds.get(service, 0), int(top))
+        floor = 0
+        from_top = np.cumsum(sketch.merge_blobs(inside).counts[::-1])
+        wanted = q.offset + q.limit
+        # Only for spans the rollups count as they are asked for (no kind, callee or model
+        # narrowing, no band's ceiling): the wanted-th slowest settled span inside the window
+        # is at or below the wanted-th slowest span the query finds.
+        if q.kind is None and q.may_call is None and q.model is None and q.max_ns is None and from_top[-1] >= wanted:
+            key = sketch.NUM_KEYS - 1 - int(np.searchsorted(from_top, wanted))
+            # (values of key k are above bucket_upper(k - 1): a little under, for float rounding)
+            floor = duration_bucket(int(sketch.bucket_upper(key - 1) * (1 - 1e-9))) if key > 1 else 0
+        return bounds, floor
+
+    def _walk_buckets(self, q: SpanQuery, service: str, wanted: int, top: int = MAX_BUCKET,
+                      bottom: int = 0) -> list[dict]:
         """``service``'s ``wanted`` slowest spans matching ``q``: bucket by bucket downwards
-        (every span of a bucket is slower than every span below it, so the rows come out in
-        order), each step one look-up for the next bucket holding any of its spans."""
-        floor = duration_bucket(q.min_ns) if q.min_ns is not None else 0
-        below = duration_bucket(q.max_ns) + 1 if q.max_ns is not None else MAX_BUCKET + 1
+        from ``top`` to ``bottom`` (every span of a bucket is slower than every span below it,
+        so the rows come out in order), each step one look-up for the next bucket holding any
+        of its spans."""
+        floor = max(duration_bucket(q.min_ns) if q.min_ns is not None else 0, bottom)
+        below = min(duration_bucket(q.max_ns) if q.max_ns is not None else MAX_BUCKET, top) + 1
         rows: list[dict] = []
         with self._reads.connect() as conn:
             while len(rows) < wanted:

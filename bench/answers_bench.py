@@ -6,9 +6,9 @@
 
 Each answer is a ``/api/v1`` response body (pairs, input types, stages, cache rates, traces,
 anomalies, incidents, compare) or a chart's series (traffic, percentiles, cache hit rates) at
-steps of 1, 5, 15, 30 and 60 minutes, over windows ending at the store's newest minute and
-windows with ragged edges. ``--compare`` prints every answer that differs and exits 1 if any
-does. Nothing is written to the store: give each version its own copy, migrated with
+steps of 1, 5, 15, 30 and 60 minutes, and the Stages page's time at P50 and P99, over windows ending at the store's newest minute and
+windows with ragged edges. ``--compare`` prints every answer that differs (and those only one side has) and exits 1
+if any differs. Nothing is written to the store: give each version its own copy, migrated with
 ``modalscope db upgrade`` where the newer code's schema differs.
 """
 
@@ -62,6 +62,8 @@ def answers(url: str) -> dict[str, str]:
             keep(f"{label} traffic series step {step}", queries.traffic_series(reader, window, Filters(), step))
             keep(f"{label} percentile series step {step}", queries.percentile_series(reader, window, Filters(), step))
             keep(f"{label} cache series step {step}", queries.cache_series(reader, window, "user_tier", None, step))
+        for at in ("p50", "p99"):
+            keep(f"{label} stage time at {at}", queries.stage_time_at(reader, window, Filters(), at))
         print(f"{label}: {len(out)} answers", file=sys.stderr, flush=True)
     reader.engine.dispose()
     return out
@@ -83,10 +85,12 @@ def main() -> int:
         Path(args.out).write_bytes(orjson.dumps(got, option=orjson.OPT_INDENT_2))
     if args.compare:
         want = orjson.loads(Path(args.compare).read_bytes())
-        differ = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
+        differ = sorted(k for k in want.keys() & got.keys() if want[k] != got[k])
         for name in differ:
             print(f"differs: {name}")
-        print(f"{len(got) - len(differ)} of {len(got)} answers identical")
+        for name in sorted(want.keys() ^ got.keys()):
+            print(f"only in {'the file' if name in want else 'this run'}: {name}")
+        print(f"{len(want.keys() & got.keys()) - len(differ)} of {len(want.keys() & got.keys())} answers identical")
         return 1 if differ else 0
     print(f"{len(got)} answers")
     return 0

@@ -68,13 +68,12 @@ def _tstage_of_series(reader: StoreReader) -> dict[int, str]:
 
 
 def _band(conn, lo_ns: int, hi_ns: int, filters: Filters, input_type: str | None,
-          min_ns: int, by_duration: bool = False, with_input_type: bool = False) -> list[tuple]:
+          min_ns: int, by_duration: bool = False) -> list[tuple]:
     """``(trace_id, duration_ns)`` of the traces the rollups count (those holding
     contributions) starting in [lo_ns, hi_ns), at least ``min_ns`` long (of ``input_type``
-    unless None; ``with_input_type``: with each trace's input type). ``by_duration``:
-    read through the ``duration_ns`` index (the slow tail of every stored trace) rather
-    than the ``start_ns`` one (every trace of the window); ``+ 0`` keeps the planner off
-    the other index."""
+    unless None). ``by_duration``: read through a duration index (the slow tail of every
+    stored trace, of the input type) rather than the ``start_ns`` one (every trace of the
+    window); ``+ 0`` keeps the planner off the other index."""
     start = Trace.start_ns + 0 if by_duration else Trace.start_ns
     conds = [start >= lo_ns, start < hi_ns, Trace.contributions.is_not(None)]
     if min_ns > 0:
@@ -83,9 +82,6 @@ def _band(conn, lo_ns: int, hi_ns: int, filters: Filters, input_type: str | None
         conds.append(Trace.input_type == input_type)
     if filters.service:
         conds.append(Trace.root_service == filters.service)  # the trace series' service
-    if with_input_type:  # (trace_id, duration_ns, input_type)
-        return [(t, int(d), i) for t, d, i in conn.execute(
-            select(Trace.trace_id, Trace.duration_ns, Trace.input_type).where(*conds))]
     return [(t, int(d)) for t, d in conn.execute(select(Trace.trace_id, Trace.duration_ns).where(*conds))]
 
 
@@ -132,9 +128,9 @@ def stage_time_at(reader: StoreReader, window: Window, filters: Filters = Filter
     lo_ns, hi_ns = first * NS_PER_MINUTE, last * NS_PER_MINUTE  # the minutes the rollups count
     tails: dict[str, tuple[float, list[str], int]] = {}
     with reader.engine.connect() as conn:
-        # The duration index reads the tail of every stored trace, the start index every
-        # trace of the window: the first when that tail, counted in its index, is smaller.
-        tail_rows: tuple[int, list] | None = None
+        # The duration indexes read the tail of every stored trace (of the input type), the
+        # start index every trace of the window: the first when that tail, counted in its
+        # index, is smaller.
         for g in groups:
             it = g.key[0] if dims else filters.input_type
             n = int(g.histogram.counts.sum())
@@ -142,16 +138,11 @@ def stage_time_at(reader: StoreReader, window: Window, filters: Filters = Filter
             k_lo = int(np.searchsorted(cum, math.floor(q * (n - 1)), side="right"))
             # Just below the order statistic's bucket (its lower edge, less float slack).
             min_ns = max(int(sketch.bucket_upper(k_lo - 1) * (1 - 1e-9)) - 1, 0) if k_lo > 1 else 0
-            stored_tail = conn.execute(select(func.count()).select_from(Trace)
-                                       .where(Trace.duration_ns >= min_ns)).scalar_one() if min_ns > 0 else None
-            if stored_tail is not None and stored_tail < n:
-                # one read of the stored tail for every group (the longest a group needs)
-                if tail_rows is None or tail_rows[0] > min_ns:
-                    tail_rows = (min_ns, _band(conn, lo_ns, hi_ns, filters, None, min_ns, by_duration=True,
-                                               with_input_type=True))
-                band = [(t, d) for t, d, i in tail_rows[1] if d >= min_ns and (it is None or i == it)]
-            else:
-                band = _band(conn, lo_ns, hi_ns, filters, it, min_ns, by_duration=False)
+            tail = [Trace.duration_ns >= min_ns] + ([Trace.input_type == it] if it is not None else [])
+            stored_tail = (conn.execute(select(func.count()).select_from(Trace).where(*tail)).scalar_one()
+                           if min_ns > 0 else None)
+            band = _band(conn, lo_ns, hi_ns, filters, it, min_ns,
+                         by_duration=stored_tail is not None and stored_tail < n)
             band.sort(key=lambda r: r[1])
             durations = np.array([d for _, d in band], dtype=np.int64)
             keys = sketch.keys_of(durations)

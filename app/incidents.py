@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
@@ -65,6 +66,8 @@ ONSET_SLACK_NS = 5 * NS_MIN
 SYMPTOM_ORDER = {"p99_band_break": 0, "hot_spot": 1, "baseline_regression": 2}
 #: Times an incident is judged again over its own span before its span is taken as settled.
 JUDGE_ROUNDS = 3
+#: Incidents whose suspects are looked up at once (a thread each: the two cores' share).
+SUSPECT_THREADS = 2
 #: An incident is judged over its span and this long on either side: the band-break detector
 #: judges a minute by the block after it and finds a break's onset from the minutes before it
 #: (a window starting on the onset missed a cold start's break). Findings that end before
@@ -355,6 +358,18 @@ def suspects(reader: StoreReader, members: list[Finding]) -> list[Suspect]:
     return suspects_from_compare(result)
 
 
+def suspects_of(reader: StoreReader, incidents_: list[list[Finding] | None]) -> list[list[Suspect] | None]:
+    """``suspects`` of each incident's members (None: none wanted), two at a time: each is a
+    Compare whose reads wait on the store, and the app's reader serves threads."""
+    wanted = [m for m in incidents_ if m is not None]
+    if len(wanted) < 2:
+        found = iter([suspects(reader, m) for m in wanted])
+    else:
+        with ThreadPoolExecutor(max_workers=SUSPECT_THREADS) as pool:
+            found = iter(list(pool.map(lambda m: suspects(reader, m), wanted)))
+    return [None if m is None else next(found) for m in incidents_]
+
+
 Finder = Callable[[Window], list[Finding]]
 
 
@@ -405,9 +420,9 @@ def incidents(reader: StoreReader, window: Window, finder: Finder, filters: Filt
         if any(_same_problem(members[0], f) for k in kept for f in k if is_cause(f) or f is k[0]):
             continue
         kept.append(members)
-    out = [build(m, None if is_cause(m[0]) else suspects(reader, m), prefix)
-           for m in kept if matches_any(m, filters)]
-    return sort_incidents(out)
+    kept = [m for m in kept if matches_any(m, filters)]
+    found_suspects = suspects_of(reader, [None if is_cause(m[0]) else m for m in kept])
+    return sort_incidents([build(m, s, prefix) for m, s in zip(kept, found_suspects)])
 
 
 # -- for the pages ---------------------------------------------------------------------
@@ -436,9 +451,10 @@ def window_incidents(reader: StoreReader, window: Window, found: list[Finding], 
     severities are the window's. Suspects are looked up for the first ``suspects_for`` only."""
     out = sort_incidents([build(m, None, prefix) for m in group(found, topology(reader, window))
                           if matches_any(m, filters)])
-    for n, i in enumerate(out[:suspects_for]):
-        if not i.cause_known:
-            out[n] = dataclasses.replace(i, suspects=tuple(suspects(reader, list(i.findings))))
+    wanted = [None if i.cause_known else list(i.findings) for i in out[:suspects_for]]
+    for n, found_suspects in enumerate(suspects_of(reader, wanted)):
+        if found_suspects is not None:
+            out[n] = dataclasses.replace(out[n], suspects=tuple(found_suspects))
     return out
 
 

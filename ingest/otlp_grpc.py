@@ -51,6 +51,7 @@ from .errors import ListenError, PortInUse, probe_bind_error, storage_unavailabl
 from .otlp import DecodeError, decode_protobuf, encode_response
 from .inflight import InflightBytes
 from .memory import trim
+from .otlp_http_limits import COMMIT_TIMEOUT, MAX_DECODING, SHUTDOWN_RETRY_AFTER
 from .pipeline import BODY_WEIGHT, INFLIGHT_BYTES, IngestPipeline, WriterClosed, WriterFull
 
 __all__ = ["SERVICE", "METHOD", "FULL_METHOD", "ListenError", "PortInUse", "serve_grpc"]
@@ -61,10 +62,6 @@ SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 METHOD = "Export"
 FULL_METHOD = f"/{SERVICE}/{METHOD}"
 
-#: Seconds an Export waits for its spans to be committed (bounded by the call's deadline).
-COMMIT_TIMEOUT = 60.0
-#: Retry delay when the writer is shutting down (a restart is expected).
-SHUTDOWN_RETRY_AFTER = 5
 #: Worker threads that never wait for a commit, so a busy receiver can still say so.
 RESERVED_WORKERS = 2
 #: Calls receiving their request message at once. Each may buffer up to the size cap and grpc
@@ -78,8 +75,6 @@ RECEIVE_TIMEOUT = 60.0
 #: When every receiving slot is taken, calls still waiting for their message after this many
 #: seconds are cancelled to make room: an exporter's message arrives in milliseconds.
 EVICT_AFTER = 2.0
-#: Requests decoding at once.
-MAX_DECODING = 4
 #: Seconds a received request waits for room in the process's body budget before UNAVAILABLE.
 DECODE_WAIT = 10.0
 

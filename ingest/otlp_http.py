@@ -53,7 +53,8 @@ from .otlp_http_limits import (_ACCEPT_ENCODING, _BODY_READ, _CODINGS, _INTERNAL
                                _RESOURCE_EXHAUSTED, _UNAUTHENTICATED, _UNAVAILABLE, _UNIMPLEMENTED, READ_WAIT,
                                IngestGate, SlowBodyReaper, _discard_body, _inflate, _read_body, _Reject, _short)
 from .otlp_http_limits import (  # noqa: F401 - re-exported: the receiver's limits are named from here
-    BODY_GRACE_S, MAX_BODY_S, MAX_DECODING, MAX_READING, MIN_BODY_BYTES_PER_S, _BodyProgress)
+    BODY_GRACE_S, COMMIT_TIMEOUT, MAX_BODY_S, MAX_DECODING, MAX_READING, MIN_BODY_BYTES_PER_S, SHUTDOWN_RETRY_AFTER,
+    _BodyProgress)
 from .pipeline import BODY_WEIGHT, INFLIGHT_BYTES, IngestPipeline, WriterClosed, WriterFull
 
 __all__ = [
@@ -68,11 +69,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-#: Seconds a request waits for its spans to be committed before answering 503.
-COMMIT_TIMEOUT = 60.0
-#: ``Retry-After`` when the writer is shutting down (a restart is expected).
-SHUTDOWN_RETRY_AFTER = 5
 
 _PROTOBUF = "application/x-protobuf"
 _JSON = "application/json"

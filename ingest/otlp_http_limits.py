@@ -27,8 +27,15 @@ log = logging.getLogger("modalscope.ingest.otlp_http")  # the receiver's one log
 _READ_CHUNK = 256 * 1024
 #: Requests holding a body at once (each up to the size cap, plus its decoded spans).
 MAX_READING = 16
-#: Requests decompressing or decoding at once: CPU work, more gain nothing under the GIL.
+#: Requests decompressing or decoding at once: CPU work, more gain nothing under the GIL
+#: (each receiver, HTTP and gRPC, has as many).
 MAX_DECODING = 4
+#: Seconds a request (an Export: bounded by the call's deadline too) waits for its spans to
+#: be committed before it is answered 503 / UNAVAILABLE.
+COMMIT_TIMEOUT = 60.0
+#: ``Retry-After`` (gRPC: the RetryInfo delay) when the writer is shutting down (a restart
+#: is expected).
+SHUTDOWN_RETRY_AFTER = 5
 #: Seconds a request waits for a reading slot before 503.
 READ_WAIT = 10.0
 #: A body being read must keep arriving at this rate after a grace period, or its connection

@@ -362,7 +362,7 @@ def settle_batch_optimistic(engine: Engine, trace_ids: Sequence[str] | None, *, 
 #: Spans a settle batch reads, about: a batch claims as many traces as held that many spans
 #: in the batches before (``BatchSizer``), so a settler's memory does not follow the size
 #: of its traces. Smaller batches settle as fast and hold less (docs/benchmarks.md).
-BATCH_SPANS = 16_000
+BATCH_SPANS = 8_000
 
 
 class BatchSizer:

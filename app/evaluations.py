@@ -248,7 +248,7 @@ class StoredFindings:
         """(service, instance) of the instances seen in minutes ``[first_minute, end_minute)``."""
         key = (first_minute, end_minute)
         if key not in self._seen:
-            self._seen[key] = {(svc, name) for svc, name, _ in self.reader.first_minutes(
+            self._seen[key] = {(svc, name) for svc, name, _ in self.reader.rollups.first_minutes(
                 "inst", first_minute * d.NS_MIN, end_minute * d.NS_MIN)}
         return self._seen[key]
 

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 def _columns_frame(cols: packs.Columns, dims_of: dict[int, tuple], dims: tuple[str, ...], with_sum: bool,
                    sketches: bool = True) -> pd.DataFrame:
-    """``StoreReader.rollup_columns`` as a frame: ``dims``, minute, count, errors (and
+    """``reader.rollups.columns`` as a frame: ``dims``, minute, count, errors (and
     ``sum_ns``), each row's sketch as ``keys``/``counts`` arrays, views into the columns'
     entries (``sketches`` False: without them)."""
     ids = np.sort(np.fromiter(dims_of, dtype=np.int64, count=len(dims_of)))
@@ -70,7 +70,7 @@ def _convention_frames(reader: StoreReader, data_start: int, end_ns: int) -> dic
     """The ``cache``/``batch``/``cuda``/``sync`` rollups as the detectors' frames (mostly from
     hour packs, ``models/packs.py``)."""
     def frame(kind, dims, sketches=True, **kw):
-        return _columns_frame(*reader.rollup_columns(kind, data_start, end_ns, dims, sketches=sketches), dims,
+        return _columns_frame(*reader.rollups.columns(kind, data_start, end_ns, dims, sketches=sketches), dims,
                               sketches=sketches, **kw)
 
     # (cache and batch use only the counts and sums: read without sketches, as they are packed)
@@ -100,7 +100,8 @@ def _births(reader: StoreReader, data_start: int, end_ns: int):
     """``(service, instance, first minute)`` of the instances born before ``end_ns``: first
     seen at least two minutes after the data begins (earlier ones were already running)."""
     first_data_minute = -(-data_start // d.NS_MIN)
-    return [b for b in reader.first_minutes(SeriesKind.INSTANCE, data_start, end_ns) if b[2] >= first_data_minute + 2]
+    return [b for b in reader.rollups.first_minutes(SeriesKind.INSTANCE, data_start, end_ns)
+            if b[2] >= first_data_minute + 2]
 
 
 def _warm_minutes(th: d.Thresholds) -> int:
@@ -145,10 +146,10 @@ def _new_instances(reader: StoreReader, data_start: int, window: Window, th: d.T
             by_service.setdefault(service, []).append((instance, born))
     found: set = set()
     rows: list[tuple] = []
-    ids = reader.series_ids(SeriesKind.INSTANCE) if by_service else {}
+    ids = reader.rollups.series_ids(SeriesKind.INSTANCE) if by_service else {}
     # One read a service of its minutes after all its births (a week holds ~600 births: a
     # statement each cost more than the rows), over one connection.
-    reads = reader.services_rollup_rows(
+    reads = reader.rollups.rows_by_service(
         SeriesKind.INSTANCE, {service: _merged((b, b + looked_at) for _, b in births) for service, births in by_service.items()},
         ("name",), series_ids=ids) if by_service else {}
     for service, births in by_service.items():
@@ -165,8 +166,8 @@ def _new_instances(reader: StoreReader, data_start: int, window: Window, th: d.T
                 continue
             found.add((service, instance))
             end = born * d.NS_MIN + int(th.cold_warmup_s * 1e9) + d.COLD_STEADY_NS + d.NS_MIN
-            rows.extend(reader.attribute_spans(born * d.NS_MIN, end, (), kinds=d.KIND_SERVER_CODES, service=service,
-                                               limit=max(1, th.max_spans)))
+            rows.extend(reader.attributes.spans(born * d.NS_MIN, end, (), kinds=d.KIND_SERVER_CODES, service=service,
+                                                limit=max(1, th.max_spans)))
     return found, rows, taken
 
 
@@ -200,7 +201,7 @@ def load_frames(reader: StoreReader, window: Window, th: d.Thresholds, known: Kn
     def read_pairs():
         # (read whole: mostly hour packs, models/packs.py; the sketches as flat arrays only,
         # ``Frames.pair_sketches``: a view a row cost 27 ms a day, for a few findings)
-        cols, dims_of = reader.rollup_columns("pair", data_start, window.end_ns, ("caller", "callee"))
+        cols, dims_of = reader.rollups.columns("pair", data_start, window.end_ns, ("caller", "callee"))
         frame = _columns_frame(cols, dims_of, ("caller", "callee"), with_sum=False, sketches=False)
         return frame, (cols.lengths, cols.keys, cols.counts)
 
@@ -227,13 +228,13 @@ def load_frames(reader: StoreReader, window: Window, th: d.Thresholds, known: Kn
 
 def _other_frames(reader: StoreReader, data_start: int, window: Window, th: d.Thresholds) -> dict:
     """``load_frames``' frames but the pairs and the new instances', as ``Frames`` arguments."""
-    traces = _columns_frame(*reader.rollup_columns("trace", data_start, window.end_ns, ("input_type",)),
+    traces = _columns_frame(*reader.rollups.columns("trace", data_start, window.end_ns, ("input_type",)),
                             ("input_type",), with_sum=True)
     # (the preprocessing stage's only: no detector reads the other stages' time)
-    ts_rows = reader.rollup_rows(SeriesKind.TRACE_STAGE, data_start, window.end_ns, ("input_type", "stage"),
-                                 Filters(stage="preprocessing"), sketches=False)
+    ts_rows = reader.rollups.rows(SeriesKind.TRACE_STAGE, data_start, window.end_ns, ("input_type", "stage"),
+                                  Filters(stage="preprocessing"), sketches=False)
     min_long = int(th.lb_min_ceiling_s * (1 - th.lb_band) * 1e9)
-    long_rows = reader.long_traces(window.start_ns, window.end_ns, min_long)
+    long_rows = reader.spans.long_traces(window.start_ns, window.end_ns, min_long)
     tstage = pd.DataFrame({"input_type": [r[5] for r in ts_rows], "stage": [r[6] for r in ts_rows],
                            "minute": [r[0] for r in ts_rows], "count": [r[1] for r in ts_rows],
                            "sum_ns": [r[3] for r in ts_rows]})
@@ -274,21 +275,21 @@ def _exemplar_rows(reader: StoreReader, f: Finding, w: Window) -> list[dict]:
                                        min_ms=min_ms, limit=d.MAX_EXEMPLARS)
     if f.kind == "baseline_regression":
         thr = ev.get("threshold_ms")
-        return reader.slow_traces(w.start_ns, w.end_ns, input_type=s.input_type,
-                                  min_ns=int(thr * 1e6) if thr else None, limit=d.MAX_EXEMPLARS)
+        return reader.calls.slowest_traces(w.start_ns, w.end_ns, input_type=s.input_type,
+                                           min_ns=int(thr * 1e6) if thr else None, limit=d.MAX_EXEMPLARS)
     if f.kind in d.ATTRIBUTE_KINDS:
         # Only the spans describe_from_spans looks at: the finding's own convention key (and
         # service), or for fusion the SERVER/CONSUMER spans without their attributes. Reading
         # every span with any key and parsing its JSON cost 0.1-0.25 s a finding.
         if f.kind == "fusion_sync_wait":
             # (the encoder and fusion spans only, all the detector looks at: a third of the rows)
-            rows = reader.attribute_spans(w.start_ns, w.end_ns, (), kinds=d.KIND_SERVER_CODES,
-                                          limit=EXEMPLAR_MAX_SPANS, stages=d.SYNC_STAGES)
+            rows = reader.attributes.spans(w.start_ns, w.end_ns, (), kinds=d.KIND_SERVER_CODES,
+                                           limit=EXEMPLAR_MAX_SPANS, stages=d.SYNC_STAGES)
         else:
             key, by_service = _EXEMPLAR_KEYS[f.kind]
-            rows = reader.attribute_spans(w.start_ns, w.end_ns, (key,),
-                                          service=s.service if by_service else None,
-                                          limit=EXEMPLAR_MAX_SPANS)
+            rows = reader.attributes.spans(w.start_ns, w.end_ns, (key,),
+                                           service=s.service if by_service else None,
+                                           limit=EXEMPLAR_MAX_SPANS)
         described = d.describe_from_spans(f, _spans_frame(rows))
         return [{"trace_id": t, "hint": described.hint} for t in described.exemplar_trace_ids]
     if f.kind == "preprocessing_bound":

@@ -324,7 +324,7 @@ def topology(reader: StoreReader, window: Window) -> Topology:
     (input type, stage) (``op``), and per cache (``cache`` rollups' services), from the
     series with rollups in ``window``."""
     def series(kind: str, dims: tuple[str, ...]) -> set[tuple]:
-        return reader.series_in_window(kind, window.start_ns, window.end_ns, dims)
+        return reader.rollups.series_in_window(kind, window.start_ns, window.end_ns, dims)
 
     types: dict[str, set[str]] = {}
     stages: dict[tuple[str, str], set[str]] = {}

@@ -49,7 +49,7 @@ def token_groups(reader: StoreReader, window: Window, filters: Filters, dims: tu
     """The window's ``tokens`` rollups merged per ``dims`` (series dimensions); ``filters``:
     ``service`` (the calling service) and ``input_type`` narrow them, the others do not apply."""
     f = Filters(service=filters.service, input_type=filters.input_type)
-    return reader.rollups(RollupQuery(SeriesKind.TOKENS, window.start_ns, window.end_ns, f, dims))
+    return reader.rollups.merged(RollupQuery(SeriesKind.TOKENS, window.start_ns, window.end_ns, f, dims))
 
 
 def per_request(sums: Mapping[str, int], traces: int) -> dict | None:
@@ -230,10 +230,11 @@ def no_settled_model_calls(reader: StoreReader, window: Window, filters: Filters
     svc = filters.caller or filters.service
     if not svc:
         return False
-    counted = reader.series_in_window(SeriesKind.TOKENS, window.start_ns, window.end_ns, ("service", "name", "caller"))
+    counted = reader.rollups.series_in_window(SeriesKind.TOKENS, window.start_ns, window.end_ns,
+                                              ("service", "name", "caller"))
     if any(not name for _, name, _ in counted):
         return False
-    modelled = {(caller, callee) for caller, callee, name in reader.series_in_window(
+    modelled = {(caller, callee) for caller, callee, name in reader.rollups.series_in_window(
         SeriesKind.PAIR, window.start_ns, window.end_ns, ("caller", "callee", "name")) if name}
     if filters.caller:
         own = [provider for service, _, provider in counted if service == filters.caller]

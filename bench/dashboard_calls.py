@@ -65,8 +65,8 @@ def pick_subject(reader, window) -> Subject:
         subject.extra["fast_pair"] = (fast["caller"], fast["callee"])
     # Compare reads the callee's SERVER spans: the busiest pair whose callee sends spans of
     # its own (the busiest pair's callee may be an uninstrumented database, read in no time).
-    served = next((p for p in pairs if reader.subject_spans(window.start_ns, window.end_ns, kind=2,
-                                                            service=p["callee"], limit=1)), None)
+    served = next((p for p in pairs if reader.attributes.subjects(window.start_ns, window.end_ns, kind=2,
+                                                                  service=p["callee"], limit=1)), None)
     if served is not None and (served["caller"], served["callee"]) != (caller, callee):
         subject.extra["served_pair"] = (served["caller"], served["callee"])
     return subject

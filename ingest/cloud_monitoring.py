@@ -106,7 +106,7 @@ def minute_points(reader, minute: int) -> list[MetricPoint]:
     end = start + NS_PER_MINUTE
     qs = [q for _, q in PERCENTILES]
     points: list[MetricPoint] = []
-    for g in reader.rollups(RollupQuery("pair", start, end, group_by=("caller", "callee"))):
+    for g in reader.rollups.merged(RollupQuery("pair", start, end, group_by=("caller", "callee"))):
         caller, callee = g.key
         base = (("callee", callee), ("caller", caller))
         points.append(MetricPoint(PAIR_REQUESTS, base, int(g.count)))
@@ -114,9 +114,10 @@ def minute_points(reader, minute: int) -> list[MetricPoint]:
         for (name, _), v in zip(PERCENTILES, g.histogram.quantiles(qs)):
             if v is not None:
                 points.append(MetricPoint(PAIR_LATENCY, base + (("percentile", name),), v / 1e6))
-    stage_groups = [(g.key, g) for g in reader.rollups(RollupQuery("op", start, end, group_by=("stage", "input_type")))]
+    stage_groups = [(g.key, g)
+                    for g in reader.rollups.merged(RollupQuery("op", start, end, group_by=("stage", "input_type")))]
     stage_groups += [((END_TO_END, g.key[0]), g)
-                     for g in reader.rollups(RollupQuery("trace", start, end, group_by=("input_type",)))]
+                     for g in reader.rollups.merged(RollupQuery("trace", start, end, group_by=("input_type",)))]
     for (stage, input_type), g in stage_groups:
         for (name, _), v in zip(PERCENTILES, g.histogram.quantiles(qs)):
             if v is not None:

@@ -43,7 +43,7 @@ PACK_KINDS = (SeriesKind.PAIR, SeriesKind.TRACE, SeriesKind.CACHE, SeriesKind.BA
               SeriesKind.SYNC)
 #: Kinds packed without their sketches: their detectors use only counts and sums (a day of
 #: ``cache`` packs at ten million spans, 9.9 MB with its 1.2 million sketch entries, is
-#: ~0.5 MB without). ``StoreReader.rollup_columns`` reads them from packs only when asked
+#: ~0.5 MB without). ``reader.rollups.columns`` reads them from packs only when asked
 #: for no sketches.
 SKETCHLESS_KINDS = frozenset({SeriesKind.CACHE, SeriesKind.BATCH})
 MAGIC = b"MSPACK01"

@@ -192,7 +192,7 @@ def _t(minute: int) -> str:
 def _frame(reader, kind: str, window: Window, dims: tuple[str, ...], filters: Filters, sketches: bool,
            with_sum: bool = False):
     """One rollup kind's minute rows in the window (``findings._columns_frame``)."""
-    cols, dims_of = reader.rollup_columns(kind, window.start_ns, window.end_ns, dims, filters, sketches=sketches)
+    cols, dims_of = reader.rollups.columns(kind, window.start_ns, window.end_ns, dims, filters, sketches=sketches)
     return findings._columns_frame(cols, dims_of, dims, with_sum=with_sum, sketches=sketches)
 
 
@@ -222,7 +222,7 @@ def _sketch_steps(frame, step: int, quantiles: dict[str, float]) -> list[dict]:
 
 def _quantile_rows(reader, q: RollupQuery, step: int, quantiles: dict[str, float]) -> list[dict]:
     rows = []
-    for g in sorted(reader.rollup_steps(q, step), key=lambda g: g.key[-1]):
+    for g in sorted(reader.rollups.steps(q, step), key=lambda g: g.key[-1]):
         if g.count > 0:
             values = g.histogram.quantiles(list(quantiles.values()))
             rows.append({"t": _t(g.key[-1]), **{k: (v / 1e6 if v is not None else None)

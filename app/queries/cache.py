@@ -33,7 +33,7 @@ def cache_hit_value(value: Any) -> bool | None:
 
 
 def cache_events(rows: Iterable[tuple], group_by: str | None) -> list[tuple[int, str, str | None, bool]]:
-    """Pure: ``(start_ns, cache, group, hit)`` from ``StoreReader.cache_spans`` rows.
+    """Pure: ``(start_ns, cache, group, hit)`` from ``reader.attributes.cache_spans`` rows.
 
     The group is the span attribute ``group_by``, else the resource attribute of that
     name, else None. Spans whose ``cache.hit`` says neither hit nor miss are dropped.
@@ -97,7 +97,7 @@ def _rates_buckets(counted: Iterable[tuple[int, str, str | None, int, int]], sta
     step = max(1, int(step_minutes))
     step_ns = step * _NS_MIN
     # Steps of whole quarter hours lie on the clock's grid (as the percentile charts'
-    # steps: ``StoreReader.rollup_steps``), so an hourly rollup row falls in one bucket;
+    # steps: ``reader.rollups.steps``), so an hourly rollup row falls in one bucket;
     # shorter steps start at the window's first minute.
     origin = 0 if step % 15 == 0 else start_ns // _NS_MIN * _NS_MIN
     counts: dict[tuple[int, str, str | None], list[int]] = {}
@@ -130,7 +130,7 @@ def cache_buckets(events: Iterable[tuple[int, str, str | None, bool]], start_ns:
 
 
 def _cache_events(reader: StoreReader, window: Window, group_by: str | None, cache: str | None) -> list[tuple]:
-    rows = reader.cache_spans(window.start_ns, window.end_ns, limit=CACHE_MAX_SPANS)
+    rows = reader.attributes.cache_spans(window.start_ns, window.end_ns, limit=CACHE_MAX_SPANS)
     events = cache_events(rows, group_by)
     return [e for e in events if e[1] == cache] if cache else events
 
@@ -254,7 +254,7 @@ def _cache_lookups(reader: StoreReader, window: Window, group_by: str | None, ca
         kinds = {"cache": ("service", "name", "caller", "callee")}
         if group_by is not None:
             kinds[CACHE_UNTAGGED_KIND] = ("service", "name", "caller")
-        plan, rows = reader.tier_rows_of_kinds(
+        plan, rows = reader.rollups.rows_of_kinds(
             kinds, lambda kept_from: _cache_plan(m0 * _NS_MIN, m1 * _NS_MIN, step_minutes, kept_from), sketches=False)
     if plan is not None:
         cells = cache_rollup_cells(rows["cache"], rows.get(CACHE_UNTAGGED_KIND, ()), group_by, cache)

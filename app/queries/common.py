@@ -73,7 +73,7 @@ def _subject_query(filters: Filters, window: Window, **kw) -> RollupQuery:
 
 def filter_options(reader: StoreReader) -> dict[str, list]:
     """Values the filter pickers offer (every known series dimension value)."""
-    values = reader.series_values()
+    values = reader.rollups.series_values()
     order = {s: i for i, s in enumerate(STAGES)}
     it_order = {t: i for i, t in enumerate(INPUT_TYPE_ORDER)}
     values["stages"] = sorted(set(values["stages"]) | set(STAGES), key=lambda s: (order.get(s, 99), s))

@@ -18,7 +18,7 @@ from ..params import Window, rfc3339
 from .common import _group_value, _ms, _subject_query, subject_of
 
 #: Subject spans read per window: a sample spread over the window when it holds more
-#: (``StoreReader.subject_spans``). The selection's are its slow spans only.
+#: (``reader.attributes.subjects``). The selection's are its slow spans only.
 COMPARE_MAX_SPANS = 2_000
 COMPARE_MAX_VALUES = 50  # keys with more distinct values are skipped (ids, free text)
 COMPARE_TOP = 10
@@ -170,11 +170,13 @@ def _subject_rows(reader: StoreReader, window: Window, filters: Filters, limit: 
     kw = dict(input_type=filters.input_type, limit=limit, min_ns=min_ns, expected=expected)
     if subject == "pair":
         if filters.callee:  # the callee's side of the calls: its instances, its attributes
-            return reader.subject_spans(window.start_ns, window.end_ns, kind=2, service=filters.callee, **kw)
-        return reader.subject_spans(window.start_ns, window.end_ns, kind=KIND_CLIENT, service=filters.caller, **kw)
+            return reader.attributes.subjects(window.start_ns, window.end_ns, kind=2, service=filters.callee, **kw)
+        return reader.attributes.subjects(window.start_ns, window.end_ns, kind=KIND_CLIENT, service=filters.caller,
+                                          **kw)
     if subject in ("stage", "service"):
-        return reader.subject_spans(window.start_ns, window.end_ns, service=filters.service, stage=filters.stage, **kw)
-    return reader.subject_spans(window.start_ns, window.end_ns, root_only=True, **kw)
+        return reader.attributes.subjects(window.start_ns, window.end_ns, service=filters.service,
+                                          stage=filters.stage, **kw)
+    return reader.attributes.subjects(window.start_ns, window.end_ns, root_only=True, **kw)
 
 
 def compare(reader: StoreReader, window: Window, baseline: Window | None = None,
@@ -193,7 +195,7 @@ def compare(reader: StoreReader, window: Window, baseline: Window | None = None,
     Span and resource attributes plus the trace's ``input_type``; keys with more than 50
     distinct values, ids and timestamps skipped; top 10 by lift with minimum counts
     (``attribute_lift``). At most ``COMPARE_MAX_SPANS`` raw spans a window: where it holds
-    more, a sample spread over it (``StoreReader.subject_spans``), the selection's read among
+    more, a sample spread over it (``reader.attributes.subjects``), the selection's read among
     its slow spans only.
     """
     baseline = baseline or default_baseline(window)
@@ -201,15 +203,15 @@ def compare(reader: StoreReader, window: Window, baseline: Window | None = None,
     stage_sel, stage_base = {}, {}
     for w, dest in ((window, stage_sel), (baseline, stage_base)):
         q = _stage_query(filters, w)
-        for g in reader.rollups(q):
+        for g in reader.rollups.merged(q):
             if g.count > 0:
                 dest[g.key[0]] = (g.count, g.sum_ns, g.histogram)
-    units = [sum(g.count for g in reader.rollups(_stage_query(filters, w, "trace"))) for w in (window, baseline)]
+    units = [sum(g.count for g in reader.rollups.merged(_stage_query(filters, w, "trace"))) for w in (window, baseline)]
     stages_out = stage_deltas(stage_sel, stage_base, units[0], units[1])
     counts = []
     sel_hist = Histogram()
     for w in (window, baseline):
-        groups = reader.rollups(_subject_query(filters, w))
+        groups = reader.rollups.merged(_subject_query(filters, w))
         counts.append(sum(g.count for g in groups))
         if w is window:
             for g in groups:

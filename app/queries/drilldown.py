@@ -18,7 +18,7 @@ from ...durations import MINUTE_NS
 
 def latency_distribution(reader: StoreReader, window: Window, filters: Filters = Filters()) -> dict:
     """Histogram (display bins) and CDF of the subject's latency, with P50/P90/P99."""
-    groups = reader.rollups(_subject_query(filters, window))
+    groups = reader.rollups.merged(_subject_query(filters, window))
     hist = Histogram()
     errors = 0
     for g in groups:
@@ -48,7 +48,7 @@ def latency_distribution(reader: StoreReader, window: Window, filters: Filters =
 def percentile_series(reader: StoreReader, window: Window, filters: Filters = Filters(),
                       step_minutes: int = 1) -> list[dict]:
     """P50/P90/P99 and count of the subject per time step: ``[{"t", "count", "p50_ms", ...}]``."""
-    groups = reader.rollup_steps(_subject_query(filters, window), step_minutes)
+    groups = reader.rollups.steps(_subject_query(filters, window), step_minutes)
     out = []
     for g in sorted(groups, key=lambda g: g.key[-1]):
         if g.count <= 0:
@@ -92,13 +92,13 @@ def _pair_of_candidates(reader: StoreReader, rows: list[dict]) -> dict[str, Call
     """(trace_id/span_id) -> the :class:`Call` of each CLIENT span row, as settling makes it
     (``traces.trace_calls``): from the row, its SERVER/CONSUMER children and, for a transport
     span that may take its stage from a model-call parent (signals ``inh``), that parent."""
-    kids = reader.callee_children((r["trace_id"], r["span_id"]) for r in rows)
+    kids = reader.spans.callee_children((r["trace_id"], r["span_id"]) for r in rows)
     by_parent: dict[tuple[str, str], list[dict]] = {}
     for k in kids:
         by_parent.setdefault((k["trace_id"], k["parent_span_id"]), []).append(k)
     heirs = [(r["trace_id"], r["parent_span_id"]) for r in rows
              if r.get("parent_span_id") and r.get("signals") and '"inh"' in r["signals"]]
-    parents = {(p["trace_id"], p["span_id"]): p for p in reader.spans_by_id(heirs)} if heirs else {}
+    parents = {(p["trace_id"], p["span_id"]): p for p in reader.spans.by_id(heirs)} if heirs else {}
     out = {}
     for r in rows:
         spans = _records([r], with_attributes=True)
@@ -125,27 +125,27 @@ def exemplar_traces(reader: StoreReader, window: Window, filters: Filters = Filt
     max_ns = None if max_ms is None else int(math.ceil(max_ms * 1e6))
     subject = subject_of(filters)
     if subject == "trace":
-        rows = reader.slow_traces(window.start_ns, window.end_ns, input_type=filters.input_type,
-                                  min_ns=min_ns, max_ns=max_ns, limit=limit)
+        rows = reader.calls.slowest_traces(window.start_ns, window.end_ns, input_type=filters.input_type,
+                                           min_ns=min_ns, max_ns=max_ns, limit=limit)
         return [_trace_summary(r) for r in rows]
 
     if subject == "pair":
         found = _slowest_calls(reader, window, filters, min_ns, max_ns, limit)
         if found is not None:
             return _exemplar_rows(reader, found)
-        callers = () if filters.caller else tuple(reader.services_of("pair", filters))
+        callers = () if filters.caller else tuple(reader.rollups.services_of("pair", filters))
         sq = SpanQuery(window.start_ns, window.end_ns, kind=KIND_CLIENT, service=filters.caller,
                        stage=filters.stage, input_type=filters.input_type, min_ns=min_ns, max_ns=max_ns,
                        services=callers, may_call=filters.callee, model=filters.model)
     else:
-        services = () if filters.service else tuple(reader.services_of("op", filters))
+        services = () if filters.service else tuple(reader.rollups.services_of("op", filters))
         sq = SpanQuery(window.start_ns, window.end_ns, service=filters.service, stage=filters.stage,
                        input_type=filters.input_type, min_ns=min_ns, max_ns=max_ns, services=services)
     found: dict[str, dict] = {}
     page = max(20, limit * 3)  # grows x4 a page when rows share traces or fail the pair check
     offset = 0
     while len(found) < limit and offset < EXEMPLAR_SCAN_LIMIT:
-        rows = reader.slow_spans(SpanQuery(**{**sq.__dict__, "limit": page, "offset": offset}))
+        rows = reader.spans.slowest(SpanQuery(**{**sq.__dict__, "limit": page, "offset": offset}))
         offset += len(rows)
         exhausted = len(rows) < page
         rows = [r for r in rows if r["trace_id"] not in found]
@@ -193,22 +193,22 @@ def _slowest_calls(reader: StoreReader, window: Window, filters: Filters, min_ns
     calls of traces still pending, checked as the raw-span search checks them. None when
     ``pair_calls`` does not cover the window (an upgraded store) or settling is far behind:
     then the raw spans are searched."""
-    if window.start_ns < reader.pair_calls_complete_from():
+    if window.start_ns < reader.calls.complete_from():
         return None
-    callers = [filters.caller] if filters.caller else reader.services_of("pair", filters)
+    callers = [filters.caller] if filters.caller else reader.rollups.services_of("pair", filters)
     n = max(20, limit * 3)
     pending_floor: int | None = -1  # the floor the pending calls below were read with
     pending: list[dict] = []
     while True:
-        settled, more = reader.slow_calls(filters, window.start_ns, window.end_ns, min_ns=min_ns, max_ns=max_ns,
-                                          limit=n)
+        settled, more = reader.calls.slowest(filters, window.start_ns, window.end_ns, min_ns=min_ns, max_ns=max_ns,
+                                             limit=n)
         # A pending call slower than none of the n slowest settled ones cannot be among the
         # n slowest of all: read only those at least as slow (with a backlog, most are not).
         floor = settled[-1]["duration_ns"] if more and settled else None
         if pending_floor == -1 or (pending_floor is not None and (floor is None or floor < pending_floor)):
             bounds = [b for b in (floor, min_ns) if b is not None]
             lower = max(bounds) if bounds else None
-            got = reader.pending_calls(window.start_ns, window.end_ns, callers, input_type=filters.input_type,
+            got = reader.calls.pending(window.start_ns, window.end_ns, callers, input_type=filters.input_type,
                                        min_ns=lower, max_ns=max_ns, may_call=filters.callee, stage=filters.stage,
                                        model=filters.model)
             if got is None:
@@ -237,7 +237,7 @@ def _slowest_calls(reader: StoreReader, window: Window, filters: Filters, min_ns
 
 def _exemplar_rows(reader: StoreReader, found: dict[str, dict]) -> list[dict]:
     """API rows for exemplar spans (trace id -> span row): the trace's summary and the span."""
-    trace_rows = reader.trace_rows(found)
+    trace_rows = reader.spans.trace_rows(found)
     out = []
     for tid, span in found.items():
         tr = trace_rows.get(tid)

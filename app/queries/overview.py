@@ -28,8 +28,9 @@ def input_types(reader: StoreReader, window: Window, filters: Filters = Filters(
     ``service`` narrows both to that service: traces rooted in it, model calls made by it."""
     f = Filters(service=filters.service, input_type=filters.input_type)
     token_sums = input_type_tokens(reader, window, f)
-    groups = reader.rollups(RollupQuery("trace", window.start_ns, window.end_ns, f, ("input_type",)))
-    stage_groups = reader.rollups(RollupQuery("tstage", window.start_ns, window.end_ns, f, ("input_type", "stage")))
+    groups = reader.rollups.merged(RollupQuery("trace", window.start_ns, window.end_ns, f, ("input_type",)))
+    stage_groups = reader.rollups.merged(RollupQuery("tstage", window.start_ns, window.end_ns, f,
+                                                     ("input_type", "stage")))
     stage_time: dict[str, dict[str, int]] = {}
     for g in stage_groups:
         stage_time.setdefault(g.key[0], {})[g.key[1]] = g.sum_ns
@@ -110,8 +111,8 @@ def traffic_series(reader: StoreReader, window: Window, filters: Filters = Filte
                    step_minutes: int = 1) -> list[dict]:
     """Per input type and time step: requests per minute and P99 (``trace`` rollups)."""
     f = Filters(service=filters.service, input_type=filters.input_type)
-    groups = reader.rollup_steps(RollupQuery("trace", window.start_ns, window.end_ns, f, ("input_type",)),
-                                 step_minutes)
+    groups = reader.rollups.steps(RollupQuery("trace", window.start_ns, window.end_ns, f, ("input_type",)),
+                                  step_minutes)
     out = []
     for g in sorted(groups, key=lambda g: (g.key[-1], g.key[0])):
         if g.count <= 0:

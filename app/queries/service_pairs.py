@@ -15,8 +15,8 @@ def pairs(reader: StoreReader, window: Window, filters: Filters = Filters()) -> 
     busiest first, each with the ``models`` its calls requested (sorted; [] for none).
     A ``stage`` filter keeps the calls whose calling span is in that stage (a model call:
     inference, or encoder for embeddings); ``model`` keeps that model's calls."""
-    groups = reader.rollups(RollupQuery("pair", window.start_ns, window.end_ns, filters,
-                                        ("caller", "callee", "name")))
+    groups = reader.rollups.merged(RollupQuery("pair", window.start_ns, window.end_ns, filters,
+                                               ("caller", "callee", "name")))
     merged: dict[tuple[str, str], list] = {}
     for g in groups:
         if g.count <= 0:
@@ -46,8 +46,8 @@ def pairs(reader: StoreReader, window: Window, filters: Filters = Filters()) -> 
 def pair_heatmap(reader: StoreReader, window: Window, filters: Filters = Filters()) -> dict:
     """The service-pair heatmap: pairs ordered by call volume (quietest first, so the
     busiest sit on the right), latency bins of the calls, and P50/P90/P99 per pair."""
-    groups = [g for g in reader.rollups(RollupQuery("pair", window.start_ns, window.end_ns, filters,
-                                                    ("caller", "callee"))) if g.count > 0]
+    groups = [g for g in reader.rollups.merged(RollupQuery("pair", window.start_ns, window.end_ns, filters,
+                                                           ("caller", "callee"))) if g.count > 0]
     groups.sort(key=lambda g: (g.count, g.key))
     counts = [binned_counts(g.histogram) for g in groups]
     rng = _nonzero_range(counts, pad=1)
@@ -78,7 +78,7 @@ def pair_models(reader: StoreReader, window: Window, filters: Filters = Filters(
     f = Filters(service=filters.service, caller=filters.caller, callee=filters.callee, stage=filters.stage,
                 input_type=filters.input_type)
     out = []
-    for g in reader.rollups(RollupQuery("pair", window.start_ns, window.end_ns, f, ("name",))):
+    for g in reader.rollups.merged(RollupQuery("pair", window.start_ns, window.end_ns, f, ("name",))):
         if g.count <= 0 or not g.key[0]:
             continue
         p50, p99 = g.histogram.quantiles([0.5, 0.99])

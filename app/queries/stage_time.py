@@ -29,9 +29,9 @@ def stages(reader: StoreReader, window: Window, filters: Filters = Filters(), gr
     if at is not None:
         return stage_time_at(reader, window, filters, at, group_by)["stages"]
     dims = ("input_type", "stage") if group_by == "input_type" else ("stage",)
-    groups = reader.rollups(RollupQuery("op", window.start_ns, window.end_ns, filters, dims))
-    time_groups = reader.rollups(RollupQuery("tstage", window.start_ns, window.end_ns,
-                                             Filters(input_type=filters.input_type, stage=filters.stage), dims))
+    groups = reader.rollups.merged(RollupQuery("op", window.start_ns, window.end_ns, filters, dims))
+    time_groups = reader.rollups.merged(RollupQuery("tstage", window.start_ns, window.end_ns,
+                                                    Filters(input_type=filters.input_type, stage=filters.stage), dims))
     stage_time = {g.key: g.sum_ns for g in time_groups}
     totals: dict[tuple, int] = {}
     for key, total in stage_time.items():
@@ -122,7 +122,8 @@ def stage_time_at(reader: StoreReader, window: Window, filters: Filters = Filter
     q = AT_QUANTILES[at]
     dims = ("input_type",) if group_by == "input_type" else ()
     rollup_filters = Filters(service=filters.service, input_type=filters.input_type)
-    groups = [g for g in reader.rollups(RollupQuery("trace", window.start_ns, window.end_ns, rollup_filters, dims))
+    groups = [g for g in reader.rollups.merged(RollupQuery("trace", window.start_ns, window.end_ns, rollup_filters,
+                                                           dims))
               if g.count > 0]
     first, last = minute_range(window.start_ns, window.end_ns)
     lo_ns, hi_ns = first * NS_PER_MINUTE, last * NS_PER_MINUTE  # the minutes the rollups count
@@ -199,10 +200,10 @@ def stage_breakdown(reader: StoreReader, window: Window, filters: Filters = Filt
     end-to-end P50/P99 for comparison. (Per-stage percentiles do not add up to the
     trace's percentile; the end-to-end marker shows how far apart they are.)"""
     f = Filters(service=filters.service, input_type=filters.input_type, stage=filters.stage)
-    groups = reader.rollups(RollupQuery("tstage", window.start_ns, window.end_ns, f, ("input_type", "stage")))
-    traces = reader.rollups(RollupQuery("trace", window.start_ns, window.end_ns,
-                                        Filters(service=filters.service, input_type=filters.input_type),
-                                        ("input_type",)))
+    groups = reader.rollups.merged(RollupQuery("tstage", window.start_ns, window.end_ns, f, ("input_type", "stage")))
+    traces = reader.rollups.merged(RollupQuery("trace", window.start_ns, window.end_ns,
+                                               Filters(service=filters.service, input_type=filters.input_type),
+                                               ("input_type",)))
     order = {s: i for i, s in enumerate(STAGES)}
     it_order = {t: i for i, t in enumerate(INPUT_TYPE_ORDER)}
     rows = []
@@ -225,7 +226,7 @@ def stage_series(reader: StoreReader, window: Window, filters: Filters = Filters
                  step_minutes: int = 1, q: float = 0.99) -> list[dict]:
     """Per stage and time step: the ``q`` quantile of per-trace stage time (``tstage``)."""
     f = Filters(service=filters.service, input_type=filters.input_type, stage=filters.stage)
-    groups = reader.rollup_steps(RollupQuery("tstage", window.start_ns, window.end_ns, f, ("stage",)), step_minutes)
+    groups = reader.rollups.steps(RollupQuery("tstage", window.start_ns, window.end_ns, f, ("stage",)), step_minutes)
     out = []
     for g in sorted(groups, key=lambda g: (g.key[-1], g.key[0])):
         if g.count > 0:
@@ -245,10 +246,10 @@ def vit_layers(reader: StoreReader, window: Window, filters: Filters = Filters()
     ``op`` rollups (``modalscope retag`` writes the rollups for its old spans).
     """
     merged: dict[str, list] = {}
-    if reader.series_ids("layer"):
-        groups = reader.rollups(RollupQuery("layer", window.start_ns, window.end_ns,
-                                            Filters(service=filters.service, input_type=filters.input_type),
-                                            ("callee", "name")))
+    if reader.rollups.series_ids("layer"):
+        groups = reader.rollups.merged(RollupQuery("layer", window.start_ns, window.end_ns,
+                                                   Filters(service=filters.service, input_type=filters.input_type),
+                                                   ("callee", "name")))
         parts = [(g.key[0], g.key[1], g) for g in groups]
     else:
         parts = _layers_from_raw_spans(reader, window, filters)
@@ -260,8 +261,8 @@ def vit_layers(reader: StoreReader, window: Window, filters: Filters = Filters()
         m[3].add(name)
     if not merged:
         return []
-    enc = reader.rollups(RollupQuery("tstage", window.start_ns, window.end_ns,
-                                     Filters(service=None, input_type=filters.input_type, stage="encoder"), ()))
+    enc = reader.rollups.merged(RollupQuery("tstage", window.start_ns, window.end_ns,
+                                            Filters(service=None, input_type=filters.input_type, stage="encoder"), ()))
     enc_total = sum(g.sum_ns for g in enc)
     order = {n: i for i, n in enumerate(VIT_LAYERS)}
     out = []
@@ -279,11 +280,11 @@ def vit_layers(reader: StoreReader, window: Window, filters: Filters = Filters()
 def _layers_from_raw_spans(reader: StoreReader, window: Window, filters: Filters) -> list[tuple]:
     """(layer, span name, op histogram group) with the layer operations read from the newest
     raw spans of the window (a bounded scan), for stores without ``layer`` rollups."""
-    ops = reader.attribute_ops("mm.layer", window.start_ns, window.end_ns)
+    ops = reader.attributes.ops("mm.layer", window.start_ns, window.end_ns)
     if filters.service:
         ops = [o for o in ops if o[0] == filters.service]
     if not ops:
         return []
     layer_of = {(s, n): str(v) for s, n, v in ops}
-    groups = reader.op_histograms(window.start_ns, window.end_ns, layer_of, input_type=filters.input_type)
+    groups = reader.rollups.op_histograms(window.start_ns, window.end_ns, layer_of, input_type=filters.input_type)
     return [(layer_of[key], key[1], g) for key, g in groups.items()]

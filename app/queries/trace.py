@@ -59,16 +59,16 @@ def trace_detail(reader: StoreReader, trace_id: str, *, ranks: bool = True) -> d
     Each span says whether it is on the critical path (``critical``) and, with ``ranks``,
     its percentile rank 0-100 (``rank_pct``) against the ``op`` rollups of its service and
     name in the hour centred on the trace's start (None without samples)."""
-    rows = reader.trace_spans(trace_id)
+    rows = reader.spans.of_trace(trace_id)
     if not rows:
         return None
     records = _records(rows, with_attributes=True)  # with signals: the settler's input type
     selfs = self_times(records)
     on_path = set(critical_path(records))
     start, half_hour = min(int(r["start_ns"]) for r in rows), 1_800_000_000_000
-    groups = reader.op_histograms(start - half_hour, start + half_hour,
-                                  {(r["service"], r["name"]) for r in rows}) if ranks else {}
-    trace_row = reader.trace_row(trace_id)
+    groups = reader.rollups.op_histograms(start - half_hour, start + half_hour,
+                                          {(r["service"], r["name"]) for r in rows}) if ranks else {}
+    trace_row = reader.spans.trace_row(trace_id)
     settled = trace_row is not None and not trace_row["pending"] and trace_row["settled_ns"] is not None
     input_type = trace_row["input_type"] if settled else input_type_of(records)
     duration = trace_row["duration_ns"] if settled else trace_duration_ns(records)
@@ -141,7 +141,7 @@ def trace_view(reader: StoreReader, trace_id: str, window: Window) -> dict | Non
 
     for s in spans:
         depth_of(s["span_id"])
-    groups = reader.op_histograms(window.start_ns, window.end_ns, {(s["service"], s["name"]) for s in spans})
+    groups = reader.rollups.op_histograms(window.start_ns, window.end_ns, {(s["service"], s["name"]) for s in spans})
     for s in spans:
         g = groups.get((s["service"], s["name"]))
         s["depth"] = depth[s["span_id"]]
@@ -186,7 +186,7 @@ def _mark_queue_waits(reader: StoreReader, trace_id: str, spans: list[dict]) -> 
             if isinstance(ln, dict) and isinstance(ln.get("trace_id"), str) and isinstance(ln.get("span_id"), str):
                 if ln["trace_id"] != trace_id:
                     wanted.add((ln["trace_id"], ln["span_id"]))
-    linked = {(r["trace_id"], r["span_id"]): r for r in reader.spans_by_id(wanted)} if wanted else {}
+    linked = {(r["trace_id"], r["span_id"]): r for r in reader.spans.by_id(wanted)} if wanted else {}
     for s in consumers:
         producer = None  # (service, end_ns)
         parent = by_id.get(s["parent_span_id"] or "")

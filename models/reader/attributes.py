@@ -1,6 +1,6 @@
-"""Spans read for their attributes: the operations carrying a key (``attribute_ops``), the
-cache lookups (``cache_spans``), a Compare's population (``subject_spans``, a sample spread
-over a long window) and the attribute-based detectors' bounded read (``attribute_spans``)."""
+"""``AttributeReader``: spans read for their attributes: the operations carrying a key
+(``ops``), the cache lookups (``cache_spans``), a Compare's population (``subjects``, a sample
+spread over a long window) and the attribute-based detectors' bounded read (``spans``)."""
 
 from __future__ import annotations
 
@@ -12,32 +12,36 @@ from sqlalchemy import BigInteger, Connection, String, and_, or_, select
 
 from .. import Span, Trace
 from ..dialect import index_by_bitmap, one_of, plan_for_parameters
-from .base import Filters, _raw_rows
-from .walks import SpanWalks
+from .base import Filters, ReadContext, _raw_rows, services_in
+from .walks import walk_bucket_list, walk_conds, walk_entries
 
-#: Evenly spaced stretches a sampled ``subject_spans`` read takes from its window.
+#: Evenly spaced stretches a sampled ``subjects`` read takes from its window.
 SUBJECT_CLUSTERS = 12
-#: Services a stage's spans may come from for ``subject_spans`` to walk their span indexes
+#: Services a stage's spans may come from for ``subjects`` to walk their span indexes
 #: (more: the window is scanned through start_ns).
 STAGE_WALK_SERVICES = 8
 #: Traces whose root spans one statement looks up (two bound values each: a statement's
 #: values stay well under SQLite's 32,766).
 ROOTS_PER_STATEMENT = 2_000
 
-ATTRIBUTE_SCAN_SLACK = 2  # attribute_spans reads by id range when it spans at most 2x the window's rows
-# attribute_spans reads one service's spans through its index when they are at most a quarter
+ATTRIBUTE_SCAN_SLACK = 2  # ``spans`` reads by id range when it spans at most 2x the window's rows
+# ``spans`` reads one service's spans through its index when they are at most a quarter
 # of the window's rows (an index entry and a row look-up each, against a scan of every row).
 ATTRIBUTE_SERVICE_SHARE = 4
-# attribute_spans counts a service's spans of the window in its walk index up to this many
+# ``spans`` counts a service's spans of the window in its walk index up to this many
 # before it decides (a larger share reads the window's rows by id or start instead).
 ATTRIBUTE_WALK_COUNTED = 50_000
 
 
-class AttributeReads(SpanWalks):
-    """Spans with their attributes, for Compare, the cache view and the detectors."""
+class AttributeReader:
+    """Spans with their attributes, for Compare, the cache view and the detectors
+    (``StoreReader.attributes``)."""
 
-    def attribute_ops(self, key: str, start_ns: int, end_ns: int,
-                      sample: int = 50_000) -> list[tuple[str, str, object]]:
+    def __init__(self, context: ReadContext) -> None:
+        self._ctx = context
+
+    def ops(self, key: str, start_ns: int, end_ns: int,
+            sample: int = 50_000) -> list[tuple[str, str, object]]:
         """(service, span name, value) of spans carrying attribute ``key``, among the newest
         ``sample`` spans of the window (a bounded scan: cost independent of the window's size).
 
@@ -55,7 +59,7 @@ class AttributeReads(SpanWalks):
         stmt = select(inner.c.service, inner.c.name, inner.c.attributes).where(
             inner.c.attributes.contains(needle, autoescape=True))
         found: dict[tuple[str, str], object] = {}
-        with self._reads.connect() as conn:
+        with self._ctx.reads.connect() as conn:
             for service, name, attrs in conn.execute(stmt):
                 if (service, name) in found:
                     continue
@@ -79,13 +83,13 @@ class AttributeReads(SpanWalks):
             .order_by(Span.start_ns.desc())
             .limit(limit)
         )
-        with self._reads.connect() as conn:
+        with self._ctx.reads.connect() as conn:
             return [tuple(r) for r in conn.execute(stmt)]
 
-    def subject_spans(self, start_ns: int, end_ns: int, *, kind: int | None = None, service: str | None = None,
-                      stage: str | None = None, input_type: str | None = None, root_only: bool = False,
-                      min_ns: int | None = None, limit: int = 100_000, expected: int | None = None,
-                      clusters: int = SUBJECT_CLUSTERS) -> list[dict]:
+    def subjects(self, start_ns: int, end_ns: int, *, kind: int | None = None, service: str | None = None,
+                 stage: str | None = None, input_type: str | None = None, root_only: bool = False,
+                 min_ns: int | None = None, limit: int = 100_000, expected: int | None = None,
+                 clusters: int = SUBJECT_CLUSTERS) -> list[dict]:
         """Spans starting in the window with their attributes, resource, instance and the
         trace's input type (``trace_id``, ``start_ns``, ``duration_ns``, ``attributes``,
         ``resource``, ``instance``, ``input_type``): the population a Compare ranks attribute
@@ -116,18 +120,18 @@ class AttributeReads(SpanWalks):
                                        Span.stage == stage if stage else None,
                                        Trace.input_type == input_type if input_type else None) if cond is not None]
         out: list[dict] = []
-        with self.engine.connect() as conn:  # (a transaction: plan_for_parameters' SET LOCAL)
+        with self._ctx.engine.connect() as conn:  # (a transaction: plan_for_parameters' SET LOCAL)
             plan_for_parameters(conn)
             if service:
-                walks = {service: self._walk_bucket_list(conn, service, min_ns, None)}
+                walks = {service: walk_bucket_list(conn, service, min_ns, None)}
             elif stage and not root_only:
                 # A stage's spans come from a few services (the services of its ``op`` series,
                 # as the rollups Compare counts from know them): their span indexes, not every
                 # service's spans of the window through start_ns (an hour's inference Compare at
                 # ten million spans read ~10x the spans it kept). Past a few services the walks'
                 # seeks (one a duration bucket a service) cost more than the scan they replace.
-                names = self._services_in(conn, "op", Filters(stage=stage))
-                walks = ({name: self._walk_bucket_list(conn, name, min_ns, None) for name in names}
+                names = services_in(conn, "op", Filters(stage=stage))
+                walks = ({name: walk_bucket_list(conn, name, min_ns, None) for name in names}
                          if len(names) <= STAGE_WALK_SERVICES else None)
             else:
                 walks = None
@@ -153,7 +157,7 @@ class AttributeReads(SpanWalks):
                     continue
                 # (several services' walks OR-ed in one statement: a statement each cost
                 # PostgreSQL its planning and a round trip, 72 for an hour's encoder Compare)
-                span_range = or_(*(and_(*self._walk_conds(name, buckets, lo, hi, None, None))
+                span_range = or_(*(and_(*walk_conds(name, buckets, lo, hi, None, None))
                                    for name, buckets in walks.items()))
                 out.extend(dict(r) for r in conn.execute(stmt.where(span_range, *narrowing).limit(wanted)).mappings())
         return out[:limit]
@@ -174,7 +178,7 @@ class AttributeReads(SpanWalks):
 
     @staticmethod
     def _root_spans(conn: Connection, traces: list, min_ns: int | None) -> list[dict]:
-        """``subject_spans`` rows of the root spans of ``traces`` (``_slow_traces_in``'s rows),
+        """``subjects`` rows of the root spans of ``traces`` (``_slow_traces_in``'s rows),
         in their order. (The traces first, then their roots: as one join PostgreSQL's planner
         took a parallel scan of the whole traces table for an hour's slow traces: 210 ms.)"""
         if not traces:
@@ -199,9 +203,9 @@ class AttributeReads(SpanWalks):
                     roots.setdefault(r["trace_id"], []).append(r)
         return [{**r, "input_type": it} for t, it, _ in traces for r in roots.get(t, ())]
 
-    def attribute_spans(self, start_ns: int, end_ns: int, keys: Iterable[str],
-                        kinds: Iterable[int] = (), service: str | None = None,
-                        limit: int | None = None, stages: Iterable[str] = ()) -> list[tuple]:
+    def spans(self, start_ns: int, end_ns: int, keys: Iterable[str],
+              kinds: Iterable[int] = (), service: str | None = None,
+              limit: int | None = None, stages: Iterable[str] = ()) -> list[tuple]:
         """Spans starting in the window that carry one of the attribute ``keys`` or have one of
         the span ``kinds``: ``(trace_id, service, name, kind, stage, start_ns, duration_ns,
         status, instance, attributes JSON or '')``; attributes only where a key occurs;
@@ -218,7 +222,7 @@ class AttributeReads(SpanWalks):
         """
         from sqlalchemy import case, func, literal
 
-        if self.engine.dialect.name == "sqlite":  # instr: a plain substring test, cheaper than LIKE
+        if self._ctx.engine.dialect.name == "sqlite":  # instr: a plain substring test, cheaper than LIKE
             needles = [func.instr(Span.attributes, _json.dumps(k)) > 0 for k in keys]
         else:
             needles = [Span.attributes.contains(_json.dumps(k), autoescape=True) for k in keys]
@@ -226,7 +230,7 @@ class AttributeReads(SpanWalks):
         wanted = or_(*needles) if needles else literal(False)
         window = [Span.start_ns >= start_ns, Span.start_ns < end_ns]
         attrs = case((wanted, Span.attributes), else_=literal(""))
-        with self.engine.connect() as conn:  # (a transaction: index_by_bitmap's SET LOCAL)
+        with self._ctx.engine.connect() as conn:  # (a transaction: index_by_bitmap's SET LOCAL)
             by_service = decided = None
             if service is not None:
                 # The service's spans of the window through its (service, duration_bucket,
@@ -235,9 +239,9 @@ class AttributeReads(SpanWalks):
                 # while the service's are few: counting all of a half hour's spans cost more
                 # than reading the service's, 21 ms on SQLite and 47 ms on PostgreSQL at ten
                 # million a day). A scan reads every service's rows.
-                buckets = self._walk_bucket_list(conn, service, None, None)
-                walk = self._walk_entries(conn, {service: buckets}, start_ns, end_ns, None, None,
-                                          ATTRIBUTE_WALK_COUNTED)
+                buckets = walk_bucket_list(conn, service, None, None)
+                walk = walk_entries(conn, {service: buckets}, start_ns, end_ns, None, None,
+                                    ATTRIBUTE_WALK_COUNTED)
                 if walk <= ATTRIBUTE_WALK_COUNTED:
                     enough = ATTRIBUTE_SERVICE_SHARE * max(walk, 1)
                     seen = conn.execute(select(func.count()).select_from(
@@ -246,7 +250,7 @@ class AttributeReads(SpanWalks):
                         return []
                     decided = True
                     if seen >= enough:
-                        by_service = self._walk_conds(service, buckets, start_ns, end_ns, None, None)
+                        by_service = walk_conds(service, buckets, start_ns, end_ns, None, None)
             if by_service is None:
                 lo, hi, n = conn.execute(select(func.min(Span.id), func.max(Span.id), func.count())
                                          .where(*window)).one()
@@ -254,8 +258,8 @@ class AttributeReads(SpanWalks):
                     return []
                 share = n // ATTRIBUTE_SERVICE_SHARE
                 if service is not None and not decided and \
-                        self._walk_entries(conn, {service: buckets}, start_ns, end_ns, None, None, share) <= share:
-                    by_service = self._walk_conds(service, buckets, start_ns, end_ns, None, None)
+                        walk_entries(conn, {service: buckets}, start_ns, end_ns, None, None, share) <= share:
+                    by_service = walk_conds(service, buckets, start_ns, end_ns, None, None)
             if by_service is not None:
                 conds = list(by_service)
                 index_by_bitmap(conn)

@@ -1,5 +1,5 @@
-"""What every read of the store shares: the engine reads go through, the retention boundary
-and the series filters."""
+"""What every read of the store shares: the engine reads go through (``ReadContext``), the
+retention boundary and the series filters (plain functions over a connection)."""
 
 from __future__ import annotations
 
@@ -43,8 +43,9 @@ def _raw_rows(conn, stmt, params: dict | None = None) -> list[tuple]:
         result.close()
 
 
-class ReaderBase:
-    """The state every concern's reads share; ``StoreReader`` is built from its subclasses."""
+class ReadContext:
+    """The state every concern's reader holds: the engine, the engine reads go through and
+    the pack cache (one context a ``StoreReader``, shared by its readers)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -52,42 +53,45 @@ class ReaderBase:
         # own snapshot anyway, and a transaction costs two more round trips a checkout (its
         # BEGIN and the pool's ROLLBACK; an hour's /api/v1/cache at 1 M: 7.6 -> 3.6 ms).
         # The same pool; ``engine`` itself is untouched for the callers that write through it.
-        self._reads = (engine.execution_options(isolation_level="AUTOCOMMIT")
-                       if engine.dialect.name == "postgresql" else engine)
+        self.reads = (engine.execution_options(isolation_level="AUTOCOMMIT")
+                      if engine.dialect.name == "postgresql" else engine)
         self.pack_cache = packs.PackCache()  # decoded hour packs kept between reads
 
-    @staticmethod
-    def _minutes_kept_from(conn) -> int | None:
-        """The oldest minute whose minute rollups retention keeps (it records the boundary
-        when it prunes; MODALSCOPE_MINUTE_ROLLUP_DAYS): windows before it are answered
-        from hourly rows. One primary-key lookup; None when nothing was ever pruned."""
-        return conn.execute(select(Cursor.position).where(Cursor.name == MINUTE_BOUNDARY_CURSOR)).scalar()
 
-    def _series_filter(self, kind: str, f: Filters):
-        conds = [Series.kind == kind]
-        if kind == "pair":
-            if f.service:
-                conds.append(or_(Series.caller == f.service, Series.callee == f.service))
-        elif f.service:
-            conds.append(Series.service == f.service)
-        if f.caller and kind == "pair":
-            conds.append(Series.caller == f.caller)
-        if f.callee and kind == "pair":
-            conds.append(Series.callee == f.callee)
-        if f.stage and kind in ("op", "tstage"):
-            conds.append(Series.stage == f.stage)
-        if f.stage and kind == "pair":
-            # the calling span's stage
-            conds.append(Series.stage.in_((f.stage, PAIR_STAGE_BEFORE)) if f.stage == "network"
-                         else Series.stage == f.stage)
-        if f.model and kind == "pair":
-            conds.append(Series.name == f.model)
-        if f.input_type:
-            conds.append(Series.input_type == f.input_type)
-        return and_(*conds)
+def minutes_kept_from(conn) -> int | None:
+    """The oldest minute whose minute rollups retention keeps (it records the boundary
+    when it prunes; MODALSCOPE_MINUTE_ROLLUP_DAYS): windows before it are answered
+    from hourly rows. One primary-key lookup; None when nothing was ever pruned."""
+    return conn.execute(select(Cursor.position).where(Cursor.name == MINUTE_BOUNDARY_CURSOR)).scalar()
 
-    def _services_in(self, conn: Connection, kind: str, filters: Filters) -> list[str]:
-        """``services_of`` over a connection the caller already holds."""
-        col = Series.caller if kind == "pair" else Series.service
-        stmt = select(col).where(self._series_filter(kind, filters)).distinct()
-        return sorted(v for v in conn.execute(stmt).scalars() if v)
+
+def series_filter(kind: str, f: Filters):
+    """The condition on ``Series`` of the ``kind`` series ``f`` selects."""
+    conds = [Series.kind == kind]
+    if kind == "pair":
+        if f.service:
+            conds.append(or_(Series.caller == f.service, Series.callee == f.service))
+    elif f.service:
+        conds.append(Series.service == f.service)
+    if f.caller and kind == "pair":
+        conds.append(Series.caller == f.caller)
+    if f.callee and kind == "pair":
+        conds.append(Series.callee == f.callee)
+    if f.stage and kind in ("op", "tstage"):
+        conds.append(Series.stage == f.stage)
+    if f.stage and kind == "pair":
+        # the calling span's stage
+        conds.append(Series.stage.in_((f.stage, PAIR_STAGE_BEFORE)) if f.stage == "network"
+                     else Series.stage == f.stage)
+    if f.model and kind == "pair":
+        conds.append(Series.name == f.model)
+    if f.input_type:
+        conds.append(Series.input_type == f.input_type)
+    return and_(*conds)
+
+
+def services_in(conn: Connection, kind: str, filters: Filters) -> list[str]:
+    """``RollupReader.services_of`` over a connection the caller already holds."""
+    col = Series.caller if kind == "pair" else Series.service
+    stmt = select(col).where(series_filter(kind, filters)).distinct()
+    return sorted(v for v in conn.execute(stmt).scalars() if v)

@@ -1,6 +1,6 @@
-"""A pair's calls and the slowest traces: settled calls from ``pair_calls`` (``slow_calls``),
-the calls of traces not settled yet (``pending_calls``: trace by trace, or a walk of the
-callers' span indexes) and the slowest settled traces (``slow_traces``)."""
+"""``CallReader``: a pair's calls and the slowest traces: settled calls from ``pair_calls``
+(``slowest``), the calls of traces not settled yet (``pending``: trace by trace, or a walk of
+the callers' span indexes) and the slowest settled traces (``slowest_traces``)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from sqlalchemy import Connection, or_, select
 from sqlalchemy.orm import aliased
 
 from .. import PAIR_CALLS_CURSOR, Cursor, PairCall, Series, Span, Trace
-from .base import Filters
-from .walks import _CANDIDATE_COLUMNS, _TRACE_SUMMARY_COLUMNS, CALLEE_KIND_CODES, KIND_CLIENT_CODE, SpanWalks, _stage_is
+from .base import Filters, ReadContext, series_filter
+from .walks import (_CANDIDATE_COLUMNS, _TRACE_SUMMARY_COLUMNS, CALLEE_KIND_CODES, KIND_CLIENT_CODE, _stage_is,
+                    long_window, named_in_attributes, of_model, walk_bucket_list, walk_conds, walk_entries)
 
-# A pair's exemplar search and the traces still pending (pending_calls): trace ids a query
+# A pair's exemplar search and the traces still pending (``CallReader.pending``): trace ids a query
 # when read one by one; how many pending traces make a walk worth its look-ups; the share
 # of them, earliest first, always read one by one (so one trace with old spans does not
 # stretch the walk over hours); and the index entries a walked trace may cost before
@@ -31,24 +32,28 @@ PENDING_WALK_ENTRIES_PER_TRACE = 25
 TRACE_WALK_SHARE = 24
 
 
-class CallReads(SpanWalks):
-    """A pair's slowest calls, settled and pending, and the slowest traces."""
+class CallReader:
+    """A pair's slowest calls, settled and pending, and the slowest traces
+    (``StoreReader.calls``)."""
 
-    def pair_calls_complete_from(self) -> int:
+    def __init__(self, context: ReadContext) -> None:
+        self._ctx = context
+
+    def complete_from(self) -> int:
         """The span start (ns) from which ``pair_calls`` holds every settled call: 0 for a
         store created with it, later for one upgraded to it (see migration 0005)."""
-        with self._reads.connect() as conn:
+        with self._ctx.reads.connect() as conn:
             return int(conn.execute(select(Cursor.position).where(Cursor.name == PAIR_CALLS_CURSOR)).scalar() or 0)
 
-    def slow_calls(self, filters: Filters, start_ns: int, end_ns: int, *, min_ns: int | None = None,
-                   max_ns: int | None = None, limit: int = 20) -> tuple[list[dict], bool]:
+    def slowest(self, filters: Filters, start_ns: int, end_ns: int, *, min_ns: int | None = None,
+                max_ns: int | None = None, limit: int = 20) -> tuple[list[dict], bool]:
         """Settled calls of the pair series matching ``filters`` (caller, callee, service,
         input type) starting in the window, slowest first (then earliest): the span rows
         (candidate columns and ``_id``), at most ``limit``. Each series walks the
         ``(series_id, duration_ns, start_ns)`` index slowest first; the walks are merged.
         The flag says whether more rows may exist beyond ``limit``."""
-        with self._reads.connect() as conn:
-            series_ids = conn.execute(select(Series.id).where(self._series_filter("pair", filters))).scalars().all()
+        with self._ctx.reads.connect() as conn:
+            series_ids = conn.execute(select(Series.id).where(series_filter("pair", filters))).scalars().all()
             picked: list[tuple[int, int, int]] = []
             more = False
             for sid in series_ids:
@@ -76,10 +81,10 @@ class CallReads(SpanWalks):
         # A row retention deleted between the two reads has no span: skipped.
         return [by_id[r[2]] for r in picked if r[2] in by_id], more
 
-    def pending_calls(self, start_ns: int, end_ns: int, services: Iterable[str] = (), *,
-                      input_type: str | None = None, min_ns: int | None = None, max_ns: int | None = None,
-                      may_call: str | None = None, stage: str | None = None, model: str | None = None,
-                      max_traces: int = 20_000) -> list[dict] | None:
+    def pending(self, start_ns: int, end_ns: int, services: Iterable[str] = (), *,
+                input_type: str | None = None, min_ns: int | None = None, max_ns: int | None = None,
+                may_call: str | None = None, stage: str | None = None, model: str | None = None,
+                max_traces: int = 20_000) -> list[dict] | None:
         """CLIENT spans starting in the window of traces not settled yet (their calls are
         not in ``pair_calls``), of ``services`` when given, of traces whose row has
         ``input_type`` when given, narrowed to the spans that may call ``may_call`` as the
@@ -95,7 +100,7 @@ class CallReads(SpanWalks):
         trace; the earliest-starting few (stragglers whose spans would widen the walk) and
         traces whose first start is not known are read one by one."""
         services = list(services)
-        with self._reads.connect() as conn:
+        with self._ctx.reads.connect() as conn:
             rows = conn.execute(select(Trace.trace_id, Trace.first_start_ns).where(
                 Trace.pending.is_(True), or_(Trace.first_start_ns.is_(None), Trace.first_start_ns < end_ns))).all()
             known = sorted((first, tid) for tid, first in rows if first is not None)
@@ -106,25 +111,26 @@ class CallReads(SpanWalks):
                 walk_from = known[cut][0]
                 budget = (len(known) - cut) * PENDING_WALK_ENTRIES_PER_TRACE
                 # each caller's buckets between the bounds, looked up once for the count and the walk
-                buckets = {s: self._walk_bucket_list(conn, s, min_ns, max_ns) for s in services}
-                if self._walk_entries(conn, buckets, max(start_ns, walk_from), end_ns, min_ns, max_ns,
-                                      budget) > budget:
+                buckets = {s: walk_bucket_list(conn, s, min_ns, max_ns) for s in services}
+                if walk_entries(conn, buckets, max(start_ns, walk_from), end_ns, min_ns, max_ns,
+                                budget) > budget:
                     walk_from, cut = None, len(known)  # pending traces sparse among the window's: one by one
                 one_by_one.extend(tid for _, tid in known[:cut])
             else:
                 one_by_one.extend(tid for _, tid in known)
             if len(one_by_one) > max_traces:
                 return None
-            extra = ([_stage_is(stage)] if stage else []) + ([self._of_model(model)] if model else [])
-            out = self._pending_calls_one_by_one(conn, sorted(one_by_one), start_ns, end_ns, services,
-                                                 input_type=input_type, min_ns=min_ns, max_ns=max_ns, may_call=may_call,
-                                                 extra=extra)
+            extra = (([_stage_is(stage)] if stage else [])
+                     + ([of_model(self._ctx.engine.dialect.name, model)] if model else []))
+            out = self._pending_one_by_one(conn, sorted(one_by_one), start_ns, end_ns, services,
+                                           input_type=input_type, min_ns=min_ns, max_ns=max_ns, may_call=may_call,
+                                           extra=extra)
             if walk_from is not None:
                 seen = {r["_id"] for r in out}
                 walked = {tid for first, tid in known if first >= walk_from}
-                out.extend(r for r in self._pending_calls_walk(conn, buckets, walk_from, start_ns, end_ns,
-                                                               input_type=input_type, min_ns=min_ns, max_ns=max_ns,
-                                                               may_call=may_call, extra=extra)
+                out.extend(r for r in self._pending_walk(conn, buckets, walk_from, start_ns, end_ns,
+                                                         input_type=input_type, min_ns=min_ns, max_ns=max_ns,
+                                                         may_call=may_call, extra=extra)
                            if r["trace_id"] in walked and r["_id"] not in seen)
         return out
 
@@ -138,9 +144,9 @@ class CallReads(SpanWalks):
             conds = [*conds, Trace.input_type == input_type]
         return [dict(r) for r in conn.execute(stmt.where(*conds)).mappings()]
 
-    def _pending_calls_walk(self, conn: Connection, buckets: dict[str, list[int]], walk_from: int, start_ns: int,
-                            end_ns: int, *, input_type: str | None, min_ns: int | None, max_ns: int | None,
-                            may_call: str | None, extra: list = ()) -> list[dict]:
+    def _pending_walk(self, conn: Connection, buckets: dict[str, list[int]], walk_from: int, start_ns: int,
+                      end_ns: int, *, input_type: str | None, min_ns: int | None, max_ns: int | None,
+                      may_call: str | None, extra: list = ()) -> list[dict]:
         """CLIENT spans of the services (service -> its buckets) starting in
         [max(start, walk_from), end) between the bounds, through the walk index bucket by
         bucket (settled traces' ones too: the caller keeps the pending traces')."""
@@ -154,23 +160,23 @@ class CallReads(SpanWalks):
             # attributes.
             child = aliased(Span)
             calls = Span.span_id.in_(select(child.parent_span_id).where(
-                child.service == may_call, child.duration_bucket.in_(self._walk_bucket_list(conn, may_call, None, None)),
+                child.service == may_call, child.duration_bucket.in_(walk_bucket_list(conn, may_call, None, None)),
                 child.start_ns >= walk_from, child.kind.in_(CALLEE_KIND_CODES)))
-            narrowed = or_(self._named_in_attributes(may_call), calls)
+            narrowed = or_(named_in_attributes(self._ctx.engine.dialect.name, may_call), calls)
         for service, theirs in buckets.items():
             if not theirs:
                 continue
-            conds = self._walk_conds(service, theirs, lo, end_ns, min_ns, max_ns) + [Span.kind == KIND_CLIENT_CODE,
-                                                                                      *extra]
+            conds = walk_conds(service, theirs, lo, end_ns, min_ns, max_ns) + [Span.kind == KIND_CLIENT_CODE,
+                                                                               *extra]
             if narrowed is not None:
                 conds.append(narrowed)
             out.extend(self._candidate_calls(conn, conds, input_type))
         return out
 
-    def _pending_calls_one_by_one(self, conn: Connection, tids: list[str], start_ns: int, end_ns: int,
-                                  services: list[str], *, input_type: str | None, min_ns: int | None,
-                                  max_ns: int | None, may_call: str | None, extra: list = ()) -> list[dict]:
-        """``pending_calls`` for the given traces, each trace's spans through the
+    def _pending_one_by_one(self, conn: Connection, tids: list[str], start_ns: int, end_ns: int,
+                            services: list[str], *, input_type: str | None, min_ns: int | None,
+                            max_ns: int | None, may_call: str | None, extra: list = ()) -> list[dict]:
+        """``pending`` for the given traces, each trace's spans through the
         ``(trace_id, span_id)`` index."""
         child = aliased(Span)
 
@@ -180,7 +186,7 @@ class CallReads(SpanWalks):
             # the attributes.
             calls = Span.span_id.in_(select(child.parent_span_id).where(
                 child.trace_id.in_(chunk), child.service.concat("") == may_call, child.kind.in_(CALLEE_KIND_CODES)))
-            return or_(self._named_in_attributes(may_call), calls)
+            return or_(named_in_attributes(self._ctx.engine.dialect.name, may_call), calls)
         out: list[dict] = []
         # The other conditions are written so no other index qualifies ("+ 0", "|| ''"):
         # given the choice, SQLite walked a service's or the window's spans instead (2,000
@@ -201,13 +207,13 @@ class CallReads(SpanWalks):
             out.extend(self._candidate_calls(conn, conds, input_type))
         return out
 
-    def slow_traces(self, start_ns: int, end_ns: int, *, input_type: str | None = None,
-                    root_service: str | None = None, min_ns: int | None = None, max_ns: int | None = None,
-                    limit: int = 20) -> list[dict]:
+    def slowest_traces(self, start_ns: int, end_ns: int, *, input_type: str | None = None,
+                       root_service: str | None = None, min_ns: int | None = None, max_ns: int | None = None,
+                       limit: int = 20) -> list[dict]:
         """Settled traces starting in the window, slowest first (the ``traces.start_ns`` index)."""
         cols = [Trace.__table__.c[c] for c in _TRACE_SUMMARY_COLUMNS]
-        long_window = self._long_window(Trace, start_ns, end_ns, TRACE_WALK_SHARE)
-        if long_window:
+        walk = long_window(self._ctx.reads, Trace, start_ns, end_ns, TRACE_WALK_SHARE)
+        if walk:
             # A long window: walk the duration index slowest first ("+ 0": not the start index).
             # The duration bound (always true) is what makes SQLite's planner take that index.
             conds = [Trace.start_ns + 0 >= start_ns, Trace.start_ns + 0 < end_ns, Trace.settled_ns.is_not(None),
@@ -219,11 +225,11 @@ class CallReads(SpanWalks):
         if root_service:
             conds.append(Trace.root_service == root_service)
         # A short window stays on the start index: "+ 0" keeps a band off the duration index.
-        duration = Trace.duration_ns if long_window else Trace.duration_ns + 0
+        duration = Trace.duration_ns if walk else Trace.duration_ns + 0
         if min_ns is not None:
             conds.append(duration >= min_ns)
         if max_ns is not None:
             conds.append(duration <= max_ns)
         stmt = select(*cols).where(*conds).order_by(Trace.duration_ns.desc(), Trace.start_ns, Trace.trace_id).limit(limit)
-        with self._reads.connect() as conn:
+        with self._ctx.reads.connect() as conn:
             return [dict(r) for r in conn.execute(stmt).mappings()]

@@ -1,5 +1,5 @@
-"""Rollup reads: merged histograms over a window (``rollups``, ``rollup_steps``), the tiers'
-rows unmerged (``tier_rows``, ``rollup_rows``, ``rollup_columns``, ``services_rollup_rows``)
+"""``RollupReader``: merged histograms over a window (``merged``, ``steps``), the tiers' rows
+unmerged (``rows_of_plan``, ``rows_of_kinds``, ``rows``, ``columns``, ``rows_by_service``)
 and what the series table knows (``series_values``, ``series_ids``, ``services_of``,
 ``first_minutes``)."""
 
@@ -14,8 +14,9 @@ from sqlalchemy import and_, or_, select
 
 from .. import Rollup, Series
 from .. import packs
-from .base import Filters, _raw_rows
-from .tiers import _TIER_TIME, RollupGroup, TierPlan, TierReads, _merge, minute_range, plan_tiers, tier_plan
+from .base import Filters, ReadContext, _raw_rows, minutes_kept_from, series_filter, services_in
+from .tiers import (_TIER_TIME, RollupGroup, TierPlan, _merge, minute_range, plan_tiers, rows_of_series,
+                    series_and_kept_from, series_rows, tier_plan)
 
 
 @dataclass(frozen=True)
@@ -28,35 +29,38 @@ class RollupQuery:
     by_minute: bool = False
 
 
-class RollupReads(TierReads):
-    """Reads of the rollup tables, through the series they belong to."""
+class RollupReader:
+    """Reads of the rollup tables, through the series they belong to (``StoreReader.rollups``)."""
+
+    def __init__(self, context: ReadContext) -> None:
+        self._ctx = context
 
     def _minute_rows(self, q: RollupQuery) -> tuple[int, list[tuple]]:
         """(first minute, minute rows of the query's series) for its window."""
         first, last = minute_range(q.start_ns, q.end_ns)
-        with self._reads.connect() as conn:
-            return first, self._series_rows(conn, self._series_filter(q.kind, q.filters),
-                                            [getattr(Series, d) for d in q.group_by],
-                                            [(Rollup, first, last)])
+        with self._ctx.reads.connect() as conn:
+            return first, series_rows(conn, series_filter(q.kind, q.filters),
+                                      [getattr(Series, d) for d in q.group_by],
+                                      [(Rollup, first, last)])
 
     def minutes_kept_from(self) -> int | None:
         """The oldest minute whose minute rollups retention keeps; None
         when nothing was ever pruned."""
-        with self._reads.connect() as conn:
-            return self._minutes_kept_from(conn)
+        with self._ctx.reads.connect() as conn:
+            return minutes_kept_from(conn)
 
-    def tier_rows(self, kind: str, plan: TierPlan, dims: tuple[str, ...], filters: Filters | None = None,
-                  sketches: bool = True) -> list[tuple]:
+    def rows_of_plan(self, kind: str, plan: TierPlan, dims: tuple[str, ...], filters: Filters | None = None,
+                     sketches: bool = True) -> list[tuple]:
         """``(minute, count, error_count, sum_ns, sketch, *dims)`` rows of a ``tier_plan``:
         minute and hourly rows, each row's minute the first of its minute or hour
         (``sketches`` False: None for the blob)."""
-        with self._reads.connect() as conn:
-            return self._series_rows(conn, self._series_filter(kind, filters or Filters()),
-                                     [getattr(Series, d) for d in dims], plan_tiers(plan), sketches=sketches)
+        with self._ctx.reads.connect() as conn:
+            return series_rows(conn, series_filter(kind, filters or Filters()),
+                               [getattr(Series, d) for d in dims], plan_tiers(plan), sketches=sketches)
 
-    def tier_rows_of_kinds(self, kinds: dict[str, tuple[str, ...]], plan_for, sketches: bool = True
-                           ) -> tuple[TierPlan | None, dict[str, list[tuple]]]:
-        """``tier_rows`` of several series kinds (``{kind: dims}``) over one connection, with
+    def rows_of_kinds(self, kinds: dict[str, tuple[str, ...]], plan_for, sketches: bool = True
+                      ) -> tuple[TierPlan | None, dict[str, list[tuple]]]:
+        """``rows_of_plan`` of several series kinds (``{kind: dims}``) over one connection, with
         the plan ``plan_for(minutes_kept_from)`` chooses (None: no rows read): the series of
         every kind with the retention boundary, then all their rows: two statements. On
         PostgreSQL each connection checked out costs a ping and a rollback, and each
@@ -64,16 +68,16 @@ class RollupReads(TierReads):
         most of an hour's answer."""
         cols = sorted({d for dims in kinds.values() for d in dims})
         at = {d: i for i, d in enumerate(cols)}
-        with self._reads.connect() as conn:
-            series, kept = self._series_and_kept_from(conn, Series.kind.in_(list(kinds)),
-                                                      [Series.kind, *[getattr(Series, d) for d in cols]])
+        with self._ctx.reads.connect() as conn:
+            series, kept = series_and_kept_from(conn, Series.kind.in_(list(kinds)),
+                                                [Series.kind, *[getattr(Series, d) for d in cols]])
             plan = plan_for(kept)
             if plan is None:
                 return None, {}
             # Each row keeps its kind first, then that kind's own dims.
             dims = {sid: (r[0], *(r[1 + at[d]] for d in kinds[r[0]])) for sid, r in series.items()}
             out: dict[str, list[tuple]] = {kind: [] for kind in kinds}
-            for r in self._rows_of_series(conn, dims, plan_tiers(plan), sketches):
+            for r in rows_of_series(conn, dims, plan_tiers(plan), sketches):
                 out[r[5]].append(r[:5] + r[6:])
             return plan, out
 
@@ -81,12 +85,12 @@ class RollupReads(TierReads):
         """``(minute, count, error_count, sum_ns, sketch, *cols)`` rows covering the window:
         minute rows at the edges, hourly rows (minute = the hour's first) in
         between."""
-        with self._reads.connect() as conn:
-            series, kept = self._series_and_kept_from(conn, self._series_filter(kind, filters), cols)
+        with self._ctx.reads.connect() as conn:
+            series, kept = series_and_kept_from(conn, series_filter(kind, filters), cols)
             plan = tier_plan(start_ns, end_ns, kept)
-            return self._rows_of_series(conn, series, plan_tiers(plan))
+            return rows_of_series(conn, series, plan_tiers(plan))
 
-    def rollups(self, q: RollupQuery) -> list[RollupGroup]:
+    def merged(self, q: RollupQuery) -> list[RollupGroup]:
         """Merge rollup rows per group (and minute, with by_minute).
 
         Without ``by_minute`` the window's whole hours come from the hourly tier: a day
@@ -99,8 +103,9 @@ class RollupReads(TierReads):
         return _merge((tuple(r[5:]), r[1], r[2], r[3], r[4]) for r in rows)
 
     # -- dashboard readers ---------------------------------------------------
-    def rollup_steps(self, q: RollupQuery, step_minutes: int) -> list[RollupGroup]:
-        """Like ``rollups(by_minute=True)`` but merged per ``step_minutes``: key = group_by + (step start minute,).
+    def steps(self, q: RollupQuery, step_minutes: int) -> list[RollupGroup]:
+        """Like ``merged`` of a ``by_minute`` query but merged per ``step_minutes``: key = group_by +
+        (step start minute,).
 
         A week at one-minute resolution would be 10,080 dense histograms per group; a step
         keeps a time chart at ~100 points whatever the window.
@@ -124,7 +129,7 @@ class RollupReads(TierReads):
         pairs: set[tuple[str, str]] = set()
         stages: set[str] = set()
         input_types: set[str] = set()
-        with self._reads.connect() as conn:
+        with self._ctx.reads.connect() as conn:
             for kind, service, stage, input_type, caller, callee in conn.execute(stmt):
                 if kind == "pair":
                     pairs.add((caller, callee))
@@ -149,8 +154,8 @@ class RollupReads(TierReads):
         if not wanted:
             return out
         rows: list[tuple] = []
-        with self._reads.connect() as conn:
-            plan = tier_plan(start_ns, end_ns, self._minutes_kept_from(conn))
+        with self._ctx.reads.connect() as conn:
+            plan = tier_plan(start_ns, end_ns, minutes_kept_from(conn))
             for table, t0, t1 in plan_tiers(plan):
                 time_col = _TIER_TIME[table][0]
                 for i in range(0, len(wanted), 200):
@@ -171,12 +176,12 @@ class RollupReads(TierReads):
     def services_of(self, kind: str, filters: Filters) -> list[str]:
         """Services that have ``kind`` series matching ``filters`` (for a pair: the callers):
         the candidates an exemplar search walks when no service is named."""
-        with self._reads.connect() as conn:
-            return self._services_in(conn, kind, filters)
+        with self._ctx.reads.connect() as conn:
+            return services_in(conn, kind, filters)
 
     # -- findings readers ----------------------------------------------------
-    def rollup_rows(self, kind: str, start_ns: int, end_ns: int, dims: tuple[str, ...],
-                    filters: Filters | None = None, sketches: bool = True) -> list[tuple]:
+    def rows(self, kind: str, start_ns: int, end_ns: int, dims: tuple[str, ...],
+             filters: Filters | None = None, sketches: bool = True) -> list[tuple]:
         """Rollup rows of one series kind, unmerged: ``(minute, count, error_count, sum_ns,
         sketch blob, *dims)`` for every (series, minute) whose minute starts in the window
         (``sketches`` False: None instead of the blob, for callers that use only the sums).
@@ -184,26 +189,26 @@ class RollupReads(TierReads):
         Detectors keep minutes apart (trailing baselines, blocks), so nothing is merged here.
         """
         first, last = minute_range(start_ns, end_ns)
-        with self._reads.connect() as conn:
-            return self._series_rows(conn, self._series_filter(kind, filters or Filters()),
-                                     [getattr(Series, d) for d in dims],
-                                     [(Rollup, first, last)], sketches=sketches)
+        with self._ctx.reads.connect() as conn:
+            return series_rows(conn, series_filter(kind, filters or Filters()),
+                               [getattr(Series, d) for d in dims],
+                               [(Rollup, first, last)], sketches=sketches)
 
-    def rollup_columns(self, kind: str, start_ns: int, end_ns: int, dims: tuple[str, ...],
-                       filters: Filters | None = None, sketches: bool = True) -> tuple[packs.Columns, dict[int, tuple]]:
-        """``rollup_rows`` column by column, ordered by series then minute, with each series'
+    def columns(self, kind: str, start_ns: int, end_ns: int, dims: tuple[str, ...],
+                filters: Filters | None = None, sketches: bool = True) -> tuple[packs.Columns, dict[int, tuple]]:
+        """``rows`` column by column, ordered by series then minute, with each series'
         ``dims`` values by id: the verified hour packs of the window's whole hours
         (``models/packs.py``), minute rows for the rest; ``sketches`` False: without sketch
         entries (and then ``packs.SKETCHLESS_KINDS`` are read from packs too)."""
         first, last = minute_range(start_ns, end_ns)
-        where = self._series_filter(kind, filters or Filters())
-        with self._reads.connect() as conn:
+        where = series_filter(kind, filters or Filters())
+        with self._ctx.reads.connect() as conn:
             dims_of = {r[0]: tuple(r[1:]) for r in conn.execute(
                 select(Series.id, *[getattr(Series, d) for d in dims]).where(where))}
             if not dims_of:
                 return packs.empty_columns(), dims_of
             packed = kind in packs.PACK_KINDS and not (sketches and kind in packs.SKETCHLESS_KINDS)
-            hours = packs.read(conn, kind, -(-first // 60), last // 60, self.pack_cache) if packed else {}
+            hours = packs.read(conn, kind, -(-first // 60), last // 60, self._ctx.pack_cache) if packed else {}
             ranges, at = [], first
             for hour in sorted(hours):
                 if hour * 60 > at:
@@ -211,9 +216,9 @@ class RollupReads(TierReads):
                 at = hour * 60 + 60
             if at < last:
                 ranges.append((at, last))
-            rows = self._series_rows(conn, where, [Series.id],
-                                     [(Rollup, a, b) for a, b in ranges],
-                                     sketches=sketches) if ranges else []
+            rows = series_rows(conn, where, [Series.id],
+                               [(Rollup, a, b) for a, b in ranges],
+                               sketches=sketches) if ranges else []
         # Only the series named above: on PostgreSQL the minute rows' own series read may see
         # one created since (each statement sees what was committed before it).
         ids = np.fromiter(dims_of, dtype=np.int64, count=len(dims_of))
@@ -227,8 +232,8 @@ class RollupReads(TierReads):
         index seek a series and tier (``(series_id, time)``), not a read of the window's rows."""
         from sqlalchemy import exists
 
-        with self._reads.connect() as conn:
-            tiers = plan_tiers(tier_plan(start_ns, end_ns, self._minutes_kept_from(conn)))
+        with self._ctx.reads.connect() as conn:
+            tiers = plan_tiers(tier_plan(start_ns, end_ns, minutes_kept_from(conn)))
             if not tiers:
                 return set()
             has_rows = []
@@ -249,26 +254,26 @@ class RollupReads(TierReads):
         earliest = (select(func.min(r.c.minute)).where(r.c.series_id == Series.id, r.c.minute >= first,
                                                       r.c.minute < last).scalar_subquery())
         stmt = select(Series.service, Series.name, earliest).where(Series.kind == kind)
-        with self._reads.connect() as conn:
+        with self._ctx.reads.connect() as conn:
             return [(svc, name, m) for svc, name, m in conn.execute(stmt) if m is not None]
 
     def series_ids(self, kind: str) -> dict[str, list[int]]:
         """service -> ids of its ``kind`` series (one query for callers that read many services)."""
         out: dict[str, list[int]] = {}
-        with self._reads.connect() as conn:
+        with self._ctx.reads.connect() as conn:
             for sid, service in conn.execute(select(Series.id, Series.service).where(Series.kind == kind)):
                 out.setdefault(service, []).append(sid)
         return out
 
-    def services_rollup_rows(self, kind: str, ranges: dict[str, Iterable[tuple[int, int]]], dims: tuple[str, ...],
-                             series_ids: dict[str, list[int]] | None = None) -> dict[str, list[tuple]]:
-        """Like ``rollup_rows`` for each service's ``kind`` series over the minutes ``[m0, m1)``
+    def rows_by_service(self, kind: str, ranges: dict[str, Iterable[tuple[int, int]]], dims: tuple[str, ...],
+                        series_ids: dict[str, list[int]] | None = None) -> dict[str, list[tuple]]:
+        """Like ``rows`` for each service's ``kind`` series over the minutes ``[m0, m1)``
         of each of its ranges, read through the ``(series_id, minute)`` index (short
         stretches of a few series: a statement for all of them, not one a stretch), in minute
         order, by service; ``series_ids``: the services' ids when the caller has them
         (``series_ids``). One connection for all (on PostgreSQL a connection's check-out and
         return cost more than a short read)."""
-        with self._reads.connect() as conn:
+        with self._ctx.reads.connect() as conn:
             return {service: self._service_rollup_rows(conn, kind, service, r, dims,
                                                        None if series_ids is None else series_ids.get(service, []))
                     for service, r in ranges.items()}

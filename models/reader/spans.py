@@ -1,6 +1,6 @@
-"""Raw span and trace reads: a trace's spans and row, a drilldown's slowest spans
-(``SpanQuery``: the window sorted, or each service's duration buckets walked), spans by id
-and their callees' children, trace rows and long traces."""
+"""``SpanReader``: raw span and trace reads: a trace's spans and row, a drilldown's slowest
+spans (``SpanQuery``, ``slowest``: the window sorted, or each service's duration buckets
+walked), spans by id and their callees' children, trace rows and long traces."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from sqlalchemy.orm import aliased
 
 from .. import Series, Span, Trace, sketch
 from ..buckets import MAX_BUCKET, duration_bucket
-from .base import Filters
-from .tiers import TierReads, plan_tiers, tier_plan
-from .walks import _CANDIDATE_COLUMNS, _TRACE_SUMMARY_COLUMNS, CALLEE_KIND_CODES, SpanWalks, _stage_is
+from .base import Filters, ReadContext, series_filter
+from .tiers import plan_tiers, rows_of_series, series_and_kept_from, tier_plan
+from .walks import (_CANDIDATE_COLUMNS, _TRACE_SUMMARY_COLUMNS, CALLEE_KIND_CODES, _stage_is, long_window,
+                    named_in_attributes, of_model)
 from ...durations import HOUR_NS, MINUTE_NS
 
 # A callee's span starts after its caller's CLIENT span, up to that span's duration later
@@ -69,16 +70,19 @@ _SPAN_COLUMNS = [c.key for c in Span.__table__.columns]
 _TRACE_COLUMNS = [c.key for c in Trace.__table__.columns if c.key != "contributions"]
 
 
-class SpanReads(SpanWalks):
-    """Raw spans and trace rows."""
+class SpanReader:
+    """Raw spans and trace rows (``StoreReader.spans``)."""
 
-    def trace_spans(self, trace_id: str) -> list[dict]:
+    def __init__(self, context: ReadContext) -> None:
+        self._ctx = context
+
+    def of_trace(self, trace_id: str) -> list[dict]:
         stmt = select(Span.__table__).where(Span.trace_id == trace_id).order_by(Span.start_ns, Span.id)
-        with self._reads.connect() as conn:
+        with self._ctx.reads.connect() as conn:
             return [dict(r) for r in conn.execute(stmt).mappings()]
 
     def trace_row(self, trace_id: str) -> dict | None:
-        with self._reads.connect() as conn:
+        with self._ctx.reads.connect() as conn:
             cols = [Trace.__table__.c[c] for c in _TRACE_COLUMNS]
             row = conn.execute(select(*cols).where(Trace.trace_id == trace_id)).mappings().first()
             return None if row is None else dict(row)
@@ -86,7 +90,7 @@ class SpanReads(SpanWalks):
     def counts(self) -> dict[str, int]:
         from sqlalchemy import func
 
-        with self._reads.connect() as conn:
+        with self._ctx.reads.connect() as conn:
             return {
                 "spans": conn.execute(select(func.count()).select_from(Span)).scalar_one(),
                 "traces": conn.execute(select(func.count()).select_from(Trace)).scalar_one(),
@@ -95,7 +99,7 @@ class SpanReads(SpanWalks):
                 ).scalar_one(),
             }
 
-    def slow_spans(self, q: SpanQuery) -> list[dict]:
+    def slowest(self, q: SpanQuery) -> list[dict]:
         """Spans matching ``q``, slowest first (then earliest), ``limit`` from ``offset``.
 
         A short window is read through the ``start_ns`` index and sorted. A long one would
@@ -106,8 +110,8 @@ class SpanReads(SpanWalks):
         is joined.
         """
         services = [q.service] if q.service else list(q.services)
-        if not services or not self._long_window(Span, q.start_ns, q.end_ns, SPAN_WALK_SHARE):
-            return self._slow_spans_in_window(q)
+        if not services or not long_window(self._ctx.reads, Span, q.start_ns, q.end_ns, SPAN_WALK_SHARE):
+            return self._slowest_in_window(q)
         wanted = q.offset + q.limit
         bounds = self._stage_bounds(q, services) if q.stage else None
         rows: list[dict] = []
@@ -135,19 +139,19 @@ class SpanReads(SpanWalks):
         None when too many traces are pending to read."""
         outer = (q.start_ns // MINUTE_NS, -(-q.end_ns // MINUTE_NS))
         inner = (-(-q.start_ns // MINUTE_NS), q.end_ns // MINUTE_NS)
-        with self._reads.connect() as conn:
+        with self._ctx.reads.connect() as conn:
             pending = conn.execute(select(Trace.trace_id).where(
                 Trace.pending.is_(True), or_(Trace.first_start_ns.is_(None), Trace.first_start_ns < q.end_ns))
                 .limit(STAGE_CEILING_PENDING_AT_MOST + 1)).scalars().all()
             if len(pending) > STAGE_CEILING_PENDING_AT_MOST:
                 return None
-            series, kept = TierReads._series_and_kept_from(
-                conn, self._series_filter("op", Filters(stage=q.stage, input_type=q.input_type)), [Series.service])
+            series, kept = series_and_kept_from(
+                conn, series_filter("op", Filters(stage=q.stage, input_type=q.input_type)), [Series.service])
             series = {sid: dims for sid, dims in series.items() if dims[0] in services}
             plan = tier_plan(outer[0] * MINUTE_NS, outer[1] * MINUTE_NS, kept)
             by_service: dict[str, list[bytes]] = {}
             inside: list[bytes] = []
-            for r in TierReads._rows_of_series(conn, series, plan_tiers(plan)):
+            for r in rows_of_series(conn, series, plan_tiers(plan)):
                 minute, blob, service = r[0], r[4], r[5]
                 by_service.setdefault(service, []).append(blob)
                 minutes = 1 if any(m0 <= minute < m1 for m0, m1 in plan.minute_ranges) else 60
@@ -189,19 +193,19 @@ class SpanReads(SpanWalks):
         floor = max(duration_bucket(q.min_ns) if q.min_ns is not None else 0, bottom)
         below = min(duration_bucket(q.max_ns) if q.max_ns is not None else MAX_BUCKET, top) + 1
         rows: list[dict] = []
-        with self._reads.connect() as conn:
+        with self._ctx.reads.connect() as conn:
             while len(rows) < wanted:
                 bucket = conn.execute(select(func.max(Span.duration_bucket)).where(
                     Span.service == service, Span.duration_bucket < below)).scalar()
                 if bucket is None or bucket < floor:
                     break
-                rows.extend(self._slow_spans_in_window(q, by_duration_of=service, bucket=bucket,
-                                                       limit=wanted - len(rows), conn=conn))
+                rows.extend(self._slowest_in_window(q, by_duration_of=service, bucket=bucket,
+                                                    limit=wanted - len(rows), conn=conn))
                 below = bucket
         return rows
 
-    def _slow_spans_in_window(self, q: SpanQuery, by_duration_of: str | None = None, bucket: int | None = None,
-                              limit: int | None = None, conn: Connection | None = None) -> list[dict]:
+    def _slowest_in_window(self, q: SpanQuery, by_duration_of: str | None = None, bucket: int | None = None,
+                           limit: int | None = None, conn: Connection | None = None) -> list[dict]:
         cols = [Span.__table__.c[c] for c in _CANDIDATE_COLUMNS]
         if by_duration_of is not None:
             # One duration bucket of the service, its window read through the walk index.
@@ -238,9 +242,9 @@ class SpanReads(SpanWalks):
                 calls = select(child.id).where(
                     child.trace_id == Span.trace_id, child.parent_span_id == Span.span_id,
                     child.service.concat("") == q.may_call, child.kind.in_(CALLEE_KIND_CODES)).exists()
-            conds.append(or_(self._named_in_attributes(q.may_call), calls))
+            conds.append(or_(named_in_attributes(self._ctx.engine.dialect.name, q.may_call), calls))
         if q.model:
-            conds.append(self._of_model(q.model))
+            conds.append(of_model(self._ctx.engine.dialect.name, q.model))
         if q.min_ns is not None:
             conds.append(Span.duration_ns >= q.min_ns)
         if q.max_ns is not None:
@@ -253,7 +257,7 @@ class SpanReads(SpanWalks):
         stmt = stmt.limit(q.limit).offset(q.offset) if limit is None else stmt.limit(limit)
         if conn is not None:
             return [dict(r) for r in conn.execute(stmt).mappings()]
-        with self._reads.connect() as conn:
+        with self._ctx.reads.connect() as conn:
             return [dict(r) for r in conn.execute(stmt).mappings()]
 
     def callee_children(self, parents: Iterable[tuple[str, str]]) -> list[dict]:
@@ -268,7 +272,7 @@ class SpanReads(SpanWalks):
             by_trace.setdefault(tid, set()).add(sid)
         tids = sorted(by_trace)
         cols = [Span.__table__.c[c] for c in _CANDIDATE_COLUMNS]
-        with self._reads.connect() as conn:
+        with self._ctx.reads.connect() as conn:
             for i in range(0, len(tids), 300):
                 chunk = tids[i : i + 300]
                 stmt = select(*cols).where(Span.trace_id.in_(chunk), Span.kind.in_(CALLEE_KIND_CODES),
@@ -278,7 +282,7 @@ class SpanReads(SpanWalks):
                         out.append(dict(r))
         return out
 
-    def spans_by_id(self, keys: Iterable[tuple[str, str]]) -> list[dict]:
+    def by_id(self, keys: Iterable[tuple[str, str]]) -> list[dict]:
         """The spans with the given (trace_id, span_id) (candidate columns), through the
         ``(trace_id, span_id)`` unique index: the parents a pair check needs."""
         by_trace: dict[str, set[str]] = {}
@@ -289,7 +293,7 @@ class SpanReads(SpanWalks):
             return out
         cols = [Span.__table__.c[c] for c in _CANDIDATE_COLUMNS]
         tids = sorted(by_trace)
-        with self._reads.connect() as conn:
+        with self._ctx.reads.connect() as conn:
             for i in range(0, len(tids), 300):
                 chunk = tids[i : i + 300]
                 sids = sorted({sid for tid in chunk for sid in by_trace[tid]})
@@ -302,7 +306,7 @@ class SpanReads(SpanWalks):
         ids = sorted(set(trace_ids))
         out: dict[str, dict] = {}
         cols = [Trace.__table__.c[c] for c in _TRACE_SUMMARY_COLUMNS]
-        with self._reads.connect() as conn:
+        with self._ctx.reads.connect() as conn:
             for i in range(0, len(ids), 500):
                 for r in conn.execute(select(*cols).where(Trace.trace_id.in_(ids[i : i + 500]))).mappings():
                     out[r["trace_id"]] = dict(r)
@@ -315,5 +319,5 @@ class SpanReads(SpanWalks):
         # up) instead of reading every trace of the window through start_ns.
         stmt = select(*cols).where(Trace.start_ns + 0 >= start_ns, Trace.start_ns + 0 < end_ns,
                                    Trace.duration_ns >= min_duration_ns, Trace.settled_ns.is_not(None))
-        with self._reads.connect() as conn:
+        with self._ctx.reads.connect() as conn:
             return [dict(r) for r in conn.execute(stmt).mappings()]

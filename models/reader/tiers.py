@@ -1,6 +1,8 @@
 """Rollup tiers: which minute and hourly rows answer a window (``tier_plan``,
 ``plan_tiers``), the ``UNION ALL`` statement that reads them, the reads of a set of series'
-rows from the tiers, and the merge of rows into ``RollupGroup``s."""
+rows from the tiers (``series_rows``, ``series_and_kept_from``, ``rows_of_series``: plain
+functions over a connection, shared by the rollup and span readers), and the merge of rows
+into ``RollupGroup``s."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from sqlalchemy import bindparam, null, select, union_all
 
 from .. import MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, Rollup, Series
 from ..sketch import Histogram, merge_blobs
-from .base import NS_PER_MINUTE, ReaderBase, _raw_rows
+from .base import NS_PER_MINUTE, _raw_rows, minutes_kept_from
 
 
 @dataclass
@@ -86,7 +88,7 @@ def plan_tiers(plan: TierPlan) -> list[tuple[type, int, int]]:
 #: (Statements are shared between threads and engines: SQLAlchemy compiles them per dialect.)
 _TIER_TIME = {Rollup: (Rollup.minute, Rollup.minute),
               HourlyRollup: (HourlyRollup.hour, HourlyRollup.hour * 60)}
-#: The minutes retention boundary (``StoreReader._minutes_kept_from``) as a subquery.
+#: The minutes retention boundary (``base.minutes_kept_from``) as a subquery.
 _KEPT_FROM = select(Cursor.position).where(Cursor.name == MINUTE_BOUNDARY_CURSOR).scalar_subquery()
 #: Rollup tier ranges read by one ``UNION ALL`` (a window has at most three: two ragged
 #: minute edges and its hours; the detectors' minute rows between packed hours can have more).
@@ -125,45 +127,42 @@ def _merge(rows) -> list[RollupGroup]:
     return [RollupGroup(k, c, e, t, merge_blobs(b)) for k, (c, e, t, b) in acc.items()]
 
 
-class TierReads(ReaderBase):
-    """Rows of a set of series from each ``(model, t0, t1)`` tier of a plan."""
+def series_rows(conn, where, cols: list, tiers, sketches: bool = True) -> list[tuple]:
+    """``(minute, count, error_count, sum_ns, sketch, *cols)`` rows of the series matching
+    ``where`` from each ``(model, t0, t1)`` tier (``plan_tiers``): the series
+    first, then their rows through the ``(series_id, time)`` index. A join lets SQLite walk
+    the time range of every series of every kind instead (a day: 331k rows read for 33k
+    wanted). ``sketches`` False: ``sketch`` is None (the blobs are most of what is read)."""
+    series = conn.execute(select(Series.id, *cols).where(where)).fetchall()
+    return rows_of_series(conn, {r[0]: tuple(r[1:]) for r in series}, tiers, sketches)
 
-    def _series_rows(self, conn, where, cols: list, tiers, sketches: bool = True) -> list[tuple]:
-        """``(minute, count, error_count, sum_ns, sketch, *cols)`` rows of the series matching
-        ``where`` from each ``(model, t0, t1)`` tier (``plan_tiers``): the series
-        first, then their rows through the ``(series_id, time)`` index. A join lets SQLite walk
-        the time range of every series of every kind instead (a day: 331k rows read for 33k
-        wanted). ``sketches`` False: ``sketch`` is None (the blobs are most of what is read)."""
-        series = conn.execute(select(Series.id, *cols).where(where)).fetchall()
-        return self._rows_of_series(conn, {r[0]: tuple(r[1:]) for r in series}, tiers, sketches)
 
-    @staticmethod
-    def _series_and_kept_from(conn, where, cols: list) -> tuple[dict[int, tuple], int | None]:
-        """The series matching ``where`` (``{id: cols}``) and, from the same statement,
-        the retention boundary ``_minutes_kept_from`` reads (a round trip less a tiered read
-        on PostgreSQL; an uncorrelated subquery, evaluated once). With no series the
-        boundary is read by itself."""
-        rows = conn.execute(select(Series.id, *cols, _KEPT_FROM.label("kept_from")).where(where)).fetchall()
-        if not rows:
-            return {}, ReaderBase._minutes_kept_from(conn)
-        return {r[0]: tuple(r[1:-1]) for r in rows}, rows[0][-1]
+def series_and_kept_from(conn, where, cols: list) -> tuple[dict[int, tuple], int | None]:
+    """The series matching ``where`` (``{id: cols}``) and, from the same statement,
+    the retention boundary ``minutes_kept_from`` reads (a round trip less a tiered read
+    on PostgreSQL; an uncorrelated subquery, evaluated once). With no series the
+    boundary is read by itself."""
+    rows = conn.execute(select(Series.id, *cols, _KEPT_FROM.label("kept_from")).where(where)).fetchall()
+    if not rows:
+        return {}, minutes_kept_from(conn)
+    return {r[0]: tuple(r[1:-1]) for r in rows}, rows[0][-1]
 
-    @staticmethod
-    def _rows_of_series(conn, dims: dict[int, tuple], tiers, sketches: bool = True) -> list[tuple]:
-        """``(minute, count, error_count, sum_ns, sketch, *dims[id])`` rows of the series
-        ``dims`` names, from each ``(model, t0, t1)`` tier."""
-        if not dims:
-            return []
-        ids = list(dims)
-        rows: list[tuple] = []
-        # A few tiers a statement: each repeats the ids, and a week's ragged minute ranges
-        # between packed hours can be dozens (SQLite binds at most 32,766 values a statement).
-        for j in range(0, len(tiers), TIERS_PER_STATEMENT):
-            part = tiers[j : j + TIERS_PER_STATEMENT]
-            stmt = _tier_statement(tuple(model for model, _, _ in part), sketches)
-            bounds = {}
-            for k, (_, t0, t1) in enumerate(part):
-                bounds[f"t0_{k}"], bounds[f"t1_{k}"] = t0, t1
-            for i in range(0, len(ids), 500):
-                rows.extend(r[:5] + dims[r[5]] for r in _raw_rows(conn, stmt, {"ids": ids[i : i + 500], **bounds}))
-        return rows
+
+def rows_of_series(conn, dims: dict[int, tuple], tiers, sketches: bool = True) -> list[tuple]:
+    """``(minute, count, error_count, sum_ns, sketch, *dims[id])`` rows of the series
+    ``dims`` names, from each ``(model, t0, t1)`` tier."""
+    if not dims:
+        return []
+    ids = list(dims)
+    rows: list[tuple] = []
+    # A few tiers a statement: each repeats the ids, and a week's ragged minute ranges
+    # between packed hours can be dozens (SQLite binds at most 32,766 values a statement).
+    for j in range(0, len(tiers), TIERS_PER_STATEMENT):
+        part = tiers[j : j + TIERS_PER_STATEMENT]
+        stmt = _tier_statement(tuple(model for model, _, _ in part), sketches)
+        bounds = {}
+        for k, (_, t0, t1) in enumerate(part):
+            bounds[f"t0_{k}"], bounds[f"t1_{k}"] = t0, t1
+        for i in range(0, len(ids), 500):
+            rows.extend(r[:5] + dims[r[5]] for r in _raw_rows(conn, stmt, {"ids": ids[i : i + 500], **bounds}))
+    return rows

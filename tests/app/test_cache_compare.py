@@ -226,9 +226,9 @@ def test_subject_spans_sample_spreads_over_the_window_and_reads_only_long_enough
     _, base = spike
     reader = StoreReader(engine)
     end = base + 60 * MIN
-    every = reader.subject_spans(base, end, kind=KIND_SERVER, service="vision-encoder", limit=10_000)
+    every = reader.attributes.subjects(base, end, kind=KIND_SERVER, service="vision-encoder", limit=10_000)
     assert len(every) == 960
-    sample = reader.subject_spans(base, end, kind=KIND_SERVER, service="vision-encoder", limit=96, expected=960)
+    sample = reader.attributes.subjects(base, end, kind=KIND_SERVER, service="vision-encoder", limit=96, expected=960)
     assert 48 <= len(sample) <= 96
     starts = sorted(r["start_ns"] for r in sample)
     assert starts[0] < base + 5 * MIN and starts[-1] >= end - 5 * MIN  # both ends of the hour
@@ -236,13 +236,13 @@ def test_subject_spans_sample_spreads_over_the_window_and_reads_only_long_enough
     assert [r["start_ns"] for r in sample] == sorted((r["start_ns"] for r in sample), reverse=True)
 
     slow_ns = 1000 * MS
-    long_ones = reader.subject_spans(base, end, kind=KIND_SERVER, service="vision-encoder", min_ns=slow_ns)
+    long_ones = reader.attributes.subjects(base, end, kind=KIND_SERVER, service="vision-encoder", min_ns=slow_ns)
     assert long_ones and all(r["duration_ns"] >= slow_ns for r in long_ones)
     assert len(long_ones) == sum(r["duration_ns"] >= slow_ns for r in every)
-    roots = reader.subject_spans(base, end, root_only=True, min_ns=slow_ns)
+    roots = reader.attributes.subjects(base, end, root_only=True, min_ns=slow_ns)
     assert {r["trace_id"] for r in roots} == {r["trace_id"] for r in long_ones}  # a slow encode, a slow trace
     assert all(r["duration_ns"] >= slow_ns for r in roots)
-    spread = reader.subject_spans(base, end, root_only=True, limit=48, expected=960)
+    spread = reader.attributes.subjects(base, end, root_only=True, limit=48, expected=960)
     assert 24 <= len(spread) <= 48 and max(r["start_ns"] for r in spread) - min(r["start_ns"] for r in spread) > 50 * MIN
 
 
@@ -285,22 +285,22 @@ def test_stage_subject_spans_walk_the_stages_services_and_match_a_plain_scan(spi
     assert {r.service for r in scan} == stage_services
     # The walk takes the services of the stage's op series: all three, so walk_services=8
     # walks their span indexes and walk_services=1 falls back to the scan.
-    assert reader.services_of("op", Filters(stage="encoder")) == sorted(stage_services)
+    assert reader.rollups.services_of("op", Filters(stage="encoder")) == sorted(stage_services)
 
-    every = reader.subject_spans(base, end, stage="encoder", limit=100_000)
+    every = reader.attributes.subjects(base, end, stage="encoder", limit=100_000)
     assert sorted((r["trace_id"], r["start_ns"]) for r in every) == sorted((r.trace_id, r.start_ns) for r in scan)
     assert [r["start_ns"] for r in every] == sorted((r["start_ns"] for r in every), reverse=True)
     slow_ns = 500 * MS
-    long_ones = reader.subject_spans(base, end, stage="encoder", min_ns=slow_ns)
+    long_ones = reader.attributes.subjects(base, end, stage="encoder", min_ns=slow_ns)
     assert sorted((r["trace_id"], r["start_ns"]) for r in long_ones) == \
         sorted((r.trace_id, r.start_ns) for r in scan if r.duration_ns >= slow_ns)
-    sample = reader.subject_spans(base, end, stage="encoder", limit=120, expected=len(scan))
+    sample = reader.attributes.subjects(base, end, stage="encoder", limit=120, expected=len(scan))
     assert 60 <= len(sample) <= 120
     # (a vision trace has two encoder spans, the gateway's and the encoder's: keyed by start too)
     services = {(r.trace_id, r.start_ns): r.service for r in scan}
     assert {services[r["trace_id"], r["start_ns"]] for r in sample} == stage_services
     assert len({(r["start_ns"] - base) // (5 * MIN) for r in sample}) == 12  # every 5 minutes of the hour
-    assert reader.subject_spans(base, end, stage="fusion") == []  # no service has the stage
+    assert reader.attributes.subjects(base, end, stage="fusion") == []  # no service has the stage
 
 
 def test_whole_trace_subject_spans_are_each_traces_own_root(engine):
@@ -330,12 +330,12 @@ def test_whole_trace_subject_spans_are_each_traces_own_root(engine):
     write_spans(engine, spans)
     settle(engine, force=True)
     reader = StoreReader(engine)
-    rows = reader.subject_spans(base, base + 30 * MIN, root_only=True)
+    rows = reader.attributes.subjects(base, base + 30 * MIN, root_only=True)
     got = {(r["trace_id"][:2], orjson.loads(r["attributes"])["which"]) for r in rows}
     assert got == {("a1", "a1-a1"), ("b2", "b2-b1"), ("d4", "d4-d1")}
     order = [r["trace_id"][:2] for r in rows]
     assert order[0] == "d4" and sorted(order[1:]) == ["a1", "b2"]  # newest trace first (a and b start together)
-    slow = reader.subject_spans(base, base + 30 * MIN, root_only=True, min_ns=250 * MS)
+    slow = reader.attributes.subjects(base, base + 30 * MIN, root_only=True, min_ns=250 * MS)
     assert sorted(r["trace_id"][:2] for r in slow) == ["a1", "d4"]
     assert {r["duration_ns"] for r in slow} == {900 * MS, 300 * MS}
 

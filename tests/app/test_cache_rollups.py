@@ -103,13 +103,13 @@ FROM_RAW = [("user", None), ("user", "kv"), ("shard", None), ("env", None), ("bl
 class RawCalls:
     def __init__(self, reader: StoreReader, monkeypatch) -> None:
         self.windows: list[tuple[int, int]] = []
-        real = reader.cache_spans
+        real = reader.attributes.cache_spans
 
         def spy(start_ns, end_ns, limit=queries.CACHE_MAX_SPANS):
             self.windows.append((start_ns, end_ns))
             return real(start_ns, end_ns, limit=limit)
 
-        monkeypatch.setattr(reader, "cache_spans", spy)
+        monkeypatch.setattr(reader.attributes, "cache_spans", spy)
 
 
 def _both(reader, window, group_by, cache, step=None):
@@ -166,7 +166,7 @@ def test_groups_the_tags_do_not_show_are_read_raw(store, monkeypatch, group_by, 
 def test_the_raw_answer_differs_where_the_fallback_is_taken(store):
     """The fallback matters: the rollup cells alone would put these lookups in group None."""
     lo, hi = ALIGNED.start_ns, ALIGNED.end_ns
-    rows = store.rollup_rows("cache", lo, hi, ("service", "name", "caller", "callee"))
+    rows = store.rollups.rows("cache", lo, hi, ("service", "name", "caller", "callee"))
     for group_by in ("shard", "host.name", "zone", "t8", "env"):
         naive = queries.cache_rollup_cells(rows, (), group_by)  # without the cache_untagged rows
         assert naive is not None

@@ -21,7 +21,7 @@ from modalscope.core.spans import SpanRecord
 from modalscope.ingest.settle import CACHE_TAG_VALUES, settle
 from modalscope.ingest.writer import write_spans
 from modalscope.models import Rollup, Series
-from modalscope.models.reader import StoreReader
+from modalscope.models.reader import AttributeReader, RollupReader, StoreReader
 
 MIN = d.NS_MIN
 MS = 1_000_000
@@ -215,8 +215,8 @@ def test_attribute_findings_read_a_bounded_number_of_raw_spans_for_exemplars(eng
     window = Window(T0 * MIN, (T0 + 60) * MIN)
     reader = StoreReader(engine)
     read: list[int] = []
-    real = reader.attribute_spans
-    monkeypatch.setattr(reader, "attribute_spans", lambda *a, **k: read.append(len(rows := real(*a, **k))) or rows)
+    real = reader.attributes.spans
+    monkeypatch.setattr(reader.attributes, "spans", lambda *a, **k: read.append(len(rows := real(*a, **k))) or rows)
     monkeypatch.setattr(findings, "EXEMPLAR_MAX_SPANS", 40)
     found = {f.kind: f for f in findings.find(reader, window, th=TH) if f.kind in KINDS}
     assert sorted(found) == sorted(KINDS) and read and max(read) <= 40
@@ -316,12 +316,12 @@ def test_a_cold_start_check_a_stored_evaluation_made_is_not_read_again(engine, m
     reader = StoreReader(engine)
     th = dataclasses.replace(TH, baseline_minutes=30)
     reads = []
-    real = StoreReader.attribute_spans
-    monkeypatch.setattr(StoreReader, "attribute_spans",
+    real = AttributeReader.spans
+    monkeypatch.setattr(AttributeReader, "spans",
                         lambda self, *a, **k: reads.append(k.get("service")) or real(self, *a, **k))
     checked = []  # the minutes of instance rollups read after births
-    real_inst = StoreReader.services_rollup_rows
-    monkeypatch.setattr(StoreReader, "services_rollup_rows", lambda self, kind, ranges, *a, **k: checked.extend(
+    real_inst = RollupReader.rows_by_service
+    monkeypatch.setattr(RollupReader, "rows_by_service", lambda self, kind, ranges, *a, **k: checked.extend(
         r for rs in ranges.values() for r in rs) or real_inst(self, kind, ranges, *a, **k))
 
     def cold_starts(window):
@@ -384,8 +384,8 @@ def test_the_pair_sketches_the_reader_hands_on_are_the_frames_rows(engine):
     assert len(frames.pairs) >= 8 and frames.pairs[["caller", "callee"]].drop_duplicates().shape[0] >= 2
     assert "keys" not in frames.pairs.columns
     # The same rows with a sketch column a row, as hand-made frames have them.
-    full = findings._columns_frame(*reader.rollup_columns("pair", frames.data_start_ns, frames.end_ns,
-                                                          ("caller", "callee")), ("caller", "callee"), with_sum=False)
+    full = findings._columns_frame(*reader.rollups.columns("pair", frames.data_start_ns, frames.end_ns,
+                                                           ("caller", "callee")), ("caller", "callee"), with_sum=False)
     assert full.drop(columns=["keys", "counts"]).equals(frames.pairs)
     lens, keys, counts = frames.pair_sketches
     want = d._flat_sketches(full["keys"], full["counts"])
@@ -441,8 +441,8 @@ def test_reads_in_threads_find_what_they_find_one_after_another(engine, monkeypa
     monkeypatch.setattr(findings, "THREADED_DIALECTS", frozenset())
     alone = d.run_all(findings.load_frames(reader, window, TH), TH)
     pair_reads: list[str] = []
-    real_columns = StoreReader.rollup_columns
-    monkeypatch.setattr(StoreReader, "rollup_columns", lambda self, kind, *a, **k: (
+    real_columns = RollupReader.columns
+    monkeypatch.setattr(RollupReader, "columns", lambda self, kind, *a, **k: (
         pair_reads.append(threading.current_thread().name) if kind == "pair" else None)
         or real_columns(self, kind, *a, **k))
     monkeypatch.setattr(findings, "THREADED_DIALECTS", frozenset({engine.dialect.name}))

@@ -402,7 +402,7 @@ def test_thresholds_are_documented_settings():
 
 @pytest.mark.parametrize("stored", ["in_time_order", "reversed", "through_index"])
 def test_attribute_spans_reads_the_wanted_spans_in_start_order(engine, stored, monkeypatch):
-    """The findings' raw read (``StoreReader.attribute_spans``): SERVER/CONSUMER spans and
+    """The findings' raw read (``reader.attributes.spans``): SERVER/CONSUMER spans and
     spans carrying a convention key, attributes only on the latter, in start order whether
     row ids follow time (read by id range) or not (read through the start index)."""
     from modalscope.core.spans import SpanRecord
@@ -423,14 +423,14 @@ def test_attribute_spans_reads_the_wanted_spans_in_start_order(engine, stored, m
     write_spans(engine, spans[::-1] if stored == "reversed" else spans)
     reader = StoreReader(engine)
     lo, hi = base + 10 * 1_000_000_000, base + 50 * 1_000_000_000
-    rows = reader.attribute_spans(lo, hi, ("cache.name", "batch.size"), kinds=(2, 5))
+    rows = reader.attributes.spans(lo, hi, ("cache.name", "batch.size"), kinds=(2, 5))
     want = [s for s in spans if lo <= s.start_ns < hi and (s.kind in (2, 5) or "cache.name" in s.attributes)]
     assert [r[0] for r in rows] == [s.trace_id for s in want]
     assert [r[5] for r in rows] == sorted(r[5] for r in rows)
     for r, s in zip(rows, want):
         assert (r[1], r[2], r[3], r[6], r[8]) == ("svc-a", s.name, s.kind, 5 * MS, "i-1")
         assert (r[9] != "") == ("cache.name" in s.attributes)
-    assert reader.attribute_spans(hi + 3600 * 10**9, hi + 7200 * 10**9, ("cache.name",), kinds=(2,)) == []
+    assert reader.attributes.spans(hi + 3600 * 10**9, hi + 7200 * 10**9, ("cache.name",), kinds=(2,)) == []
 
 
 def test_thresholds_are_read_once_per_app(monkeypatch):
@@ -475,20 +475,20 @@ def test_attribute_spans_of_one_service_are_the_same_through_its_index(engine, s
     listen = lambda conn, cursor, statement, *a: statements.append(statement)  # noqa: E731
     event.listen(engine, "before_cursor_execute", listen)
     try:
-        rows = reader.attribute_spans(lo, hi, ("batch.size",), kinds=(2,), service="svc-a")
+        rows = reader.attributes.spans(lo, hi, ("batch.size",), kinds=(2,), service="svc-a")
     finally:
         event.remove(engine, "before_cursor_execute", listen)
-    everything = reader.attribute_spans(lo, hi, ("batch.size",), kinds=(2,))
+    everything = reader.attributes.spans(lo, hi, ("batch.size",), kinds=(2,))
     assert rows == [r for r in everything if r[1] == "svc-a"] and len(rows) >= 10
     through_index = any("duration_bucket IN" in s and "ORDER BY" in s for s in statements)
     assert through_index == (share == 2)  # svc-a holds a sixth of the window
     counted_whole = any("min(spans.id)" in s for s in statements)
     assert counted_whole == (share != 2 or counted == 1)
-    assert reader.attribute_spans(lo, hi, ("batch.size",), kinds=(2,), service="svc-a", limit=4) == rows[:4]
+    assert reader.attributes.spans(lo, hi, ("batch.size",), kinds=(2,), service="svc-a", limit=4) == rows[:4]
 
 
 def test_a_services_rollups_over_several_stretches_are_read_at_once(engine):
-    """``StoreReader.services_rollup_rows`` (new instances' first minutes): the rows of every
+    """``reader.rollups.rows_by_service`` (new instances' first minutes): the rows of every
     stretch, overlapping ones once, in minute order, as the window reads give them."""
     from modalscope.core.spans import SpanRecord
     from modalscope.ingest.settle import settle
@@ -505,14 +505,14 @@ def test_a_services_rollups_over_several_stretches_are_read_at_once(engine):
     settle(engine, force=True)
     reader = StoreReader(engine)
     stretches = [(T0 + 20, T0 + 24), (T0 + 2, T0 + 5), (T0 + 4, T0 + 8), (T0 + 40, T0 + 41)]
-    got = reader.services_rollup_rows("inst", {"svc-a": stretches}, ("name",))["svc-a"]
-    every = reader.rollup_rows("inst", T0 * MIN, (T0 + 30) * MIN, ("name",), Filters(service="svc-a"))
+    got = reader.rollups.rows_by_service("inst", {"svc-a": stretches}, ("name",))["svc-a"]
+    every = reader.rollups.rows("inst", T0 * MIN, (T0 + 30) * MIN, ("name",), Filters(service="svc-a"))
     want = [r for r in every if any(a <= r[0] < b for a, b in stretches)]
     assert [r[0] for r in got] == sorted(r[0] for r in got)
     assert sorted(got, key=repr) == sorted(want, key=repr)
     assert {r[0] for r in got} == set(range(T0 + 2, T0 + 8)) | set(range(T0 + 20, T0 + 24))
     assert {r[5] for r in got} == {"svc-a-0", "svc-a-2"}  # (svc-a's instances; none of svc-b's)
-    assert reader.services_rollup_rows("inst", {"svc-a": []}, ("name",)) == {"svc-a": []}
+    assert reader.rollups.rows_by_service("inst", {"svc-a": []}, ("name",)) == {"svc-a": []}
     from modalscope.app.findings import _merged
     assert _merged([(5, 9), (1, 3), (3, 4), (8, 12), (20, 21)]) == [(1, 4), (5, 12), (20, 21)]
 

@@ -182,9 +182,9 @@ def test_vit_layers_from_layer_rollups_equal_the_raw_span_reading(store, monkeyp
     cases = [Filters(), Filters(input_type="image"), Filters(input_type="multi_image"),
              Filters(service="vision-encoder"), Filters(service="llm")]
     from_rollups = [queries.vit_layers(store.reader, store.window, f) for f in cases]
-    assert store.reader.series_ids("layer")
-    real = store.reader.series_ids
-    monkeypatch.setattr(store.reader, "series_ids", lambda kind: {} if kind == "layer" else real(kind))
+    assert store.reader.rollups.series_ids("layer")
+    real = store.reader.rollups.series_ids
+    monkeypatch.setattr(store.reader.rollups, "series_ids", lambda kind: {} if kind == "layer" else real(kind))
     assert [queries.vit_layers(store.reader, store.window, f) for f in cases] == from_rollups
     assert from_rollups[0] and from_rollups[1] and from_rollups[-1] == []
 

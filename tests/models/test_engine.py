@@ -27,7 +27,7 @@ def test_postgresql_sessions_price_parallel_workers_for_large_plans_only(engine,
     with engine.connect() as conn:
         assert _show(conn, "parallel_setup_cost") == cost
     reader = StoreReader(engine)
-    with reader._reads.connect() as conn:
+    with reader.context.reads.connect() as conn:
         assert _show(conn, "parallel_setup_cost") == cost
         assert conn.connection.dbapi_connection.info.transaction_status.name == "IDLE"
 

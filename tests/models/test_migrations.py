@@ -110,14 +110,14 @@ def test_upgrading_a_store_with_spans_marks_where_pair_calls_begin(empty_db_url)
         settle(engine, force=True)  # the old spans settle after the upgrade: rows written, cursor stays
         reader = StoreReader(engine)
         newest = max(s.start_ns for t in traces for s in t)
-        assert reader.pair_calls_complete_from() == newest + 1
+        assert reader.calls.complete_from() == newest + 1
         window = Window(base - 60_000_000_000, base + 600_000_000_000)
         f = Filters(caller="gateway", callee="userdb")
         before = queries.exemplar_traces(reader, window, f, limit=4)
         assert [r["span_ms"] for r in before] == [14.0, 13.0, 12.0, 11.0]
         changed, settled = retag(engine, rules())
         # The cursor moves back to 0: every call is in the table now, with the same answer.
-        assert settled == 10 and reader.pair_calls_complete_from() == 0
+        assert settled == 10 and reader.calls.complete_from() == 0
         assert queries.exemplar_traces(reader, window, f, limit=4) == before
     finally:
         engine.dispose()
@@ -176,7 +176,7 @@ def test_upgrading_spans_to_0007_gives_every_stored_span_its_duration_bucket(emp
         reader = StoreReader(engine)
         end = base + 3_600_000_000_000
         services = tuple(sorted({s.service for s in spans}))
-        got = reader.slow_spans(SpanQuery(base, end, limit=25, services=services))
+        got = reader.spans.slowest(SpanQuery(base, end, limit=25, services=services))
         expected = sorted(spans, key=lambda s: (-(s.end_ns - s.start_ns), s.start_ns))[:25]
         assert [(r["trace_id"], r["span_id"]) for r in got] == [(s.trace_id, s.span_id) for s in expected]
     finally:

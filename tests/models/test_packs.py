@@ -19,6 +19,7 @@ from modalscope.ingest import demo
 from modalscope.ingest.settle import settle
 from modalscope.models import RollupChange, RollupPack, changes, packs
 from modalscope.models.reader import Filters, StoreReader
+from modalscope.models.reader import rollups as reader_rollups
 
 S = 1_000_000_000
 MIN = 60 * S
@@ -57,9 +58,9 @@ def _as_rows(cols: packs.Columns, dims_of: dict) -> list[tuple]:
 
 
 def _minute_rows(reader: StoreReader, kind: str, start: int, end: int, dims, filters=None) -> list[tuple]:
-    """The same rows straight from the minute rollups (``rollup_rows``)."""
+    """The same rows straight from the minute rollups (``reader.rollups.rows``)."""
     out = []
-    for minute, count, errors, sum_ns, blob, *d in reader.rollup_rows(kind, start, end, dims, filters):
+    for minute, count, errors, sum_ns, blob, *d in reader.rollups.rows(kind, start, end, dims, filters):
         entries = np.frombuffer(bytes(blob or b""), dtype="<i4").reshape(-1, 2)
         out.append((*d, minute, count, errors, sum_ns, tuple(map(tuple, entries.tolist()))))
     return sorted(out)
@@ -82,15 +83,15 @@ def test_packs_read_as_the_minute_rows_and_the_detectors_find_the_same(store, mo
     hours = {h for _, h, verified in _packed_hours(engine) if verified}
     assert hours and all(verified for _, _, verified in _packed_hours(engine))
     minute_reads = []
-    real = StoreReader._series_rows
-    monkeypatch.setattr(StoreReader, "_series_rows",
-                        lambda self, conn, where, cols, tiers, **k: minute_reads.extend((t[1], t[2]) for t in tiers)
-                        or real(self, conn, where, cols, tiers, **k))
+    real = reader_rollups.series_rows
+    monkeypatch.setattr(reader_rollups, "series_rows",
+                        lambda conn, where, cols, tiers, **k: minute_reads.extend((t[1], t[2]) for t in tiers)
+                        or real(conn, where, cols, tiers, **k))
     for w in windows:
         for kind, dims, filters in (("pair", ("caller", "callee"), None), ("trace", ("input_type",), None),
                                     ("pair", ("caller", "callee"), Filters(service="llm"))):
             minute_reads.clear()
-            cols, dims_of = reader.rollup_columns(kind, w.start_ns, w.end_ns, dims, filters)
+            cols, dims_of = reader.rollups.columns(kind, w.start_ns, w.end_ns, dims, filters)
             assert len(cols) and minute_reads, "some rows come from packs, the edges from minute rows"
             # Minute rows only for the minutes outside the packed hours the window holds whole.
             first, last = -(-w.start_ns // MIN), -(-w.end_ns // MIN)
@@ -106,11 +107,11 @@ def test_packs_read_as_the_minute_rows_and_the_detectors_find_the_same(store, mo
         # rows' counts and sums as the minute rows'), from minute rows otherwise.
         dims = ("service", "name", "caller", "callee")
         minute_reads.clear()
-        with_sketches, dims_of = reader.rollup_columns("cache", w.start_ns, w.end_ns, dims)
+        with_sketches, dims_of = reader.rollups.columns("cache", w.start_ns, w.end_ns, dims)
         assert len(with_sketches.keys) and {(a, b) for a, b in minute_reads} == {(first, last)}
         assert _as_rows(with_sketches, dims_of) == _minute_rows(reader, "cache", w.start_ns, w.end_ns, dims)
         minute_reads.clear()
-        bare, dims_of = reader.rollup_columns("cache", w.start_ns, w.end_ns, dims, sketches=False)
+        bare, dims_of = reader.rollups.columns("cache", w.start_ns, w.end_ns, dims, sketches=False)
         assert not len(bare.keys) and not bare.lengths.any()
         assert not any(a < h * 60 + 60 and h * 60 < b for a, b in minute_reads for h in whole)
         assert _as_rows(bare, dims_of) == [r[:-1] + ((),) for r in _as_rows(with_sketches, dims_of)]
@@ -136,7 +137,7 @@ def test_a_write_to_a_packed_hour_deletes_its_pack(store):
     assert late_hour not in left and left == packed - {late_hour}
     # The late trace is in what the detectors read (from that hour's minute rows).
     w = Window(now - 3 * HOUR, now)
-    cols, dims_of = reader.rollup_columns("pair", w.start_ns, w.end_ns, ("caller", "callee"))
+    cols, dims_of = reader.rollups.columns("pair", w.start_ns, w.end_ns, ("caller", "callee"))
     assert _as_rows(cols, dims_of) == _minute_rows(reader, "pair", w.start_ns, w.end_ns, ("caller", "callee"))
     # Retention and retag log their writes too: every pack goes with a change over all minutes.
     with engine.begin() as conn:
@@ -161,14 +162,14 @@ def test_a_reader_keeps_decoded_packs_and_fetches_only_new_versions(store, monke
 
     def read_pairs():
         fetched.clear()
-        cols, dims_of = reader.rollup_columns("pair", w.start_ns, w.end_ns, dims)
+        cols, dims_of = reader.rollups.columns("pair", w.start_ns, w.end_ns, dims)
         assert _as_rows(cols, dims_of) == _minute_rows(reader, "pair", w.start_ns, w.end_ns, dims)
         return len(fetched)
 
     whole = {h for k, h, v in _packed_hours(engine)
              if k == "pair" and v and h * HOUR >= w.start_ns and (h + 1) * HOUR <= w.end_ns}
     assert len(whole) >= 2 and read_pairs() == len(whole)
-    assert {h for (kind, h) in reader.pack_cache._entries if kind == "pair"} == whole
+    assert {h for (kind, h) in reader.context.pack_cache._entries if kind == "pair"} == whole
     assert read_pairs() == 0
     # A late trace in a packed hour: its pack goes; the reader reads that hour's minute rows.
     late_hour = (now - 2 * HOUR) // HOUR
@@ -183,12 +184,12 @@ def test_a_reader_keeps_decoded_packs_and_fetches_only_new_versions(store, monke
     assert read_pairs() == 1
     assert read_pairs() == 0
     # A budget smaller than a pack keeps none; one pack's worth keeps the newest only.
-    sizes = {h: v[2] for (kind, h), v in reader.pack_cache._entries.items() if kind == "pair"}
-    reader.pack_cache = packs.PackCache(max_bytes=1)
-    assert read_pairs() == len(whole) and read_pairs() == len(whole) and reader.pack_cache.bytes == 0
-    reader.pack_cache = packs.PackCache(max_bytes=max(sizes.values()))
+    sizes = {h: v[2] for (kind, h), v in reader.context.pack_cache._entries.items() if kind == "pair"}
+    reader.context.pack_cache = packs.PackCache(max_bytes=1)
+    assert read_pairs() == len(whole) and read_pairs() == len(whole) and reader.context.pack_cache.bytes == 0
+    reader.context.pack_cache = packs.PackCache(max_bytes=max(sizes.values()))
     assert read_pairs() == len(whole)
-    assert 0 < reader.pack_cache.bytes <= max(sizes.values()) and len(reader.pack_cache._entries) == 1
+    assert 0 < reader.context.pack_cache.bytes <= max(sizes.values()) and len(reader.context.pack_cache._entries) == 1
 
 
 def test_a_pack_is_read_only_once_verified_and_dropped_if_a_write_raced_its_build(store):
@@ -266,10 +267,10 @@ def test_rows_of_a_series_created_meanwhile_are_left_out(store, monkeypatch):
     reader = StoreReader(engine)
     w = Window(now - 30 * MIN, now)
     expected = _minute_rows(reader, "pair", w.start_ns, w.end_ns, ("caller", "callee"))
-    real = StoreReader._series_rows
-    monkeypatch.setattr(StoreReader, "_series_rows", lambda self, *a, **k: real(self, *a, **k) + [
+    real = reader_rollups.series_rows
+    monkeypatch.setattr(reader_rollups, "series_rows", lambda *a, **k: real(*a, **k) + [
         (now // MIN - 1, 3, 0, 300, np.asarray([[5, 3]], dtype="<i4").tobytes(), 10**9)])
-    cols, dims_of = reader.rollup_columns("pair", w.start_ns, w.end_ns, ("caller", "callee"))
+    cols, dims_of = reader.rollups.columns("pair", w.start_ns, w.end_ns, ("caller", "callee"))
     assert 10**9 not in set(cols.series_id.tolist())
     assert _as_rows(cols, dims_of) == expected
 

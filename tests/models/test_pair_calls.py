@@ -124,7 +124,7 @@ def test_pair_exemplars_equal_the_raw_span_search(engine, demo_store):
     cases += [(Filters(callee=pairs[0]["callee"]), None, None), (Filters(caller=pairs[0]["caller"]), None, None),
               (Filters(caller=pairs[0]["caller"], callee=pairs[0]["callee"], input_type="image"), None, None),
               (Filters(caller=pairs[1]["caller"], service=pairs[1]["callee"]), None, None)]
-    assert reader.pair_calls_complete_from() == 0
+    assert reader.calls.complete_from() == 0
 
     def answers():
         return [queries.exemplar_traces(reader, w, f, min_ms=lo, max_ms=hi, limit=7)
@@ -133,7 +133,7 @@ def test_pair_exemplars_equal_the_raw_span_search(engine, demo_store):
     walked = answers()
     _raw_span_search(engine)
     reader = StoreReader(engine)
-    assert reader.pair_calls_complete_from() > full.end_ns
+    assert reader.calls.complete_from() > full.end_ns
     searched = answers()
     assert walked == searched
     assert sum(len(a) for a in walked) > 100  # the cases found something to compare
@@ -184,10 +184,10 @@ def test_a_backlog_of_pending_traces_gives_the_raw_span_search_answers(engine, d
                 for i, (f, lo, hi) in enumerate(cases)]
 
     read = []
-    real = reader.pending_calls
-    reader.pending_calls = lambda *a, **k: read.append(k["min_ns"]) or real(*a, **k)
+    real = reader.calls.pending
+    reader.calls.pending = lambda *a, **k: read.append(k["min_ns"]) or real(*a, **k)
     walked = answers()
-    del reader.pending_calls
+    del reader.calls.pending
     assert any(m is not None for m in read)  # pending calls were read above a floor
     _raw_span_search(engine)
     searched = answers()
@@ -205,7 +205,7 @@ def test_pending_calls_read_each_pending_trace_through_its_index(engine, demo_st
         return  # the query plan checked here is SQLite's; PostgreSQL plans by its statistics
     with engine.begin() as conn:
         conn.execute(Trace.__table__.update().values(pending=True))
-    got, plans = _plans_of_span_reads(engine, "trace_id IN", lambda: StoreReader(engine).pending_calls(
+    got, plans = _plans_of_span_reads(engine, "trace_id IN", lambda: StoreReader(engine).calls.pending(
         demo_store.start_ns, demo_store.end_ns, ["gateway"], min_ns=MS, max_ns=DAY_NS))
     assert got and plans
     for plan in plans:
@@ -312,8 +312,8 @@ def test_pending_calls_through_the_span_index_give_the_raw_span_search_answers(e
                                         limit=(3, 7)[i // 2 % 2])
                 for i, (f, lo, hi) in enumerate(cases)]
 
-    walks = _spy(monkeypatch, reader, "_pending_calls_walk")
-    one_by_one = _spy(monkeypatch, reader, "_pending_calls_one_by_one")
+    walks = _spy(monkeypatch, reader.calls, "_pending_walk")
+    one_by_one = _spy(monkeypatch, reader.calls, "_pending_one_by_one")
     walked = answers()
     monkeypatch.undo()
     if entries_per_trace:
@@ -338,7 +338,7 @@ def test_pending_calls_walk_the_callers_span_index(engine, demo_store, monkeypat
     monkeypatch.setattr(reader_module, "PENDING_WALK_AFTER", 7)
     with engine.begin() as conn:
         conn.execute(Trace.__table__.update().values(pending=True))
-    got, plans = _plans_of_span_reads(engine, "duration_bucket IN", lambda: StoreReader(engine).pending_calls(
+    got, plans = _plans_of_span_reads(engine, "duration_bucket IN", lambda: StoreReader(engine).calls.pending(
         demo_store.start_ns, demo_store.end_ns, ["gateway"], min_ns=MS, max_ns=DAY_NS, may_call="userdb"))
     assert got and len(plans) >= 2  # the entries counted, the calls read
     for plan in plans:
@@ -366,7 +366,7 @@ def test_the_walk_finds_each_call_that_reading_every_pending_trace_finds(engine,
     demo.fill(engine, late)
     reader = StoreReader(engine)
     full = Window(demo_store.start_ns - MIN, demo_store.end_ns + 10 * MIN)
-    walks = _spy(monkeypatch, reader, "_pending_calls_walk")
+    walks = _spy(monkeypatch, reader.calls, "_pending_walk")
 
     def exact(rows, f):
         return sorted(r["_id"] for r in queries._calls_of_pair(reader, rows, f))
@@ -378,16 +378,16 @@ def test_the_walk_finds_each_call_that_reading_every_pending_trace_finds(engine,
         for floor in ((None, int(p["p50_ms"] * MS))[i % 2],):
             args = (full.start_ns, full.end_ns, [p["caller"]])
             monkeypatch.setattr(reader_module, "PENDING_WALK_ENTRIES_PER_TRACE", 1_000)
-            walked = reader.pending_calls(*args, min_ns=floor, may_call=p["callee"])
+            walked = reader.calls.pending(*args, min_ns=floor, may_call=p["callee"])
             monkeypatch.setattr(reader_module, "PENDING_WALK_ENTRIES_PER_TRACE", 0)
-            one_by_one = reader.pending_calls(*args, min_ns=floor, may_call=p["callee"])
+            one_by_one = reader.calls.pending(*args, min_ns=floor, may_call=p["callee"])
             found = exact(walked, f)
             assert found == exact(one_by_one, f), (p["caller"], p["callee"], floor)
             compared += len(found)
     assert walks and compared > 100
-    gateway_db = exact(reader.pending_calls(full.start_ns, full.end_ns, ["gateway"], may_call="userdb"),
+    gateway_db = exact(reader.calls.pending(full.start_ns, full.end_ns, ["gateway"], may_call="userdb"),
                        Filters(caller="gateway", callee="userdb"))
-    gateway_llm = exact(reader.pending_calls(full.start_ns, full.end_ns, ["gateway"], may_call="llm"),
+    gateway_llm = exact(reader.calls.pending(full.start_ns, full.end_ns, ["gateway"], may_call="llm"),
                         Filters(caller="gateway", callee="llm"))
     with engine.connect() as conn:
         assert conn.execute(select(Span.id).where(Span.trace_id == "cd" * 16)).scalar_one() in gateway_db

@@ -124,7 +124,7 @@ def test_quarter_hour_steps_lie_on_the_clock_grid_and_give_the_minute_answer(eng
     reader = StoreReader(engine)
     for kind, group_by in (("op", ("service", "name")), ("tstage", ("stage",)), ("pair", ("caller", "callee"))):
         q = RollupQuery(kind, start - 7 * MIN, end + 11 * MIN, Filters(), group_by=group_by)
-        by_minute = reader.rollups(RollupQuery(kind, q.start_ns, q.end_ns, q.filters, group_by, by_minute=True))
+        by_minute = reader.rollups.merged(RollupQuery(kind, q.start_ns, q.end_ns, q.filters, group_by, by_minute=True))
         for step in (15, 30):
             want: dict = {}
             for g in by_minute:
@@ -135,7 +135,7 @@ def test_quarter_hour_steps_lie_on_the_clock_grid_and_give_the_minute_answer(eng
                 a[2] += g.sum_ns
                 a[3] = a[3] + g.histogram.counts
             got = {g.key: (g.count, g.error_count, g.sum_ns, g.histogram.counts.tolist())
-                   for g in reader.rollup_steps(q, step)}
+                   for g in reader.rollups.steps(q, step)}
             assert got == {k: (c, e, t, h.tolist()) for k, (c, e, t, h) in want.items()}
             assert all(k[-1] % step == 0 for k in got) and len(got) > 4
 
@@ -144,10 +144,10 @@ def test_long_windows_read_hourly_rows_and_give_the_minute_answer(engine):
     start, end, _ = _fill(engine)
     reader = StoreReader(engine)
     q = RollupQuery("op", start - 7 * MIN, end + 11 * MIN, Filters(), group_by=("service", "name"))
-    tiered = {g.key: (g.count, g.error_count, g.sum_ns, g.histogram.counts.tolist()) for g in reader.rollups(q)}
+    tiered = {g.key: (g.count, g.error_count, g.sum_ns, g.histogram.counts.tolist()) for g in reader.rollups.merged(q)}
     # The same window merged from minute rows alone (by_minute, then summed).
     by_minute: dict = {}
-    for g in reader.rollups(RollupQuery(q.kind, q.start_ns, q.end_ns, q.filters, q.group_by, by_minute=True)):
+    for g in reader.rollups.merged(RollupQuery(q.kind, q.start_ns, q.end_ns, q.filters, q.group_by, by_minute=True)):
         a = by_minute.setdefault(g.key[:-1], [0, 0, 0, np.zeros_like(g.histogram.counts)])
         a[0] += g.count
         a[1] += g.error_count
@@ -155,7 +155,7 @@ def test_long_windows_read_hourly_rows_and_give_the_minute_answer(engine):
         a[3] = a[3] + g.histogram.counts
     assert tiered == {k: (c, e, t, h.tolist()) for k, (c, e, t, h) in by_minute.items()}
     # Hour-sized steps come from the same rows, on an hour-aligned grid.
-    steps = reader.rollup_steps(q, 60)
+    steps = reader.rollups.steps(q, 60)
     assert all(g.key[-1] % 60 == 0 for g in steps)
     assert sum(g.count for g in steps) == sum(v[0] for v in tiered.values())
 
@@ -164,7 +164,7 @@ def test_windows_past_minute_retention_are_answered_from_hours(engine):
     start, end, _ = _fill(engine)
     reader_all = StoreReader(engine)
     q = RollupQuery("trace", start, end, Filters(), group_by=("input_type",))
-    expected = {g.key: g.count for g in reader_all.rollups(q)}
+    expected = {g.key: g.count for g in reader_all.rollups.merged(q)}
     # What the pruner does to minute rows past their retention: record the boundary, delete.
     from modalscope.ingest.retention import _record_minute_boundary
 
@@ -173,7 +173,7 @@ def test_windows_past_minute_retention_are_answered_from_hours(engine):
         conn.execute(text("DELETE FROM rollups"))
     # No minute rows left: every edge rounds out to its whole hour, so the traces of the
     # window's partial first hour still count (the hour starts at :00, the window at :13).
-    got = {g.key: g.count for g in reader_all.rollups(q)}
+    got = {g.key: g.count for g in reader_all.rollups.merged(q)}
     assert got == expected
     assert sum(got.values()) == 120
     with engine.connect() as conn:
@@ -195,26 +195,25 @@ def test_many_tier_ranges_read_as_one_range_at_a_time(engine, monkeypatch):
     from modalscope.models.reader import Series
 
     start, end, _ = _fill(engine)
-    reader = StoreReader(engine)
     first = minute_range(start, end)[0]
     tiers = [(Rollup, m, m + 1) for m in range(first, first + 80, 2)] + [(HourlyRollup, first // 60, first // 60 + 2)]
     where = Series.kind == "op"
     with engine.connect() as conn:
-        one_by_one = sorted(r for t in tiers for r in reader._series_rows(conn, where, [Series.service], [t]))
+        one_by_one = sorted(r for t in tiers for r in reader_module.series_rows(conn, where, [Series.service], [t]))
     binds = []
     real = reader_module._raw_rows
     monkeypatch.setattr(reader_module, "_raw_rows",
                         lambda conn, stmt, params=None: binds.append(params) or real(conn, stmt, params))
     with engine.connect() as conn:
-        together = reader._series_rows(conn, where, [Series.service], tiers)
+        together = reader_module.series_rows(conn, where, [Series.service], tiers)
     assert one_by_one and sorted(together) == one_by_one
     assert len(binds) == -(-len(tiers) // reader_module.TIERS_PER_STATEMENT)
     assert all(len(p) - 1 <= 2 * reader_module.TIERS_PER_STATEMENT and len(p["ids"]) <= 500 for p in binds)
 
 
 def test_several_kinds_read_over_one_connection_give_each_kinds_own_rows(engine):
-    """``tier_rows_of_kinds`` (the cache view's two kinds): per kind, the rows and dims of a
-    ``tier_rows`` read of that kind alone; the plan comes from the retention boundary read
+    """``rows_of_kinds`` (the cache view's two kinds): per kind, the rows and dims of a
+    ``rows_of_plan`` read of that kind alone; the plan comes from the retention boundary read
     on the same connection, and one connection is checked out for all of it."""
     from sqlalchemy import event
 
@@ -224,7 +223,8 @@ def test_several_kinds_read_over_one_connection_give_each_kinds_own_rows(engine)
     reader = StoreReader(engine)
     kinds = {"op": ("service", "name", "stage"), "pair": ("caller", "callee")}
     plan = tier_plan(start, end)
-    alone = {kind: sorted(reader.tier_rows(kind, plan, dims, sketches=False)) for kind, dims in kinds.items()}
+    alone = {kind: sorted(reader.rollups.rows_of_plan(kind, plan, dims, sketches=False))
+             for kind, dims in kinds.items()}
     assert all(alone.values())
     checkouts, seen = [], []
 
@@ -233,7 +233,7 @@ def test_several_kinds_read_over_one_connection_give_each_kinds_own_rows(engine)
 
     event.listen(engine.pool, "checkout", count)
     try:
-        got_plan, rows = reader.tier_rows_of_kinds(
+        got_plan, rows = reader.rollups.rows_of_kinds(
             kinds, lambda kept: seen.append(kept) or tier_plan(start, end, kept), sketches=False)
     finally:
         event.remove(engine.pool, "checkout", count)
@@ -242,9 +242,9 @@ def test_several_kinds_read_over_one_connection_give_each_kinds_own_rows(engine)
     # Past the minutes retention keeps: the boundary reaches plan_for; None reads nothing.
     _record_minute_boundary(engine, end // MIN + 60)
     seen.clear()
-    assert reader.tier_rows_of_kinds(kinds, lambda kept: seen.append(kept)) == (None, {})
+    assert reader.rollups.rows_of_kinds(kinds, lambda kept: seen.append(kept)) == (None, {})
     # (the boundary comes with the series; a kind with none reads it by itself)
-    assert reader.tier_rows_of_kinds({"no-such-kind": ()}, lambda kept: seen.append(kept)) == (None, {})
+    assert reader.rollups.rows_of_kinds({"no-such-kind": ()}, lambda kept: seen.append(kept)) == (None, {})
     assert seen == [end // MIN + 60] * 2
 
 
@@ -253,9 +253,9 @@ def test_postgresql_reads_open_no_transaction(engine):
     and a ROLLBACK round trip a checkout; READ COMMITTED gives each statement its own
     snapshot either way), while the engine it was given still writes in transactions."""
     reader = StoreReader(engine)
-    with reader._reads.connect() as conn:
+    with reader.context.reads.connect() as conn:
         if engine.dialect.name != "postgresql":
-            assert reader._reads is engine
+            assert reader.context.reads is engine
             return
         assert conn.exec_driver_sql("SELECT 1").scalar() == 1
         assert conn.connection.dbapi_connection.info.transaction_status.name == "IDLE"
@@ -280,9 +280,9 @@ def test_series_in_a_window_are_those_with_rows_in_it(engine):
     seen_late = set()
     for a, b in windows:
         for kind, dims in (("op", ("service", "name")), ("trace", ("service", "input_type"))):
-            cols, dims_of = reader.rollup_columns(kind, a, b, dims, sketches=False)
+            cols, dims_of = reader.rollups.columns(kind, a, b, dims, sketches=False)
             expected = {dims_of[int(i)] for i in set(cols.series_id.tolist())}
-            got = reader.series_in_window(kind, a, b, dims)
+            got = reader.rollups.series_in_window(kind, a, b, dims)
             assert got == expected, (a, b, kind)
             seen_late.add(any(d[0] == "late-svc" for d in got))
     assert seen_late == {True, False}  # some windows hold the late service, some do not

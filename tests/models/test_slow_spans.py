@@ -11,6 +11,7 @@ from modalscope.app.params import Window
 from modalscope.ingest.settle import settle
 from modalscope.ingest.writer import write_spans
 from modalscope.models.reader import SPAN_WALK_SHARE, Filters, SpanQuery, StoreReader
+from modalscope.models.reader import walks
 from modalscope.models import Span
 from modalscope.models.buckets import duration_bucket
 from tests.factories import multimodal_trace
@@ -37,7 +38,7 @@ def test_long_window_pages_equal_the_sorted_window(engine):
     reader = StoreReader(engine)
     # The last 5 hours of 6: long against the store, so the duration index path runs.
     w0 = end - 5 * HOUR
-    assert reader._long_window(Span, w0, end, SPAN_WALK_SHARE)
+    assert walks.long_window(reader.context.reads, Span, w0, end, SPAN_WALK_SHARE)
     services = tuple(sorted({s.service for s in spans}))
     for kind, band in ((None, (None, None)), (3, (None, None)), (None, (20_000_000, 400_000_000))):
         expected = sorted((s for s in spans if w0 <= s.start_ns < end and (kind is None or s.kind == kind)
@@ -45,15 +46,15 @@ def test_long_window_pages_equal_the_sorted_window(engine):
                           key=lambda s: (-(s.end_ns - s.start_ns), s.start_ns))
         got = []
         for offset in (0, 7, 14, 21):
-            got += reader.slow_spans(SpanQuery(w0, end, kind=kind, min_ns=band[0], max_ns=band[1], limit=7,
-                                               offset=offset, services=services))
+            got += reader.spans.slowest(SpanQuery(w0, end, kind=kind, min_ns=band[0], max_ns=band[1], limit=7,
+                                                  offset=offset, services=services))
         assert [_key(r) for r in got] == [(s.trace_id, s.span_id) for s in expected[:28]]
         assert all("_id" not in r for r in got)
         # One named service: its spans only, in the same order.
         svc = "vision-encoder"
         mine = [s for s in expected if s.service == svc][:10]
-        assert [_key(r) for r in reader.slow_spans(SpanQuery(w0, end, kind=kind, service=svc, min_ns=band[0],
-                                                             max_ns=band[1], limit=10))] == \
+        assert [_key(r) for r in reader.spans.slowest(SpanQuery(w0, end, kind=kind, service=svc, min_ns=band[0],
+                                                                max_ns=band[1], limit=10))] == \
             [(s.trace_id, s.span_id) for s in mine]
 
 
@@ -66,13 +67,13 @@ def test_traces_waiting_to_settle_do_not_make_long_windows_look_short(engine):
 
     start, end, _ = _store(engine)
     reader = StoreReader(engine)
-    assert reader._long_window(Trace, end - 5 * HOUR, end, TRACE_WALK_SHARE)
+    assert walks.long_window(reader.context.reads, Trace, end - 5 * HOUR, end, TRACE_WALK_SHARE)
     rng = random.Random(3)
     write_spans(engine, multimodal_trace(rng, end + HOUR // 2, images=1))  # not settled
     with engine.connect() as conn:
         assert conn.execute(Trace.__table__.select().where(Trace.pending.is_(True), Trace.start_ns == 0)).first()
-    assert reader._long_window(Trace, end - 5 * HOUR, end, TRACE_WALK_SHARE)
-    assert not reader._long_window(Trace, end - HOUR // 40, end, TRACE_WALK_SHARE)
+    assert walks.long_window(reader.context.reads, Trace, end - 5 * HOUR, end, TRACE_WALK_SHARE)
+    assert not walks.long_window(reader.context.reads, Trace, end - HOUR // 40, end, TRACE_WALK_SHARE)
 
 
 def test_exemplar_traces_agree_between_short_and_long_windows(engine):
@@ -88,7 +89,8 @@ def test_exemplar_traces_agree_between_short_and_long_windows(engine):
         t = long_window.start_ns
         while t < long_window.end_ns:
             piece = Window(t, min(t + HOUR // 40, long_window.end_ns))
-            assert not reader._long_window(Span, piece.start_ns, piece.end_ns, SPAN_WALK_SHARE)
+            assert not walks.long_window(reader.context.reads, Span, piece.start_ns, piece.end_ns,
+                                         SPAN_WALK_SHARE)
             pieces += queries.exemplar_traces(reader, piece, filters, limit=15)
             t += HOUR // 40
         measure = "span_ms" if "span_ms" in (long_rows[0] if long_rows else {}) else "duration_ms"
@@ -158,7 +160,7 @@ def test_the_bucket_walk_equals_a_sort_for_ties_band_edges_and_filters(engine):
     settle(engine, force=True)
     reader = StoreReader(engine)
     w0, end = base + HOUR, base + 6 * HOUR
-    assert reader._long_window(Span, w0, end, SPAN_WALK_SHARE)
+    assert walks.long_window(reader.context.reads, Span, w0, end, SPAN_WALK_SHARE)
     services = tuple(sorted({s.service for s in spans}))
     inner = bucket_floor_ns(duration_bucket(1_050_000)) + 1  # inside a bucket, not on its edge
     for stage, kind, band in ((None, None, (None, None)), ("encoder", None, (None, None)),
@@ -171,8 +173,8 @@ def test_the_bucket_walk_equals_a_sort_for_ties_band_edges_and_filters(engine):
                           key=lambda s: (-(s.end_ns - s.start_ns), s.start_ns))
         got = []
         for offset in range(0, 60, 12):
-            got += reader.slow_spans(SpanQuery(w0, end, kind=kind, stage=stage, min_ns=band[0], max_ns=band[1],
-                                               limit=12, offset=offset, services=services))
+            got += reader.spans.slowest(SpanQuery(w0, end, kind=kind, stage=stage, min_ns=band[0], max_ns=band[1],
+                                                  limit=12, offset=offset, services=services))
         keys = [_key(r) for r in got]
         assert len(keys) == min(60, len(expected))
         # equal durations and starts may come in either span order; everything else is fixed
@@ -197,7 +199,7 @@ def test_a_bucket_reads_its_window_through_the_walk_index(engine):
 
     event.listen(engine, "before_cursor_execute", capture)
     try:
-        assert reader.slow_spans(SpanQuery(end - 5 * HOUR, end, service="vision-encoder", limit=5))
+        assert reader.spans.slowest(SpanQuery(end - 5 * HOUR, end, service="vision-encoder", limit=5))
     finally:
         event.remove(engine, "before_cursor_execute", capture)
     assert seen
@@ -234,7 +236,7 @@ def _busy_window(engine, n: int = 200_000, every: int = 20) -> int:
 
 
 def test_one_services_spans_of_a_busy_window_are_read_through_the_walk_index(engine):
-    """``attribute_spans`` with a service whose spans are a twentieth of a busy window's reads
+    """``reader.attributes.spans`` with a service whose spans are a twentieth of a busy window's reads
     them through the walk index, as each database's own EXPLAIN of the statement (in the
     reading transaction) shows; PostgreSQL's planner, given the choice, took the ``start_ns``
     index for the order and filtered the whole window (4x slower at ten million spans): the
@@ -254,7 +256,7 @@ def test_one_services_spans_of_a_busy_window_are_read_through_the_walk_index(eng
 
     event.listen(engine, "after_cursor_execute", explain)
     try:
-        rows = StoreReader(engine).attribute_spans(start, end, (), kinds=(2, 5), service="svc")
+        rows = StoreReader(engine).attributes.spans(start, end, (), kinds=(2, 5), service="svc")
     finally:
         event.remove(engine, "after_cursor_execute", explain)
     first = -(-(start - base) // 10**7)
@@ -262,9 +264,9 @@ def test_one_services_spans_of_a_busy_window_are_read_through_the_walk_index(eng
     assert [r[5] for r in rows] == expected and {r[1] for r in rows} == {"svc"}
     # Narrowed to stages: only spans of those stages (every span here is "inference").
     reader = StoreReader(engine)
-    assert reader.attribute_spans(start, end, (), kinds=(2, 5), service="svc", stages=("inference", "x")) == rows
-    assert reader.attribute_spans(start, end, (), kinds=(2, 5), service="svc", stages=("fusion",)) == []
-    assert len(reader.attribute_spans(start, end, (), kinds=(2, 5), stages=("inference",))) == 100_000
+    assert reader.attributes.spans(start, end, (), kinds=(2, 5), service="svc", stages=("inference", "x")) == rows
+    assert reader.attributes.spans(start, end, (), kinds=(2, 5), service="svc", stages=("fusion",)) == []
+    assert len(reader.attributes.spans(start, end, (), kinds=(2, 5), stages=("inference",))) == 100_000
     assert "ix_spans_duration_walk" in plans[0] and "ix_spans_start_ns" not in plans[0], plans
     assert plans[1:] == (["indexscan off"] if engine.dialect.name == "postgresql" else []), plans
     with engine.connect() as conn:  # the setting lasted only the reading transaction
@@ -278,10 +280,10 @@ def test_the_walk_or_sort_choice_follows_the_stored_time_range(engine):
     start, end, spans = _store(engine)
     reader = StoreReader(engine)
     short = (end - HOUR, end)
-    assert not reader._long_window(Span, *short, 4)
+    assert not walks.long_window(reader.context.reads, Span, *short, 4)
     with engine.begin() as conn:
         conn.execute(Span.__table__.delete().where(Span.start_ns < end - HOUR))
-    assert reader._long_window(Span, *short, 4)
+    assert walks.long_window(reader.context.reads, Span, *short, 4)
 
 
 def test_raw_reads_come_in_postgresqls_binary_format_with_the_same_rows(engine):
@@ -298,7 +300,7 @@ def test_raw_reads_come_in_postgresqls_binary_format_with_the_same_rows(engine):
     formats: list[str] = []
     event.listen(engine, "after_cursor_execute", lambda conn, cur, stmt, params, ctx, many: formats.append(
         getattr(getattr(cur, "format", None), "name", "sqlite")) if "FROM rollups" in stmt else None)
-    rows = StoreReader(engine).rollup_rows("pair", start, end, ("caller", "callee"))
+    rows = StoreReader(engine).rollups.rows("pair", start, end, ("caller", "callee"))
     assert formats and set(formats) == ({"BINARY"} if engine.dialect.name == "postgresql" else {"sqlite"})
     with engine.connect() as conn:
         plain = conn.execute(select(Rollup.minute, Rollup.count, Rollup.error_count, Rollup.sum_ns, Rollup.sketch,

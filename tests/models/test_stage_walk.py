@@ -12,6 +12,7 @@ from modalscope.ingest.settle import settle
 from modalscope.ingest.writer import write_spans
 from modalscope.models import Span
 from modalscope.models.reader import SPAN_WALK_SHARE, SpanQuery, StoreReader
+from modalscope.models.reader import walks
 from tests.factories import multimodal_trace
 
 SECOND = 1_000_000_000
@@ -54,7 +55,7 @@ def _keys(rows):
 def test_a_stages_slowest_spans_walked_within_rollup_bounds_equal_the_sorted_window(engine):
     w0, w1 = _store(engine)
     reader = StoreReader(engine)
-    assert reader._long_window(Span, w0, w1, SPAN_WALK_SHARE)
+    assert walks.long_window(reader.context.reads, Span, w0, w1, SPAN_WALK_SHARE)
     with engine.connect() as conn:
         stored = conn.execute(Span.__table__.select().where(Span.start_ns >= w0, Span.start_ns < w1)).mappings().all()
     services = tuple(sorted({r["service"] for r in stored}))
@@ -67,12 +68,12 @@ def test_a_stages_slowest_spans_walked_within_rollup_bounds_equal_the_sorted_win
             for limit in (5, 40):
                 q = SpanQuery(w0, w1, stage=stage, input_type=input_type, min_ns=band[0], max_ns=band[1],
                               limit=limit, services=services)
-                bounds = reader._stage_bounds(q, list(services))
+                bounds = reader.spans._stage_bounds(q, list(services))
                 assert bounds is not None  # (three traces pending: the rollups bound the walk)
                 floors += bounds[1] > 0
                 for offset in (0, limit):
                     paged = dataclasses.replace(q, offset=offset)
-                    assert _keys(reader.slow_spans(paged)) == _keys(reader._slow_spans_in_window(paged)), \
+                    assert _keys(reader.spans.slowest(paged)) == _keys(reader.spans._slowest_in_window(paged)), \
                         (stage, input_type, band, limit, offset)
     assert floors > 0  # some walks stopped at a floor the rollups gave
 
@@ -84,5 +85,5 @@ def test_too_many_pending_traces_walk_from_the_top(engine, monkeypatch):
     reader = StoreReader(engine)
     monkeypatch.setattr(spans_module, "STAGE_CEILING_PENDING_AT_MOST", 2)
     q = SpanQuery(w0, w1, stage="encoder", limit=10, services=("gateway", "vision-encoder"))
-    assert reader._stage_bounds(q, list(q.services)) is None
-    assert _keys(reader.slow_spans(q)) == _keys(reader._slow_spans_in_window(q))
+    assert reader.spans._stage_bounds(q, list(q.services)) is None
+    assert _keys(reader.spans.slowest(q)) == _keys(reader.spans._slowest_in_window(q))

@@ -7,11 +7,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from sqlalchemy import func, select
+from sqlalchemy import String, func, select
 
 from ...core.spans import STAGES
 from ...ingest.rollup_deltas import unpack_contributions
 from ...models import Series, Trace, sketch
+from ...models.dialect import no_sequential_scans, one_of
 from ...models.reader import NS_PER_MINUTE, Filters, RollupQuery, StoreReader, minute_range
 from ...models.sketch import Histogram
 from ..params import Window, rfc3339
@@ -73,13 +74,15 @@ def _band(conn, lo_ns: int, hi_ns: int, filters: Filters, input_type: str | None
     contributions) starting in [lo_ns, hi_ns), at least ``min_ns`` long (of ``input_type``
     unless None). ``by_duration``: read through a duration index (the slow tail of every
     stored trace, of the input type) rather than the ``start_ns`` one (every trace of the
-    window); ``+ 0`` keeps the planner off the other index."""
-    start = Trace.start_ns + 0 if by_duration else Trace.start_ns
+    window); ``+ 0`` and ``|| ''`` keep the planner off the other indexes. (An input type's
+    tail index holds ``start_ns``: the window is checked in it, an index condition on
+    PostgreSQL.)"""
+    start = Trace.start_ns + 0 if by_duration and input_type is None else Trace.start_ns
     conds = [start >= lo_ns, start < hi_ns, Trace.contributions.is_not(None)]
     if min_ns > 0:
         conds.append(Trace.duration_ns >= min_ns if by_duration else Trace.duration_ns + 0 >= min_ns)
     if input_type is not None:
-        conds.append(Trace.input_type == input_type)
+        conds.append(Trace.input_type == input_type if by_duration else Trace.input_type.concat("") == input_type)
     if filters.service:
         conds.append(Trace.root_service == filters.service)  # the trace series' service
     return [(t, int(d)) for t, d in conn.execute(select(Trace.trace_id, Trace.duration_ns).where(*conds))]
@@ -128,7 +131,8 @@ def stage_time_at(reader: StoreReader, window: Window, filters: Filters = Filter
     first, last = minute_range(window.start_ns, window.end_ns)
     lo_ns, hi_ns = first * NS_PER_MINUTE, last * NS_PER_MINUTE  # the minutes the rollups count
     tails: dict[str, tuple[float, list[str], int]] = {}
-    with reader.engine.connect() as conn:
+    with reader.engine.connect() as conn:  # (a transaction: no_sequential_scans' SET LOCAL)
+        no_sequential_scans(conn)
         # The duration indexes read the tail of every stored trace (of the input type), the
         # start index every trace of the window: the first when that tail, counted in its
         # index, is smaller.
@@ -170,7 +174,7 @@ def stage_time_at(reader: StoreReader, window: Window, filters: Filters = Filter
             total = 0
             for i in range(0, len(ids_), 500):
                 for dur, blob in conn.execute(select(Trace.duration_ns, Trace.contributions)
-                                              .where(Trace.trace_id.in_(ids_[i : i + 500]))):
+                                              .where(one_of(conn, Trace.trace_id, ids_[i : i + 500], String))):
                     blobs.append(blob)
                     total += int(dur)
             rec = unpack_contributions(b"".join(blobs))  # fixed-size records: one array for all the tail

@@ -83,3 +83,25 @@ def test_one_of_matches_exactly_the_listed_values_of_either_type(engine):
             one_of(conn, Series.callee.concat(""), ["b1", "b3", "nobody"], String))).scalars().all()
         assert sorted(callees) == ["b1", "b3"]
         assert conn.execute(select(Rollup.minute).where(one_of(conn, Rollup.minute, [], BigInteger))).all() == []
+
+
+def test_planner_settings_last_their_transaction_only(engine):
+    """``no_sequential_scans`` and its siblings change PostgreSQL's planning for the rest of
+    one transaction: the same pooled connection plans as usual afterwards; on SQLite they
+    run nothing."""
+    from sqlalchemy import event
+
+    from modalscope.models.dialect import index_by_bitmap, no_sequential_scans, plan_for_parameters
+
+    ran: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda c, cur, stmt, *a: ran.append(stmt))
+    with engine.connect() as conn:
+        for setting in (no_sequential_scans, index_by_bitmap, plan_for_parameters):
+            setting(conn)
+        if engine.dialect.name != "postgresql":
+            assert ran == []
+            return
+        assert conn.exec_driver_sql("SHOW enable_seqscan").scalar_one() == "off"
+        conn.commit()  # (a plain SET would outlive the commit)
+        assert [conn.exec_driver_sql(f"SHOW {name}").scalar_one()
+                for name in ("enable_seqscan", "enable_indexscan", "plan_cache_mode")] == ["on", "on", "auto"]

@@ -128,9 +128,9 @@ class Trace(Base):
     __table_args__ = (
         Index(None, "start_ns"),
         Index(None, "pending", "last_seen_ns"),
-        Index(None, "duration_ns"),  # slowest traces first, walked backwards
-        # An input type's slowest traces (the Stages page's P99 tail), the window checked in the index.
-        Index("ix_traces_input_type_tail", "input_type", "duration_ns", "start_ns"),
+        # Slowest traces first, walked backwards; an input type's tail (the Stages page's P99)
+        # with its window checked in the index.
+        Index("ix_traces_duration_tail", "duration_ns", "input_type", "start_ns"),
     )
 
 

@@ -74,15 +74,14 @@ def _band(conn, lo_ns: int, hi_ns: int, filters: Filters, input_type: str | None
     contributions) starting in [lo_ns, hi_ns), at least ``min_ns`` long (of ``input_type``
     unless None). ``by_duration``: read through a duration index (the slow tail of every
     stored trace, of the input type) rather than the ``start_ns`` one (every trace of the
-    window); ``+ 0`` and ``|| ''`` keep the planner off the other indexes. (An input type's
-    tail index holds ``start_ns``: the window is checked in it, an index condition on
-    PostgreSQL.)"""
-    start = Trace.start_ns + 0 if by_duration and input_type is None else Trace.start_ns
+    window); ``+ 0`` keeps the planner off the other index. (The duration index holds the
+    input type and start: those are checked in it, before the table.)"""
+    start = Trace.start_ns + 0 if by_duration else Trace.start_ns
     conds = [start >= lo_ns, start < hi_ns, Trace.contributions.is_not(None)]
     if min_ns > 0:
         conds.append(Trace.duration_ns >= min_ns if by_duration else Trace.duration_ns + 0 >= min_ns)
     if input_type is not None:
-        conds.append(Trace.input_type == input_type if by_duration else Trace.input_type.concat("") == input_type)
+        conds.append(Trace.input_type == input_type)
     if filters.service:
         conds.append(Trace.root_service == filters.service)  # the trace series' service
     return [(t, int(d)) for t, d in conn.execute(select(Trace.trace_id, Trace.duration_ns).where(*conds))]

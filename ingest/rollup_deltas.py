@@ -4,11 +4,13 @@ from) the minute and hourly rollups in one transaction."""
 from __future__ import annotations
 
 import numpy as np
-from sqlalchemy import Connection, bindparam, delete
+from sqlalchemy import Connection, delete
 
 from ..models import HourlyRollup, Rollup, sketch
-from ..models.dialect import keys_clause, rows_with_keys, supports_skip_locked
+from ..models.dialect import keys_clause, rows_with_keys, supports_skip_locked, update_many, write_many
 
+# A rollup row's values, as ``_apply_tier`` writes them after its key.
+_VALUES = ["count", "error_count", "sum_ns", "sketch"]
 # One record a contribution, as a trace row stores them (``traces.contributions``).
 CONTRIB_DTYPE = np.dtype([("series", "<i4"), ("minute", "<i4"), ("value", "<i8"), ("err", "u1")])
 
@@ -60,48 +62,53 @@ def _apply_tier(conn: Connection, model, time_col: str, series: np.ndarray, minu
         chunk = sorted(pairs[i : i + 400])
         for r in rows_with_keys(conn, model.__table__, time_col, chunk, lock=lock):
             existing[(r[time_col], r["series_id"])] = r
-    inserts = []
-    updates = []
+    # Each row's new sketch: its stored entries and the deltas, summed per key, in one pass
+    # over every row of the batch (a dense 4,096-bucket array a row cost most of a settle).
+    n = len(pairs)
+    count = d_count.copy()
+    err = d_err.copy()
+    total = d_sum.copy()
+    stored = np.zeros(n, dtype=bool)
+    old_g: list[np.ndarray] = []
+    old_k: list[np.ndarray] = []
+    old_c: list[np.ndarray] = []
+    for gi, key in enumerate(pairs):
+        old = existing.get(key)
+        if old is None:
+            continue
+        stored[gi] = True
+        ok, oc = sketch.decode(old["sketch"])
+        old_g.append(np.full(len(ok), gi, dtype=np.int64))
+        old_k.append(ok)
+        old_c.append(oc)
+        count[gi] += old["count"]
+        err[gi] += old["error_count"]
+        total[gi] += old["sum_ns"]
+    entry = np.concatenate(old_g + [cell_group]) * sketch.NUM_KEYS + np.concatenate(old_k + [cell_key])
+    entries, entry_inv = np.unique(entry, return_inverse=True)  # by row, then key
+    summed = np.zeros(len(entries), dtype=np.int64)
+    np.add.at(summed, entry_inv, np.concatenate(old_c + [cell_counts]).astype(np.int64))
+    kept = summed > 0  # (a count taken below zero is clipped to none)
+    pairs_of_rows = np.empty((int(kept.sum()), 2), dtype="<i4")
+    pairs_of_rows[:, 0] = entries[kept] % sketch.NUM_KEYS
+    pairs_of_rows[:, 1] = summed[kept]
+    blob = pairs_of_rows.tobytes()
+    ends = np.searchsorted(entries[kept] // sketch.NUM_KEYS, np.arange(n + 1)) * 8  # 8 bytes an entry
+    inserts: list[tuple] = []
+    updates: list[tuple] = []
     deletes = []
     for gi, (minute, sid) in enumerate(pairs):
-        ks = cell_key[bounds[gi] : bounds[gi + 1]]
-        cs = cell_counts[bounds[gi] : bounds[gi + 1]]
-        old = existing.get((minute, sid))
-        if old is None:
-            dense = np.zeros(sketch.NUM_KEYS, dtype=np.int64)
-            count, err, total = 0, 0, 0
-        else:
-            dense = np.zeros(sketch.NUM_KEYS, dtype=np.int64)
-            ok, oc = sketch.decode(old["sketch"])
-            dense[ok] = oc
-            count, err, total = old["count"], old["error_count"], old["sum_ns"]
-        np.add.at(dense, ks, cs)
-        np.clip(dense, 0, None, out=dense)
-        count += int(d_count[gi])
-        err += int(d_err[gi])
-        total += int(d_sum[gi])
-        row = {time_col: minute, "series_id": sid, "count": max(count, 0), "error_count": max(err, 0),
-               "sum_ns": max(total, 0), "sketch": sketch.encode_dense(dense)}
-        if old is None:
-            if count > 0:
-                inserts.append(row)
-        elif count <= 0:
+        c = int(count[gi])
+        values = (max(c, 0), max(int(err[gi]), 0), max(int(total[gi]), 0), blob[ends[gi] : ends[gi + 1]])
+        if not stored[gi]:
+            if c > 0:
+                inserts.append((minute, sid, *values))
+        elif c <= 0:
             deletes.append((minute, sid))
         else:
-            updates.append(row)
-    if inserts:
-        conn.execute(model.__table__.insert(), inserts)
-    if updates:
-        t = model.__table__
-
-        conn.execute(
-            t.update()
-            .where(t.c[time_col] == bindparam("b_time"), t.c.series_id == bindparam("b_series_id"))
-            .values(count=bindparam("count"), error_count=bindparam("error_count"),
-                    sum_ns=bindparam("sum_ns"), sketch=bindparam("sketch")),
-            [{"b_time": u[time_col], "b_series_id": u["series_id"], "count": u["count"],
-              "error_count": u["error_count"], "sum_ns": u["sum_ns"], "sketch": u["sketch"]} for u in updates],
-        )
+            updates.append((*values, minute, sid))
+    write_many(conn, model.__table__, [time_col, "series_id", *_VALUES], inserts)
+    update_many(conn, model.__table__, _VALUES, [time_col, "series_id"], updates)
     for i in range(0, len(deletes), 400):
         conn.execute(delete(model).where(keys_clause(conn, model.__table__, time_col, deletes[i : i + 400])))
     return len(pairs)

@@ -1,9 +1,11 @@
-"""What each cache layer buys: the dashboard's reads with layers turned off.
+"""What each cache layer buys: the dashboard's reads with one layer turned off at a time.
 
 The layers between a request and the minute rollups, turned off here by patching the code
 that consults them (the store is not changed):
 
-* ``hour tier``: hourly rollups for a window's whole hours (read as minutes instead);
+* ``quarter tier``: 15-minute rollups, which charts at 15- and 30-minute steps read for
+  their whole quarters (read as minutes instead);
+* ``hour tier``: hourly rollups for a window's whole hours (read as minutes and quarters);
 * ``hour packs``: a closed hour of a kind's minute rollups as one blob, which the detectors
   and the heatmap read (``models/packs.py``; read as minute rows instead);
 * ``pack cache``: the worker's in-process copy of decoded packs (``packs.PackCache``);
@@ -47,6 +49,14 @@ def _patched(target, name: str, value) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def no_quarters() -> Iterator[None]:
+    from modalscope.models.reader import tiers
+
+    with _patched(tiers, "_split_quarters", lambda first, last: ([(first, last)], None)):
+        yield
+
+
+@contextlib.contextmanager
 def no_hours() -> Iterator[None]:
     import modalscope.models.reader as reader_pkg
     from modalscope.app.queries import cache as cache_queries
@@ -54,12 +64,12 @@ def no_hours() -> Iterator[None]:
 
     real = tiers.tier_plan
 
-    def minutes_only(start_ns, end_ns, minutes_kept_from=None, *, hours=True):
+    def minutes_and_quarters(start_ns, end_ns, minutes_kept_from=None, *, hours=True):
         return real(start_ns, end_ns, minutes_kept_from, hours=False)
 
     with contextlib.ExitStack() as stack:
         for module in (tiers, rollups, reader_pkg, cache_queries):
-            stack.enter_context(_patched(module, "tier_plan", minutes_only))
+            stack.enter_context(_patched(module, "tier_plan", minutes_and_quarters))
         yield
 
 
@@ -81,6 +91,7 @@ def no_pack_cache() -> Iterator[None]:
 
 VARIANTS: tuple[tuple[str, Callable], ...] = (
     ("every layer", contextlib.nullcontext),
+    ("no quarter tier", no_quarters),
     ("no hour tier", no_hours),
     ("no hour packs", no_packs),
     ("no pack cache", no_pack_cache),
@@ -113,6 +124,7 @@ def _calls(app, client, window) -> list[tuple[str, Callable]]:
         ("pair heatmap", lambda: queries.pair_heatmap(reader, window, Filters())),
         ("traffic series (chart)", lambda: queries.traffic_series(reader, window, Filters(), step)),
         ("percentile series (chart)", lambda: queries.percentile_series(reader, window, Filters(), step)),
+        ("stage series (chart)", lambda: queries.stage_series(reader, window, Filters(), step)),
         ("findings.find (nothing stored)", lambda: findings.find(reader, window, Filters(), Thresholds())),
     ]
 

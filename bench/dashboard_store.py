@@ -14,7 +14,7 @@ import time
 import benchlib as bl
 
 SPANS_PER_TRACE = 27.3  # the demo's average (217,724 spans in 7,983 traces)
-COPY_TABLES = ("series", "spans", "pair_calls", "traces", "rollups", "rollups_hourly", "cursors")
+COPY_TABLES = ("series", "spans", "pair_calls", "traces", "rollups", "rollups_15m", "rollups_hourly", "cursors")
 
 
 def default_db(spans: int) -> str:

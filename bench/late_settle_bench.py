@@ -5,7 +5,7 @@
 Copies the store (``dashboard_bench.py``'s, filled there; the copy is removed at the end),
 writes ``--traces`` traces (gateway -> vision encoder -> fusion -> llm, 7 spans each) at
 random times over the day before its newest span, and times ``settle``: each trace touches
-minute and hourly rollup rows already there, spread over the whole day — what a
+minute, quarter-hour and hourly rollup rows already there, spread over the whole day — what a
 collector's retried batch or a Cloud Trace backfill does to a store that has been running.
 """
 

@@ -9,7 +9,7 @@ import orjson
 from sqlalchemy import Engine, bindparam, delete, func, select, update
 
 from ..models import changes
-from ..models import PAIR_CALLS_CURSOR, Cursor, HourlyRollup, PairCall, Rollup, Span, Trace
+from ..models import PAIR_CALLS_CURSOR, Cursor, HourlyRollup, PairCall, QuarterRollup, Rollup, Span, Trace
 from ..core.spans import SpanRecord
 from .settle import settle
 from .stages import StageRules
@@ -92,6 +92,7 @@ def retag(engine: Engine, rules: StageRules, progress: Callable[[int], None] | N
             progress(len(rows))
     with engine.begin() as conn:
         conn.execute(delete(Rollup))
+        conn.execute(delete(QuarterRollup))
         conn.execute(delete(HourlyRollup))
         changes.record_everything(conn)
         # Every trace is settled again below, so pair_calls becomes complete for all of them.

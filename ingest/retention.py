@@ -19,7 +19,7 @@ from typing import Callable
 from sqlalchemy import Engine, delete, exists, func, select
 
 from ..models import changes
-from ..models import (MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, LinkWait, PairCall, Rollup,
+from ..models import (MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, LinkWait, PairCall, QuarterRollup, Rollup,
                       Series, Span, Trace)
 from ..durations import DAY_NS as NS_PER_DAY, HOUR_NS, MINUTE_NS
 
@@ -49,11 +49,12 @@ class PruneResult:
     spans: int = 0
     traces: int = 0
     minute_rollups: int = 0
+    quarter_rollups: int = 0
     hourly_rollups: int = 0
     series: int = 0
 
     def total(self) -> int:
-        return (self.spans + self.traces + self.minute_rollups + self.hourly_rollups
+        return (self.spans + self.traces + self.minute_rollups + self.quarter_rollups + self.hourly_rollups
                 + self.series)
 
 
@@ -139,6 +140,13 @@ def prune(engine: Engine, policy: RetentionPolicy, *, now_ns: int | None = None,
             select(Rollup.minute, Rollup.series_id).where(Rollup.minute < cut["minute"]).order_by(Rollup.minute),
             lambda conn, keys: _delete_keyed(conn, Rollup, "minute", keys),
             batch, pause, should_stop, progress)
+        # Quarter hours live as long as minutes (a chart reads them only where minutes are kept).
+        out.quarter_rollups = _batched(
+            engine,
+            select(QuarterRollup.quarter, QuarterRollup.series_id).where(QuarterRollup.quarter < cut["minute"] // 15)
+            .order_by(QuarterRollup.quarter),
+            lambda conn, keys: _delete_keyed(conn, QuarterRollup, "quarter", keys),
+            batch, pause, should_stop, progress)
     if cut["hour"] is not None:
         out.hourly_rollups = _batched(
             engine,
@@ -168,6 +176,7 @@ def _unused_series(below_id: int):
     return (Series.id < below_id,
             ~exists().where(HourlyRollup.series_id == Series.id),
             ~exists().where(Rollup.series_id == Series.id),
+            ~exists().where(QuarterRollup.series_id == Series.id),
             ~exists().where(PairCall.series_id == Series.id))
 
 

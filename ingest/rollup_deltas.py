@@ -1,12 +1,12 @@
 """Rollup deltas: a settled trace's contributions added to (or, on a re-settle, taken back
-from) the minute and hourly rollups in one transaction."""
+from) the minute, quarter-hour and hourly rollups in one transaction."""
 
 from __future__ import annotations
 
 import numpy as np
 from sqlalchemy import Connection, delete
 
-from ..models import HourlyRollup, Rollup, sketch
+from ..models import HourlyRollup, QuarterRollup, Rollup, sketch
 from ..models.dialect import keys_clause, rows_with_keys, supports_skip_locked, update_many, write_many
 
 # A rollup row's values, as ``_apply_tier`` writes them after its key.
@@ -22,14 +22,15 @@ def unpack_contributions(blob: bytes | None) -> np.ndarray:
 
 def apply_contributions(conn: Connection, series: np.ndarray, minutes: np.ndarray,
                         values: np.ndarray, errs: np.ndarray, signs: np.ndarray) -> int:
-    """Add (sign +1) or subtract (-1) histogram entries to the minute and hourly
-    rollups, in the caller's transaction; returns minute rows touched.
+    """Add (sign +1) or subtract (-1) histogram entries to the minute, quarter-hour and
+    hourly rollups, in the caller's transaction; returns minute rows touched.
 
-    Every tier takes the same deltas, so an hour is always exactly the sum of its minutes,
+    Every tier takes the same deltas, so an hour (a quarter) is always exactly the sum of its minutes,
     a late span's re-settle included (minute rows past MODALSCOPE_MINUTE_ROLLUP_DAYS are
     gone by then, and a delta for a missing row with nothing to add creates nothing).
     """
     touched = _apply_tier(conn, Rollup, "minute", series, minutes, values, errs, signs)
+    _apply_tier(conn, QuarterRollup, "quarter", series, minutes // 15, values, errs, signs)
     _apply_tier(conn, HourlyRollup, "hour", series, minutes // 60, values, errs, signs)
     return touched
 

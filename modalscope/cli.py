@@ -34,7 +34,7 @@ def cmd_db_prune(args) -> int:
     finally:
         engine.dispose()
     print(f"deleted {result.spans:,} spans and {result.traces:,} traces older than {policy.span_days:g} days, "
-          f"{result.minute_rollups:,} minute rollup rows older than "
+          f"{result.minute_rollups:,} minute and {result.quarter_rollups:,} quarter-hour rollup rows older than "
           f"{policy.minute_rollup_days:g} days, "
           f"{result.hourly_rollups:,} hourly rollup rows older than {policy.hourly_rollup_days:g} days")
     return 0

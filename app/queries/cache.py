@@ -96,9 +96,9 @@ def _rates_buckets(counted: Iterable[tuple[int, str, str | None, int, int]], sta
                    step_minutes: int) -> list[dict]:
     step = max(1, int(step_minutes))
     step_ns = step * _NS_MIN
-    # Steps of whole quarter hours lie on the clock's grid (as the percentile charts'
-    # steps: ``reader.rollups.steps``), so an hourly rollup row falls in one bucket;
-    # shorter steps start at the window's first minute.
+    # Steps of whole quarter hours lie on a grid of their own (as the percentile charts'
+    # steps: ``reader.rollups.steps``), so hourly and quarter rollup rows fall in one
+    # bucket each; shorter steps start at the window's first minute.
     origin = 0 if step % 15 == 0 else start_ns // _NS_MIN * _NS_MIN
     counts: dict[tuple[int, str, str | None], list[int]] = {}
     for t, cache, group, h, m in counted:
@@ -215,9 +215,9 @@ def cache_rollup_cells(rows: Iterable[tuple], untagged_rows: Iterable[tuple], gr
 
 
 def _cache_plan(lo_ns: int, hi_ns: int, step_minutes: int | None, kept_from: int | None) -> TierPlan | None:
-    """Which rollup rows answer the whole minutes ``[lo, hi)`` of a cache view: hourly rows
-    where each falls wholly in one ``step_minutes`` bucket (steps of whole hours, or no step:
-    a table over the window), minute rows otherwise.
+    """Which rollup rows answer the whole minutes ``[lo, hi)`` of a cache view: the coarsest
+    tier whose rows fall wholly in one ``step_minutes`` bucket (``_rates_buckets``: steps of
+    whole quarters lie on a quarter-aligned grid; no step, a table over the window: hours).
     A window reaching before the minute rows retention keeps (``kept_from``) is rounded out
     to whole hours there, as every rollup view is, when its step allows hours; else None
     (its raw spans answer it)."""
@@ -225,14 +225,14 @@ def _cache_plan(lo_ns: int, hi_ns: int, step_minutes: int | None, kept_from: int
     hours = step is None or step % 60 == 0
     if kept_from is not None and lo_ns // _NS_MIN < kept_from:
         return tier_plan(lo_ns, hi_ns, kept_from) if hours else None
-    if hours:
-        return tier_plan(lo_ns, hi_ns)
+    if hours or step % 15 == 0:
+        return tier_plan(lo_ns, hi_ns, hours=hours)
     return TierPlan(((lo_ns // _NS_MIN, hi_ns // _NS_MIN),), (0, 0))
 
 
 def _plan_bounds(plan: TierPlan) -> tuple[int, int]:
     """First and end minute a tier plan's rows cover (rounding out included)."""
-    spans = list(plan.minute_ranges)
+    spans = [(a, b) for a, b in plan.minute_ranges] + [(a * 15, b * 15) for a, b in plan.quarter_ranges]
     if plan.hours[1] > plan.hours[0]:
         spans.append((plan.hours[0] * 60, plan.hours[1] * 60))
     return min(a for a, _ in spans), max(b for _, b in spans)
@@ -241,8 +241,8 @@ def _plan_bounds(plan: TierPlan) -> tuple[int, int]:
 def _cache_lookups(reader: StoreReader, window: Window, group_by: str | None, cache: str | None,
                    rollups: bool, step_minutes: int | None = None) -> list[tuple[int, str, str | None, int, int]]:
     """The window's lookups as ``(t_ns, cache, group, hits, misses)``: its whole minutes from
-    the rollups when ``cache_rollup_cells`` can answer them — whole hours from the hourly
-    tier where every row falls in one ``step_minutes`` bucket (a week is
+    the rollups when ``cache_rollup_cells`` can answer them — whole hours and quarter hours
+    from the coarser tiers where every row falls in one ``step_minutes`` bucket (a week is
     168 hourly rows a series, not 10,080 minute rows; ``_cache_plan``) — the ragged edges
     (and everything otherwise) from the raw spans. The checks of ``cache_rollup_cells`` hold
     per tier row as they do per minute: a tier row is the sum of its minutes' rows (except

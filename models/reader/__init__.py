@@ -24,7 +24,7 @@ What they share is no base class but what each holds or calls:
 * ``base``: ``ReadContext`` (the engine, the autocommit engine reads go through on
   PostgreSQL, the pack cache), ``Filters``, and ``series_filter``, ``services_in`` and
   ``minutes_kept_from`` over a connection;
-* ``tiers``: which minute and hourly rows answer a window (``TierPlan``, ``tier_plan``,
+* ``tiers``: which minute, quarter-hour and hourly rows answer a window (``TierPlan``, ``tier_plan``,
   ``plan_tiers``), their ``UNION ALL`` reads (``series_rows``, ``rows_of_series``) and the
   merge into ``RollupGroup``s;
 * ``walks``: what the span, attribute and call readers share (``long_window``, walking a

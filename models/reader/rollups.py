@@ -43,8 +43,21 @@ class RollupReader:
                                       [getattr(Series, d) for d in q.group_by],
                                       [(Rollup, first, last)])
 
+    def _quarter_rows(self, q: RollupQuery) -> list[tuple] | None:
+        """``(minute, ...)`` rows covering the window: quarter-hour rows (minute = the
+        quarter's first) for its whole quarters, minute rows at its edges; None when the
+        window reaches before the minutes retention keeps (quarters go with them)."""
+        first, _ = minute_range(q.start_ns, q.end_ns)
+        with self._ctx.reads.connect() as conn:
+            series, kept = series_and_kept_from(conn, series_filter(q.kind, q.filters),
+                                                [getattr(Series, d) for d in q.group_by])
+            if kept is not None and first < kept:
+                return None
+            plan = tier_plan(q.start_ns, q.end_ns, hours=False)
+            return rows_of_series(conn, series, plan_tiers(plan))
+
     def minutes_kept_from(self) -> int | None:
-        """The oldest minute whose minute rollups retention keeps; None
+        """The oldest minute whose minute (and quarter-hour) rollups retention keeps; None
         when nothing was ever pruned."""
         with self._ctx.reads.connect() as conn:
             return minutes_kept_from(conn)
@@ -52,8 +65,8 @@ class RollupReader:
     def rows_of_plan(self, kind: str, plan: TierPlan, dims: tuple[str, ...], filters: Filters | None = None,
                      sketches: bool = True) -> list[tuple]:
         """``(minute, count, error_count, sum_ns, sketch, *dims)`` rows of a ``tier_plan``:
-        minute and hourly rows, each row's minute the first of its minute or hour
-        (``sketches`` False: None for the blob)."""
+        minute, quarter-hour and hourly rows, each row's minute the first of its minute,
+        quarter or hour (``sketches`` False: None for the blob)."""
         with self._ctx.reads.connect() as conn:
             return series_rows(conn, series_filter(kind, filters or Filters()),
                                [getattr(Series, d) for d in dims], plan_tiers(plan), sketches=sketches)
@@ -83,7 +96,7 @@ class RollupReader:
 
     def _tiered_rows(self, kind: str, filters: Filters, start_ns: int, end_ns: int, cols: list) -> list[tuple]:
         """``(minute, count, error_count, sum_ns, sketch, *cols)`` rows covering the window:
-        minute rows at the edges, hourly rows (minute = the hour's first) in
+        minute and quarter-hour rows at the edges, hourly rows (minute = the hour's first) in
         between."""
         with self._ctx.reads.connect() as conn:
             series, kept = series_and_kept_from(conn, series_filter(kind, filters), cols)
@@ -115,11 +128,14 @@ class RollupReader:
             # Whole-hour steps on an hour-aligned grid: whole hours come from the hourly tier.
             rows = self._tiered_rows(q.kind, q.filters, q.start_ns, q.end_ns, [getattr(Series, d) for d in q.group_by])
             return _merge((tuple(r[5:]) + (r[0] - r[0] % step,), r[1], r[2], r[3], r[4]) for r in rows)
+        if step % 15 == 0:
+            # Steps of whole quarter hours on a quarter-aligned grid: whole quarters from the
+            # quarter-hour tier, the window's ragged edges from minutes.
+            rows = self._quarter_rows(q)
+            if rows is not None:
+                return _merge((tuple(r[5:]) + (r[0] - r[0] % step,), r[1], r[2], r[3], r[4]) for r in rows)
         first, rows = self._minute_rows(q)
-        # Steps of whole quarter hours lie on the clock's grid (as the cache view's buckets);
-        # shorter ones start at the window's first minute.
-        origin = 0 if step % 15 == 0 else first
-        return _merge((tuple(r[5:]) + (r[0] - (r[0] - origin) % step,), r[1], r[2], r[3], r[4]) for r in rows)
+        return _merge((tuple(r[5:]) + (r[0] - (r[0] - first) % step,), r[1], r[2], r[3], r[4]) for r in rows)
 
     def series_values(self) -> dict[str, list]:
         """Known dimension values for filter pickers: services, (caller, callee) pairs, stages, input types."""

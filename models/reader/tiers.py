@@ -1,4 +1,4 @@
-"""Rollup tiers: which minute and hourly rows answer a window (``tier_plan``,
+"""Rollup tiers: which minute, quarter-hour and hourly rows answer a window (``tier_plan``,
 ``plan_tiers``), the ``UNION ALL`` statement that reads them, the reads of a set of series'
 rows from the tiers (``series_rows``, ``series_and_kept_from``, ``rows_of_series``: plain
 functions over a connection, shared by the rollup and span readers), and the merge of rows
@@ -12,7 +12,7 @@ import functools
 
 from sqlalchemy import bindparam, null, select, union_all
 
-from .. import MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, Rollup, Series
+from .. import MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, QuarterRollup, Rollup, Series
 from ..sketch import Histogram, merge_blobs
 from .base import NS_PER_MINUTE, _raw_rows, minutes_kept_from
 
@@ -35,20 +35,36 @@ def minute_range(start_ns: int, end_ns: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class TierPlan:
-    """Which rollup rows answer a window: minute rows for the ragged edges, hourly rows for
-    the whole hours between (minute ranges ``[m0, m1)``, hours ``[h0, h1)``)."""
+    """Which rollup rows answer a window: minute rows for the ragged edges, quarter-hour
+    rows for the whole quarters of those edges, hourly rows for the whole hours between
+    (minute ranges ``[m0, m1)``, quarter ranges ``[q0, q1)``, hours ``[h0, h1)``)."""
 
     minute_ranges: tuple[tuple[int, int], ...]
     hours: tuple[int, int]
+    quarter_ranges: tuple[tuple[int, int], ...] = ()
+
+
+def _split_quarters(first: int, last: int) -> tuple[list[tuple[int, int]], tuple[int, int] | None]:
+    """Minutes ``[first, last)`` as (edge minute ranges, whole quarters ``[q0, q1)`` or None)."""
+    q0, q1 = -(-first // 15), last // 15
+    if q1 <= q0:
+        return [(first, last)], None
+    edges = []
+    if first < q0 * 15:
+        edges.append((first, q0 * 15))
+    if q1 * 15 < last:
+        edges.append((q1 * 15, last))
+    return edges, (q0, q1)
 
 
 def tier_plan(start_ns: int, end_ns: int, minutes_kept_from: int | None = None, *, hours: bool = True) -> TierPlan:
-    """Pure: split the window's minutes ``minute_range(start, end)`` into whole hours and
-    edge minutes: a day ending at 13:07 reads 23 hours and 60 minutes a series instead of
-    1,440 minutes. ``hours=False`` reads minutes only (charts whose steps are shorter than
-    an hour). ``minutes_kept_from`` is the oldest minute whose minute rows are still kept
-    (MODALSCOPE_MINUTE_ROLLUP_DAYS); an edge older than that is answered by its whole hour
-    instead, so old windows are rounded outwards to hours."""
+    """Pure: split the window's minutes ``minute_range(start, end)`` into whole hours, whole
+    quarter hours at the edges and edge minutes: a day ending at 13:07 reads 23 hours, at
+    most 6 quarters and 28 minutes a series instead of up to 118 minutes. ``hours=False``
+    stops at quarters (15- and 30-minute chart steps). ``minutes_kept_from`` is the oldest
+    minute whose minute rows are still kept (MODALSCOPE_MINUTE_ROLLUP_DAYS; quarter rows go
+    with them); an edge older than that is answered by its whole hour instead, so old
+    windows are rounded outwards to hours."""
     first, last = minute_range(start_ns, end_ns)
     if last <= first:
         return TierPlan((), (0, 0))
@@ -71,13 +87,21 @@ def tier_plan(start_ns: int, end_ns: int, minutes_kept_from: int | None = None, 
                 h1 += 1
             else:
                 edges.append((h1 * 60, last))
-    return TierPlan(tuple(edges), (h0, h1))
+    minutes: list[tuple[int, int]] = []
+    quarters: list[tuple[int, int]] = []
+    for a, b in edges:
+        m, q = _split_quarters(a, b)
+        minutes.extend(m)
+        if q is not None:
+            quarters.append(q)
+    return TierPlan(tuple(minutes), (h0, h1), tuple(quarters))
 
 
 def plan_tiers(plan: TierPlan) -> list[tuple[type, int, int]]:
     """``(model, t0, t1)`` per rollup table range of a plan, in that table's time unit
-    (minutes, hours)."""
+    (minutes, quarter hours, hours)."""
     tiers: list[tuple[type, int, int]] = [(Rollup, m0, m1) for m0, m1 in plan.minute_ranges]
+    tiers += [(QuarterRollup, q0, q1) for q0, q1 in plan.quarter_ranges]
     h0, h1 = plan.hours
     if h1 > h0:
         tiers.append((HourlyRollup, h0, h1))
@@ -87,11 +111,13 @@ def plan_tiers(plan: TierPlan) -> list[tuple[type, int, int]]:
 #: Each rollup table's time column, and the expression that gives a row's first minute.
 #: (Statements are shared between threads and engines: SQLAlchemy compiles them per dialect.)
 _TIER_TIME = {Rollup: (Rollup.minute, Rollup.minute),
+              QuarterRollup: (QuarterRollup.quarter, QuarterRollup.quarter * 15),
               HourlyRollup: (HourlyRollup.hour, HourlyRollup.hour * 60)}
 #: The minutes retention boundary (``base.minutes_kept_from``) as a subquery.
 _KEPT_FROM = select(Cursor.position).where(Cursor.name == MINUTE_BOUNDARY_CURSOR).scalar_subquery()
-#: Rollup tier ranges read by one ``UNION ALL`` (a window has at most three: two ragged
-#: minute edges and its hours; the detectors' minute rows between packed hours can have more).
+#: Rollup tier ranges read by one ``UNION ALL`` (a window has at most five: two ragged
+#: minute edges, two quarter-hour runs and its hours; the detectors' minute rows between
+#: packed hours can have more).
 TIERS_PER_STATEMENT = 8
 
 

@@ -18,7 +18,7 @@ from modalscope.core.spans import SpanRecord
 from modalscope.ingest.settle import CACHE_TAG_VALUES, settle
 from modalscope.ingest.settle_fast import CACHE_MAX_TAGS
 from modalscope.ingest.writer import write_spans
-from modalscope.models import MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, Rollup, Series
+from modalscope.models import MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, QuarterRollup, Rollup, Series
 from modalscope.models.reader import StoreReader
 
 MIN = 60_000_000_000
@@ -179,7 +179,7 @@ def test_lookups_settled_before_total_series_are_read_raw(store, monkeypatch):
     with store.engine.begin() as conn:
         ids = select(Series.id).where(Series.kind == "cache", Series.caller == "", Series.callee == "",
                                       Series.name == "kv")
-        for model in (Rollup, HourlyRollup):
+        for model in (Rollup, QuarterRollup, HourlyRollup):
             conn.execute(delete(model).where(model.series_id.in_(ids)))
     calls = RawCalls(store, monkeypatch)
     ours = queries.cache_rates(store, ALIGNED, None)
@@ -230,7 +230,7 @@ def test_group_by_is_a_whole_key():
 
 
 # A long store: 200 minutes from a whole hour, a window with ragged edges around two whole
-# hours (minutes 8..187 of the store are its whole minutes).
+# hours and whole quarters on each side (minutes 8..187 of the store are its whole minutes).
 H0 = 483_334 * 60 * MIN
 LONG = Window(H0 + 7 * MIN + 17_000_000_000, H0 + 188 * MIN + 5_123_456_789)
 WHOLE = range(8, 188)
@@ -270,14 +270,14 @@ def test_long_windows_answer_as_the_raw_spans(long_store):
 
 
 @pytest.mark.parametrize("step,minutes", [
-    (None, set(range(8, 60)) | {60, 120} | set(range(180, 188))),  # the table: whole hours
-    (180, set(range(8, 60)) | {60, 120} | set(range(180, 188))),
-    (30, set(WHOLE)),  # minute rows: an hour would straddle two 30-minute steps
-    (15, set(WHOLE)),
-    (5, set(WHOLE)),
+    (None, set(range(8, 15)) | {15, 30, 45, 60, 120} | set(range(180, 188))),  # the table: hours
+    (180, set(range(8, 15)) | {15, 30, 45, 60, 120} | set(range(180, 188))),
+    (30, set(range(8, 15)) | set(range(15, 180, 15)) | set(range(180, 188))),  # quarters, no hours
+    (15, set(range(8, 15)) | set(range(15, 180, 15)) | set(range(180, 188))),
+    (5, set(WHOLE)),  # minute rows only: a quarter would straddle two 5-minute steps
     (0, set(WHOLE)),  # (read as one minute, as the buckets read it)
 ])
-def test_long_windows_read_hours_where_a_step_allows(long_store, monkeypatch, step, minutes):
+def test_long_windows_read_the_coarsest_tier_a_step_allows(long_store, monkeypatch, step, minutes):
     cells, calls = CellRows(monkeypatch), RawCalls(long_store, monkeypatch)
     if step is None:
         rows = queries.cache_rates(long_store, LONG, "user_tier")

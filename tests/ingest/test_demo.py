@@ -33,7 +33,7 @@ from modalscope.core.spans import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIN
 from modalscope.ingest.settle import settle
 from modalscope.ingest.rules_file import default_rules
 from modalscope.ingest.traces import effective_stages, input_type_of, trace_calls
-from modalscope.models import HourlyRollup, Rollup, Series, Span, Trace
+from modalscope.models import HourlyRollup, QuarterRollup, Rollup, Series, Span, Trace
 from modalscope.models.engine import make_engine
 from modalscope.settings import Settings
 from tests.test_cli import run
@@ -591,7 +591,7 @@ def test_two_runs_with_one_seed_store_identical_data(engine, db_url):
         app.extensions["modalscope"]["engine"].dispose()
     assert {(r["caller"], r["callee"]) for r in rows} == EXPECTED_PAIRS
     with engine.begin() as conn:
-        for table in (Rollup, HourlyRollup, Trace, Span):  # series ids stay (the settler caches them)
+        for table in (Rollup, QuarterRollup, HourlyRollup, Trace, Span):  # series ids stay (the settler caches them)
             conn.execute(delete(table))
     # (generated in a child process this time, as large fills are: the same data)
     second = demo.fill(engine, TINY, background=True)

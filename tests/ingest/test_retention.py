@@ -15,7 +15,7 @@ from modalscope.app import queries
 from modalscope.ingest.retention import NS_PER_DAY, PruneSchedule, RetentionPolicy, cutoffs, prune
 from modalscope.ingest.settle import settle
 from modalscope.ingest.writer import write_spans
-from modalscope.models import HourlyRollup, Rollup, Span, Trace
+from modalscope.models import HourlyRollup, QuarterRollup, Rollup, Span, Trace
 from modalscope.models.reader import Filters, StoreReader
 from tests.factories import multimodal_trace
 
@@ -63,8 +63,10 @@ def test_prune_deletes_only_what_is_past_retention_in_small_batches(engine):
         assert not left & old_ids and len(left) == 10
         # Minute rollups past two days are gone; the hourly ones (90 days) all stay.
         oldest_minute = conn.execute(select(func.min(Rollup.minute))).scalar_one()
+        oldest_quarter = conn.execute(select(func.min(QuarterRollup.quarter))).scalar_one()
     assert oldest_minute >= (now - 2 * NS_PER_DAY) // 60_000_000_000
-    assert result.minute_rollups > 0 and result.hourly_rollups == 0
+    assert oldest_quarter >= (now - 2 * NS_PER_DAY) // 60_000_000_000 // 15  # quarters go with the minutes
+    assert result.minute_rollups > 0 and result.quarter_rollups > 0 and result.hourly_rollups == 0
     assert _count(engine, HourlyRollup) == hourly_before
     # Pruning again finds nothing.
     assert prune(engine, RetentionPolicy(7, 2, 90), now_ns=now, batch=7, pause=0).total() == 0

@@ -11,7 +11,7 @@ from sqlalchemy import func, select, text
 
 from modalscope.ingest.settle import settle
 from modalscope.ingest.writer import write_spans
-from modalscope.models import HourlyRollup, Rollup
+from modalscope.models import HourlyRollup, QuarterRollup, Rollup
 from modalscope.models.reader import Filters, RollupQuery, StoreReader, TierPlan, minute_range, tier_plan
 from modalscope.models.sketch import decode, merge_blobs
 from tests.factories import multimodal_trace
@@ -26,16 +26,19 @@ def _covered(plan: TierPlan) -> list[int]:
     covered = []
     for m0, m1 in plan.minute_ranges:
         covered += range(m0, m1)
+    for q0, q1 in plan.quarter_ranges:
+        covered += range(q0 * 15, q1 * 15)
     covered += range(plan.hours[0] * 60, plan.hours[1] * 60)
     return sorted(covered)
 
 
-def test_plan_splits_a_window_into_edge_minutes_and_whole_hours():
+def test_plan_splits_a_window_into_edge_minutes_quarters_and_whole_hours():
     start = 10 * HOUR + 17 * MIN  # 10:17 .. 13:05
     end = 13 * HOUR + 5 * MIN
     plan = tier_plan(start, end)
     assert plan.hours == (11, 13)
-    assert plan.minute_ranges == ((617, 660), (780, 785))
+    assert plan.quarter_ranges == ((42, 44),)  # 10:30 .. 11:00
+    assert plan.minute_ranges == ((617, 630), (780, 785))
     first, last = minute_range(start, end)
     assert _covered(plan) == list(range(first, last))  # every minute once, nothing outside
 
@@ -49,26 +52,27 @@ def test_plan_covers_every_window_exactly_once():
         for hours in (True, False):
             plan = tier_plan(start, end, hours=hours)
             assert _covered(plan) == list(range(first, max(first, last)))
-            # A whole hour is never read as minutes.
-            assert all(-(-m0 // 60) * 60 + 60 > m1 for m0, m1 in plan.minute_ranges) or not hours
+            # A whole quarter is never read as minutes.
+            assert all(-(-m0 // 15) * 15 + 15 > m1 for m0, m1 in plan.minute_ranges)
             if not hours:
                 assert plan.hours == (0, 0)
 
 
-def test_plan_for_a_window_inside_one_hour_reads_minutes():
-    assert tier_plan(10 * HOUR + 5 * MIN, 10 * HOUR + 50 * MIN) == TierPlan(((605, 650),), (0, 0))
+def test_plan_for_a_window_inside_one_hour_reads_minutes_and_quarters():
+    assert tier_plan(10 * HOUR + 5 * MIN, 10 * HOUR + 50 * MIN) == TierPlan(((605, 615), (645, 650)), (0, 0),
+                                                                            ((41, 43),))
     assert tier_plan(10 * HOUR + 5 * MIN, 10 * HOUR + 14 * MIN) == TierPlan(((605, 614),), (0, 0))
     assert tier_plan(10 * HOUR, 11 * HOUR) == TierPlan((), (10, 11))
-    assert tier_plan(10 * HOUR, 11 * HOUR, hours=False) == TierPlan(((600, 660),), (0, 0))
+    assert tier_plan(10 * HOUR, 11 * HOUR, hours=False) == TierPlan((), (0, 0), ((40, 44),))
     assert tier_plan(5 * HOUR, 5 * HOUR) == TierPlan((), (0, 0))
 
 
 def test_plan_rounds_edges_past_minute_retention_out_to_their_hours():
     start, end = 10 * HOUR + 17 * MIN, 13 * HOUR + 5 * MIN
-    # Minutes kept from 12:00: the early edge (10:17) becomes the whole 10:00 hour.
+    # Minutes (and quarters) kept from 12:00: the early edge (10:17) becomes the whole 10:00 hour.
     plan = tier_plan(start, end, minutes_kept_from=12 * 60)
     assert plan.hours == (10, 13)
-    assert plan.minute_ranges == ((780, 785),)
+    assert plan.minute_ranges == ((780, 785),) and plan.quarter_ranges == ()
     # Nothing kept at minute resolution any more: both edges round out.
     assert tier_plan(start, end, minutes_kept_from=14 * 60) == TierPlan((), (10, 14))
     assert tier_plan(10 * HOUR + 5 * MIN, 10 * HOUR + 9 * MIN, minutes_kept_from=11 * 60) == TierPlan((), (10, 11))
@@ -85,12 +89,12 @@ def _fill(engine, hours: float = 3.0, n: int = 120, seed: int = 3):
     return base, base + int(hours * HOUR), traces
 
 
-def _hours_from_minutes(engine) -> dict:
+def _hours_from_minutes(engine, per: int = 60) -> dict:
     out: dict = {}
     with engine.connect() as conn:
         for minute, sid, count, errs, total, blob in conn.execute(select(
                 Rollup.minute, Rollup.series_id, Rollup.count, Rollup.error_count, Rollup.sum_ns, Rollup.sketch)):
-            a = out.setdefault((minute // 60, sid), [0, 0, 0, []])
+            a = out.setdefault((minute // per, sid), [0, 0, 0, []])
             a[0] += count
             a[1] += errs
             a[2] += total
@@ -105,21 +109,30 @@ def _hours(engine) -> dict:
             HourlyRollup.sum_ns, HourlyRollup.sketch))}
 
 
+def _quarters(engine) -> dict:
+    with engine.connect() as conn:
+        return {(q, sid): (c, e, t, merge_blobs([b]).counts.tolist()) for q, sid, c, e, t, b in conn.execute(select(
+            QuarterRollup.quarter, QuarterRollup.series_id, QuarterRollup.count, QuarterRollup.error_count,
+            QuarterRollup.sum_ns, QuarterRollup.sketch))}
+
+
 def test_each_hour_is_the_exact_sum_of_its_minutes_even_after_a_late_span(engine):
     _, _, traces = _fill(engine)
     assert _hours(engine) == _hours_from_minutes(engine)
-    assert len(_hours(engine)) > 1
+    assert _quarters(engine) == _hours_from_minutes(engine, per=15)
+    assert len(_hours(engine)) > 0 and len(_quarters(engine)) > len(_hours(engine))
     # A late span of a settled trace: the trace re-settles, every tier takes the correction.
     late = traces[5][-1]
     moved = dataclasses.replace(late, span_id="00000000000000ff", name="late.step")
     write_spans(engine, [moved])
     settle(engine, force=True)
     assert _hours(engine) == _hours_from_minutes(engine)
+    assert _quarters(engine) == _hours_from_minutes(engine, per=15)
 
 
-def test_quarter_hour_steps_lie_on_the_clock_grid_and_give_the_minute_answer(engine):
-    """15- and 30-minute steps: the minute rows merged on a quarter-aligned grid (as the
-    cache view buckets them), whatever minute the window starts at."""
+def test_quarter_hour_steps_read_quarter_rows_and_give_the_minute_answer(engine, monkeypatch):
+    """15- and 30-minute steps: whole quarters from rollups_15m, the window's edges from
+    minutes, on a quarter-aligned grid — the same groups the minute rows give."""
     start, end, _ = _fill(engine)
     reader = StoreReader(engine)
     for kind, group_by in (("op", ("service", "name")), ("tstage", ("stage",)), ("pair", ("caller", "callee"))):
@@ -138,6 +151,15 @@ def test_quarter_hour_steps_lie_on_the_clock_grid_and_give_the_minute_answer(eng
                    for g in reader.rollups.steps(q, step)}
             assert got == {k: (c, e, t, h.tolist()) for k, (c, e, t, h) in want.items()}
             assert all(k[-1] % step == 0 for k in got) and len(got) > 4
+    # The quarter rows are what is read: without them the whole quarters are missing.
+    from modalscope.models.reader import rollups as rollups_module
+
+    seen = []
+    real = rollups_module.rows_of_series
+    monkeypatch.setattr(rollups_module, "rows_of_series", lambda conn, dims, tiers, sketches=True:
+                        seen.extend(t[0] for t in tiers) or real(conn, dims, tiers, sketches))
+    reader.rollups.steps(RollupQuery("op", start, end, Filters(), ("service",)), 15)
+    assert QuarterRollup in seen
 
 
 def test_long_windows_read_hourly_rows_and_give_the_minute_answer(engine):
@@ -196,7 +218,7 @@ def test_many_tier_ranges_read_as_one_range_at_a_time(engine, monkeypatch):
 
     start, end, _ = _fill(engine)
     first = minute_range(start, end)[0]
-    tiers = [(Rollup, m, m + 1) for m in range(first, first + 80, 2)] + [(HourlyRollup, first // 60, first // 60 + 2)]
+    tiers = [(Rollup, m, m + 1) for m in range(first, first + 80, 2)] + [(QuarterRollup, first // 15, first // 15 + 4)]
     where = Series.kind == "op"
     with engine.connect() as conn:
         one_by_one = sorted(r for t in tiers for r in reader_module.series_rows(conn, where, [Series.service], [t]))

@@ -8,8 +8,8 @@ walks slowest first, and an input type's tail with its window checked in the ind
 by duration, not by input type: an index led by input type drew SQLite's planner to read
 every trace of an input type for a short window's exemplars.)
 
-Revision ID: 0016
-Revises: 0015
+Revision ID: 0015
+Revises: 0014
 Create Date: 2026-12-05 17:30:00
 """
 from typing import Sequence, Union
@@ -17,8 +17,8 @@ from typing import Sequence, Union
 from alembic import op
 
 
-revision: str = '0016'
-down_revision: Union[str, None] = '0015'
+revision: str = '0015'
+down_revision: Union[str, None] = '0014'
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 

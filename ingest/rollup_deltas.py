@@ -48,13 +48,6 @@ def _apply_tier(conn: Connection, model, time_col: str, series: np.ndarray, minu
     d_err = np.bincount(inv, weights=signs * errs, minlength=len(uniq)).astype(np.int64)
     d_sum = np.zeros(len(uniq), dtype=np.int64)
     np.add.at(d_sum, inv, signs.astype(np.int64) * values.astype(np.int64))
-    # Per (series, minute, bucket): count deltas.
-    cell = inv.astype(np.int64) * sketch.NUM_KEYS + keys
-    cells, cell_inv = np.unique(cell, return_inverse=True)
-    cell_counts = np.bincount(cell_inv, weights=signs, minlength=len(cells)).astype(np.int64)
-    cell_group = cells // sketch.NUM_KEYS
-    cell_key = cells % sketch.NUM_KEYS
-    bounds = np.searchsorted(cell_group, np.arange(len(uniq) + 1))
 
     pairs = [(int(g & 0xFFFFFFFF), int(g >> 32)) for g in uniq]  # (minute or hour, series_id)
     existing: dict[tuple[int, int], dict] = {}
@@ -85,10 +78,12 @@ def _apply_tier(conn: Connection, model, time_col: str, series: np.ndarray, minu
         count[gi] += old["count"]
         err[gi] += old["error_count"]
         total[gi] += old["sum_ns"]
-    entry = np.concatenate(old_g + [cell_group]) * sketch.NUM_KEYS + np.concatenate(old_k + [cell_key])
+    # (the stored entries, then one +1 or -1 a contribution, each at its row and bucket key)
+    entry = (np.concatenate(old_g + [inv.astype(np.int64)]) * sketch.NUM_KEYS
+             + np.concatenate(old_k + [keys]).astype(np.int64))
     entries, entry_inv = np.unique(entry, return_inverse=True)  # by row, then key
     summed = np.zeros(len(entries), dtype=np.int64)
-    np.add.at(summed, entry_inv, np.concatenate(old_c + [cell_counts]).astype(np.int64))
+    np.add.at(summed, entry_inv, np.concatenate(old_c + [signs.astype(np.int64)]).astype(np.int64))
     kept = summed > 0  # (a count taken below zero is clipped to none)
     pairs_of_rows = np.empty((int(kept.sum()), 2), dtype="<i4")
     pairs_of_rows[:, 0] = entries[kept] % sketch.NUM_KEYS

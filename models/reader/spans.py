@@ -14,7 +14,7 @@ from sqlalchemy.orm import aliased
 from .. import Series, Span, Trace, sketch
 from ..buckets import MAX_BUCKET, duration_bucket
 from .base import Filters, ReadContext, series_filter
-from .tiers import plan_tiers, rows_of_series, series_and_kept_from, tier_plan
+from .tiers import TierPlan, plan_tiers, rows_of_series, series_and_kept_from, tier_plan
 from .walks import (_CANDIDATE_COLUMNS, _TRACE_SUMMARY_COLUMNS, CALLEE_KIND_CODES, _stage_is, long_window,
                     named_in_attributes, of_model)
 from ...durations import HOUR_NS, MINUTE_NS
@@ -68,6 +68,14 @@ STAGE_CEILING_PENDING_AT_MOST = 2_000
 
 _SPAN_COLUMNS = [c.key for c in Span.__table__.columns]
 _TRACE_COLUMNS = [c.key for c in Trace.__table__.columns if c.key != "contributions"]
+
+
+def _row_minutes(plan: TierPlan, minute: int) -> int:
+    """How many minutes the rollup row of ``plan`` starting at ``minute`` covers (its tier's
+    ranges do not overlap)."""
+    if any(m0 <= minute < m1 for m0, m1 in plan.minute_ranges):
+        return 1
+    return 15 if any(q0 * 15 <= minute < q1 * 15 for q0, q1 in plan.quarter_ranges) else 60
 
 
 class SpanReader:
@@ -154,8 +162,7 @@ class SpanReader:
             for r in rows_of_series(conn, series, plan_tiers(plan)):
                 minute, blob, service = r[0], r[4], r[5]
                 by_service.setdefault(service, []).append(blob)
-                minutes = 1 if any(m0 <= minute < m1 for m0, m1 in plan.minute_ranges) else 60
-                if inner[0] <= minute and minute + minutes <= inner[1]:
+                if inner[0] <= minute and minute + _row_minutes(plan, minute) <= inner[1]:
                     inside.append(blob)
             bounds: dict[str, int] = {}
             for service, blobs in by_service.items():

@@ -41,6 +41,7 @@ import orjson
 from sqlalchemy import Engine, and_, delete, or_, select
 from sqlalchemy.exc import DBAPIError
 
+from ..core.every import Every
 from ..core.findings import Finding
 from ..models import FindingEvaluation, changes
 from ..models.reader import Filters, StoreReader
@@ -391,7 +392,7 @@ class EvaluationSchedule:
         self.every_s = every_s
         self.thresholds = thresholds
         self.past_days = past_days
-        self._next = time.monotonic() + first_delay_s if first_delay_s else 0.0
+        self._every = Every(every_s, first_delay_s or None)
         # One reader across ticks: it keeps the hour packs it decoded (``packs.PackCache``),
         # so each minute's evaluation of the last 24 h fetches only the packs built since.
         self.reader = StoreReader(engine)
@@ -399,12 +400,8 @@ class EvaluationSchedule:
     def maybe_run(self, now: float | None = None, now_ns: int | None = None) -> int:
         """Evaluate what is due; returns how many windows were evaluated (``now_ns``: the
         wall clock the past windows follow, for tests)."""
-        if not self.every_s or not (self.ranges_s or self.past_days):
+        if not (self.ranges_s or self.past_days) or not self._every.due(now):
             return 0
-        now = time.monotonic() if now is None else now
-        if now < self._next:
-            return 0
-        self._next = now + self.every_s
         try:
             th = self.thresholds = self.thresholds or d.Thresholds.from_env()
         except Exception:  # noqa: BLE001 - a bad threshold setting is reported by the dashboard, not here

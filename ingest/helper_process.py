@@ -14,6 +14,8 @@ import sys
 import time
 from typing import Callable
 
+from ..core.every import Every
+
 __all__ = ["PeriodicProcess"]
 
 log = logging.getLogger(__name__)
@@ -42,7 +44,7 @@ class PeriodicProcess:
         self.every_s = every_s
         self.name = name
         self._payload = pickle.dumps(target)
-        self._next = time.monotonic() + first_delay_s
+        self._every = Every(every_s, first_delay_s)
         self._proc: subprocess.Popen | None = None
         self.runs = 0
 
@@ -53,10 +55,8 @@ class PeriodicProcess:
     def maybe_run(self, now: float | None = None) -> bool:
         """Start the helper if it is due and none is running; returns whether it started."""
         self._reap()
-        now = time.monotonic() if now is None else now
-        if self._proc is not None or not self.every_s or now < self._next:
+        if self._proc is not None or not self._every.due(now):
             return False
-        self._next = now + self.every_s
         try:
             proc = subprocess.Popen([sys.executable, "-c", _RUNNER], stdin=subprocess.PIPE, close_fds=True)
         except OSError:

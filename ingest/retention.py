@@ -18,6 +18,7 @@ from typing import Callable
 
 from sqlalchemy import Engine, delete, exists, func, select
 
+from ..core.every import Every
 from ..models import changes
 from ..models import (MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, LinkWait, PairCall, QuarterRollup, Rollup,
                       Series, Span, Trace)
@@ -222,13 +223,13 @@ class PruneSchedule:
         self.policy = policy
         self.interval = interval
         self.budget = budget
-        self._next = time.monotonic() + first_after
+        self._every = Every(interval, first_after)
 
     def tick(self, should_stop: Callable[[], bool] = lambda: False) -> PruneResult | None:
         """Prune for at most ``budget`` seconds when due; a backlog (a week of spans after
         retention is first turned on) continues at the next tick, so settling, which runs
         in the same loop, is never held up for long."""
-        if self.policy is None or time.monotonic() < self._next:
+        if self.policy is None or not self._every.due():
             return None
         deadline = time.monotonic() + self.budget
         stopped = False
@@ -243,12 +244,11 @@ class PruneSchedule:
             result = prune(self.engine, self.policy, batch=self.batch, should_stop=stop)
         except Exception:  # noqa: BLE001 - retention retries at the next interval; ingest goes on
             log.exception("retention pass failed")
-            self._next = time.monotonic() + self.interval
+            self._every.again_in(self.interval)
             return None
         # A backlog only when a table was stopped with a full batch behind it (a pass that
         # finished every table just past its budget is done: an interval until the next).
-        backlog = stopped
-        self._next = time.monotonic() + (self.backlog_pause if backlog else self.interval)
+        self._every.again_in(self.backlog_pause if stopped else self.interval)
         return result
 
 

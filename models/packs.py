@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy import Connection, Engine, delete, select, update
 
+from ..core.every import Every
 from ..core.series import SeriesKind
 from . import RollupPack, Rollup, Series
 from .changes import CHANGE_MARGIN_S, READ_AT_MOST, changed_since, changes_since
@@ -421,17 +422,13 @@ class PackSchedule:
 
     def __init__(self, engine: Engine, every_s: float = EVERY_S) -> None:
         self.engine, self.every_s = engine, every_s
-        self._next = 0.0
+        self._every = Every(every_s)
 
     def maybe_run(self, now: float | None = None, now_ns: int | None = None) -> int:
         """Pack what is due; returns how many hours were packed. ``now``: monotonic seconds,
         ``now_ns``: the wall clock that decides which hours are closed (default: the time)."""
-        if not self.every_s:
+        if not self._every.due(now):
             return 0
-        now = time.monotonic() if now is None else now
-        if now < self._next:
-            return 0
-        self._next = now + self.every_s
         try:
             return refresh(self.engine, now_ns=now_ns, limit=PACKS_PER_TICK)
         except Exception:  # noqa: BLE001 - a cache: settling goes on without it

@@ -46,7 +46,8 @@ from sqlalchemy import Connection, Engine, and_, bindparam, case, delete, func, 
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from ..models import PairCall, Series, Span, Trace, changes
-from ..models.dialect import contains_text, json_member, supports_skip_locked, upsert
+from ..models.engine import plain_rows
+from ..models.dialect import contains_text, json_member, supports_skip_locked, update_many, upsert
 from ..core.series import SeriesKind
 from ..core.spans import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, SpanRecord
 from .series import SeriesRegistry, cap_key, registry_for
@@ -81,9 +82,8 @@ def load_trace_rows(conn: Connection, trace_ids: Sequence[str]) -> list[tuple]:
     rows: list[tuple] = []
     for i in range(0, len(trace_ids), 500):
         chunk = trace_ids[i : i + 500]
-        rows.extend(conn.execute(
-            select(*cols).where(Span.trace_id.in_(chunk)).order_by(Span.trace_id, Span.start_ns, Span.span_id)
-        ).fetchall())
+        rows.extend(plain_rows(conn, select(*cols).where(Span.trace_id.in_(chunk))
+                               .order_by(Span.trace_id, Span.start_ns, Span.span_id)))
     return rows
 
 
@@ -247,22 +247,11 @@ def _apply_summary(conn: Connection, summary, claimed: dict[str, bytes | None], 
         changes.record_minutes(conn, np.unique(both["minute"]).tolist())
 
     if len(keep_idx):
-        t = Trace.__table__
-        conn.execute(
-            t.update().where(t.c.trace_id == bindparam("b_trace_id")).values(
-                root_service=bindparam("root_service"), root_name=bindparam("root_name"),
-                start_ns=bindparam("start_ns"), duration_ns=bindparam("duration_ns"),
-                span_count=bindparam("span_count"), error=bindparam("error"),
-                input_type=bindparam("input_type"), pending=False, settled_ns=now_ns,
-                contributions=bindparam("contributions"),
-            ),
-            [{"b_trace_id": summary.trace_ids[i], "root_service": summary.root_service[i],
-              "root_name": summary.root_name[i], "start_ns": int(summary.start_ns[i]),
-              "duration_ns": int(summary.duration_ns[i]), "span_count": int(summary.span_count[i]),
-              "error": bool(summary.error[i]), "input_type": summary.input_type[i],
-              "contributions": new_blobs[summary.trace_ids[i]]}
-             for i in keep_idx.tolist()],
-        )
+        update_many(conn, Trace.__table__, _SETTLED_COLUMNS, ["trace_id"], [
+            (summary.root_service[i], summary.root_name[i], int(summary.start_ns[i]), int(summary.duration_ns[i]),
+             int(summary.span_count[i]), bool(summary.error[i]), summary.input_type[i], False, now_ns,
+             new_blobs[summary.trace_ids[i]], summary.trace_ids[i])
+            for i in keep_idx.tolist()])
         _write_calls(conn, summary, keep_idx, series_of_key)
         _write_stages(conn, summary, keep_idx)
         resettled = np.array(sorted(index[t] for t, blob in claimed.items() if blob and t in index), dtype=np.int64)
@@ -271,6 +260,10 @@ def _apply_summary(conn: Connection, summary, claimed: dict[str, bytes | None], 
     if empty:  # a trace row whose spans were all deleted by retention
         conn.execute(delete(Trace).where(Trace.trace_id.in_(empty)))
     return BatchResult(n_claimed, len(claimed), resolved, reopened)
+
+
+_SETTLED_COLUMNS = ["root_service", "root_name", "start_ns", "duration_ns", "span_count", "error", "input_type",
+                    "pending", "settled_ns", "contributions"]
 
 
 def _write_calls(conn: Connection, summary, keep_idx: np.ndarray, series_of_key: np.ndarray) -> None:

@@ -174,10 +174,16 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
     sig_of: dict[int, dict] = {}
     sig_raw = cols[SIGNALS] if len(cols) > SIGNALS else None
     if sig_raw is not None:
-        for i in [i for i, raw in enumerate(sig_raw) if raw]:
-            sig = orjson.loads(sig_raw[i])
-            if sig and isinstance(sig, dict):
-                sig_of[i] = sig
+        # Spans of one kind often store the same text: each distinct text is parsed once and
+        # its dict shared (nothing below changes a span's signals).
+        parsed: dict[str, object] = {}
+        for i, raw in enumerate(sig_raw):
+            if raw:
+                sig = parsed.get(raw)
+                if sig is None:
+                    sig = parsed[raw] = orjson.loads(raw)
+                if sig and isinstance(sig, dict):
+                    sig_of[i] = sig
     for i in [i for i, raw in enumerate(cols[ATTRS])
               if raw and (sig_raw is None or not sig_raw[i]) and any(nd in raw for nd in LEGACY_SIGNAL_NEEDLES)]:
         if any(k.startswith(LEGACY_SIGNAL_KEYS) for k in attrs(i)):
@@ -189,17 +195,29 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
                 sig_of[i] = sig
 
     # Input type: the root's signals first, then the trace's others in row (start) order.
+    # A repeat of a signals dict changes nothing (each rule takes the first, a max or a
+    # union), so a trace's distinct ones are classified, once per distinct list a batch.
     root_rows = set(root_of[root_of >= 0].tolist())
-    per_trace: dict[int, list[dict]] = {}
+    t_list = t_codes.tolist()
+    per_trace: dict[int, dict[int, dict]] = {}
     for i in sorted(sig_of):
         if i not in root_rows:
-            per_trace.setdefault(int(t_codes[i]), []).append(sig_of[i])
+            sig = sig_of[i]
+            per_trace.setdefault(t_list[i], {}).setdefault(id(sig), sig)
     input_type = []
+    classified: dict[tuple[int, ...], str] = {}
     for t, r in enumerate(root_of.tolist()):
-        sigs = per_trace.get(t, [])
+        distinct = per_trace.get(t, {})
         if r >= 0 and r in sig_of:
-            sigs = [sig_of[r]] + sigs
-        input_type.append(trace_input_type(sigs) if sigs else "unknown")
+            distinct = {id(sig_of[r]): sig_of[r], **distinct}
+        if not distinct:
+            input_type.append("unknown")
+            continue
+        key = tuple(distinct)
+        it = classified.get(key)
+        if it is None:
+            it = classified[key] = trace_input_type(list(distinct.values()))
+        input_type.append(it)
 
     child_servers: dict[int, list[int]] = {}
     for i in np.flatnonzero(((kind == KIND_SERVER) | (kind == KIND_CONSUMER)) & has_parent).tolist():

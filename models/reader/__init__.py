@@ -42,7 +42,7 @@ from sqlalchemy import Engine
 from .. import Series
 from .attributes import (ATTRIBUTE_SCAN_SLACK, ATTRIBUTE_SERVICE_SHARE, ATTRIBUTE_WALK_COUNTED, ROOTS_PER_STATEMENT,
                          STAGE_WALK_SERVICES, SUBJECT_CLUSTERS, AttributeReader)
-from .base import NS_PER_MINUTE, PAIR_STAGE_BEFORE, Filters, ReadContext, _raw_rows
+from .base import NS_PER_MINUTE, PAIR_STAGE_BEFORE, Filters, ReadContext, plain_rows
 from .calls import (PENDING_CHUNK, PENDING_STRAGGLER_SHARE, PENDING_WALK_AFTER, PENDING_WALK_ENTRIES_PER_TRACE,
                     TRACE_WALK_SHARE, CallReader)
 from .rollups import RollupQuery, RollupReader
@@ -71,5 +71,5 @@ __all__ = [
     "ROOTS_PER_STATEMENT", "SPAN_WALK_SHARE", "STAGE_WALK_SERVICES", "SUBJECT_CLUSTERS", "TIERS_PER_STATEMENT",
     "TRACE_WALK_SHARE", "AttributeReader", "CallReader", "Filters", "ReadContext", "RollupGroup", "RollupQuery",
     "RollupReader", "Series", "SpanQuery", "SpanReader", "StoreReader", "TierPlan",
-    "_raw_rows", "minute_range", "plan_tiers", "tier_plan",
+    "plain_rows", "minute_range", "plan_tiers", "tier_plan",
 ]

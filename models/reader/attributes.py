@@ -12,7 +12,7 @@ from sqlalchemy import BigInteger, Connection, String, and_, or_, select
 
 from .. import Span, Trace
 from ..dialect import index_by_bitmap, one_of, plan_for_parameters
-from .base import Filters, ReadContext, _raw_rows, services_in
+from .base import Filters, ReadContext, plain_rows, services_in
 from .walks import walk_bucket_list, walk_conds, walk_entries
 
 #: Evenly spaced stretches a sampled ``subjects`` read takes from its window.
@@ -280,4 +280,4 @@ class AttributeReader:
                     .where(*conds).order_by(Span.start_ns, Span.id))
             if limit is not None:
                 stmt = stmt.limit(limit)
-            return _raw_rows(conn, stmt)
+            return plain_rows(conn, stmt)

@@ -9,7 +9,7 @@ from sqlalchemy import Connection, Engine, and_, or_, select
 
 from .. import MINUTE_BOUNDARY_CURSOR, Cursor, Series
 from .. import packs
-from ..engine import BINARY_RESULTS
+from ..engine import plain_rows  # noqa: F401  (re-exported: the readers fetch rows with it)
 from ...durations import MINUTE_NS as NS_PER_MINUTE  # noqa: F401  (for the readers by concern)
 
 
@@ -29,18 +29,6 @@ class Filters:
 # Pair series written before they carried the calling span's stage have '' there: every
 # call was a CLIENT span then, counted as network.
 PAIR_STAGE_BEFORE = ""
-
-
-def _raw_rows(conn, stmt, params: dict | None = None) -> list[tuple]:
-    """All rows of ``stmt`` as plain tuples, straight from the DB-API cursor: the
-    detectors read a few hundred thousand rows, where per-row ``Row`` objects cost more
-    than the query (only columns that need no result processing: ints, strings and bytes,
-    which PostgreSQL sends in its binary format: ``engine.BINARY_RESULTS``)."""
-    result = conn.execute(stmt, params, execution_options={BINARY_RESULTS: True})
-    try:
-        return [tuple(r) for r in result.cursor.fetchall()] if result.cursor is not None else []
-    finally:
-        result.close()
 
 
 class ReadContext:

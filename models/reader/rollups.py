@@ -14,7 +14,7 @@ from sqlalchemy import and_, or_, select
 
 from .. import Rollup, Series
 from .. import packs
-from .base import Filters, ReadContext, _raw_rows, minutes_kept_from, series_filter, services_in
+from .base import Filters, ReadContext, plain_rows, minutes_kept_from, series_filter, services_in
 from .tiers import (_TIER_TIME, RollupGroup, TierPlan, _merge, minute_range, plan_tiers, rows_of_series,
                     series_and_kept_from, series_rows, tier_plan)
 
@@ -308,6 +308,6 @@ class RollupReader:
                     .join(Series, Series.id == Rollup.series_id)
                     .where(Rollup.series_id.in_(ids),
                            or_(*(and_(Rollup.minute >= m0, Rollup.minute < m1) for m0, m1 in ranges[i:i + 100]))))
-            rows.extend(_raw_rows(conn, stmt))
+            rows.extend(plain_rows(conn, stmt))
         rows.sort(key=lambda r: r[0])
         return rows

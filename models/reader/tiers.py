@@ -14,7 +14,7 @@ from sqlalchemy import bindparam, null, select, union_all
 
 from .. import MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, QuarterRollup, Rollup, Series
 from ..sketch import Histogram, merge_blobs
-from .base import NS_PER_MINUTE, _raw_rows, minutes_kept_from
+from .base import NS_PER_MINUTE, plain_rows, minutes_kept_from
 
 
 @dataclass
@@ -190,5 +190,5 @@ def rows_of_series(conn, dims: dict[int, tuple], tiers, sketches: bool = True) -
         for k, (_, t0, t1) in enumerate(part):
             bounds[f"t0_{k}"], bounds[f"t1_{k}"] = t0, t1
         for i in range(0, len(ids), 500):
-            rows.extend(r[:5] + dims[r[5]] for r in _raw_rows(conn, stmt, {"ids": ids[i : i + 500], **bounds}))
+            rows.extend(r[:5] + dims[r[5]] for r in plain_rows(conn, stmt, {"ids": ids[i : i + 500], **bounds}))
     return rows

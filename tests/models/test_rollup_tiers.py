@@ -223,8 +223,8 @@ def test_many_tier_ranges_read_as_one_range_at_a_time(engine, monkeypatch):
     with engine.connect() as conn:
         one_by_one = sorted(r for t in tiers for r in reader_module.series_rows(conn, where, [Series.service], [t]))
     binds = []
-    real = reader_module._raw_rows
-    monkeypatch.setattr(reader_module, "_raw_rows",
+    real = reader_module.plain_rows
+    monkeypatch.setattr(reader_module, "plain_rows",
                         lambda conn, stmt, params=None: binds.append(params) or real(conn, stmt, params))
     with engine.connect() as conn:
         together = reader_module.series_rows(conn, where, [Series.service], tiers)

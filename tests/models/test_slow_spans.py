@@ -287,7 +287,7 @@ def test_the_walk_or_sort_choice_follows_the_stored_time_range(engine):
 
 
 def test_raw_reads_come_in_postgresqls_binary_format_with_the_same_rows(engine):
-    """``_raw_rows`` (rollups with their sketches, raw spans) asks psycopg for binary rows
+    """``plain_rows`` (rollups with their sketches, raw spans) asks psycopg for binary rows
     (hex-decoding every sketch cost ~40 % of a sketch-heavy read); the rows are those a
     plain SQLAlchemy read gives, sketches byte for byte."""
     from sqlalchemy import event, select

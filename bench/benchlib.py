@@ -103,9 +103,9 @@ def cmdline(pid: int) -> str:
 def tree_peak_rss(pid: int, receivers: set[int] | frozenset[int] = frozenset()) -> dict:
     """Peak RSS of a receiver and its children: ``{"receiver_mb", "settler_mb", "children"}``.
 
-    The settler is the ``multiprocessing`` spawn child (``spawn_main`` in its command line)
-    that is not one of ``receivers`` (the extra receiver processes of ``--processes N``);
-    multiprocessing's resource tracker is listed but not counted. ``receiver_mb`` is the
+    The settler is the child whose command line names ``modalscope-settler``; the extra
+    receiver processes of ``--processes N`` are ``receivers``; multiprocessing's resource
+    tracker (beside those) is listed but not counted. ``receiver_mb`` is the
     largest receiver process's peak, ``receivers_total_mb`` the sum over all of them.
     """
     children = []
@@ -114,7 +114,7 @@ def tree_peak_rss(pid: int, receivers: set[int] | frozenset[int] = frozenset()) 
     for child in descendants(pid):
         cmd = cmdline(child)
         role = ("resource tracker" if "resource_tracker" in cmd else "receiver" if child in receivers
-                else "settler" if "spawn_main" in cmd else "child")
+                else "settler" if "modalscope-settler" in cmd else "child")
         mb = peak_rss_mb(child)
         children.append({"pid": child, "role": role, "peak_mb": None if mb is None else round(mb, 1)})
         if role == "settler" and mb is not None:

@@ -4,6 +4,11 @@ of the ingest process (:class:`Settler`) or a process of its own (:class:`Settle
 from __future__ import annotations
 
 import logging
+import os
+import pickle
+import select
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -121,19 +126,12 @@ def final_settle(engine: Engine, settle_seconds: float) -> int:
 
 def run_settler_process(database_url: str, settle_seconds: float, interval: float, stop_reader,
                         jobs: SettlerJobs) -> None:
-    """Entry point of the settler process (``IngestPipeline(settle="process")``).
-
-    Runs until its parent writes to, or closes, the other end of ``stop_reader`` (a pipe,
-    not a multiprocessing Event: setting an Event whose waiter was killed blocks forever).
-    Ctrl-C goes to the parent, which stops us through the pipe.
-    """
-    import os
-    import signal
-
+    """The settler process's work (``IngestPipeline(settle="process")``): runs until
+    ``stop_reader.poll(wait_s)`` says its parent wrote to, or closed, the stop pipe.
+    Ctrl-C goes to the parent, which stops us through the pipe."""
     from ..models.engine import make_engine
     from .runtime import tune_gc
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     tune_gc()
     # Acknowledging spans comes first; settling may lag a burst and catch up after it.
     try:
@@ -144,11 +142,51 @@ def run_settler_process(database_url: str, settle_seconds: float, interval: floa
     engine = make_engine(database_url, write=True)
     _small_page_cache(engine)
     try:
-        # poll() is True on a message, or on EOF: the parent is gone
         settle_loop(engine, settle_seconds, interval, jobs, stopping=stop_reader.poll)
         final_settle(engine, settle_seconds)
     finally:
         engine.dispose()
+
+
+class _StdinStop:
+    """The stop pipe of a settler process: its stdin, which the parent keeps open while the
+    settler should run (readable means a message or end of file: the parent is gone)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def poll(self, timeout: float) -> bool:
+        return bool(select.select([self.fd], [], [], max(0.0, timeout))[0])
+
+
+def _read_exactly(fd: int, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = os.read(fd, n)
+        if not chunk:
+            raise EOFError("the parent closed the settler's stdin before sending its arguments")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def settler_process_main() -> None:
+    """Entry point of the settler process: its arguments arrive pickled on stdin (their
+    length first, 8 bytes), and stdin then stays open as the stop pipe."""
+    fd = sys.stdin.fileno()
+    size = int.from_bytes(_read_exactly(fd, 8), "big")
+    database_url, settle_seconds, interval, jobs = pickle.loads(_read_exactly(fd, size))
+    run_settler_process(database_url, settle_seconds, interval, _StdinStop(fd), jobs)
+
+
+# Ctrl-C reaches the whole process group: ignored from the first line, the parent stops us.
+# (A plain subprocess, not multiprocessing's spawn: no resource-tracker process beside it.)
+_SETTLER_RUNNER = """\
+import signal
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+from modalscope.ingest.settler import settler_process_main
+settler_process_main()
+"""
 
 
 #: SQLite page cache of each of the settler process's connections, in MiB.
@@ -173,29 +211,38 @@ class SettlerProcess:
 
     def __init__(self, database_url: str, settle_seconds: float, interval: float = 0.5,
                  jobs: SettlerJobs = SettlerJobs()) -> None:
-        import multiprocessing
-
-        ctx = multiprocessing.get_context("spawn")
-        reader, self._stop_writer = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(target=run_settler_process, name="modalscope-settler",
-                                 args=(database_url, settle_seconds, interval, reader, jobs), daemon=True)
-        self._reader = reader
+        self._args = pickle.dumps((database_url, settle_seconds, interval, jobs))
+        self._proc: subprocess.Popen | None = None
 
     def start(self) -> "SettlerProcess":
-        self._proc.start()
-        self._reader.close()  # the child has its own copy
+        # (the last argument names the process in ps and /proc/PID/cmdline)
+        self._proc = subprocess.Popen([sys.executable, "-c", _SETTLER_RUNNER, "modalscope-settler"],
+                                      stdin=subprocess.PIPE, close_fds=True)
+        try:
+            self._proc.stdin.write(len(self._args).to_bytes(8, "big") + self._args)
+            self._proc.stdin.flush()
+        except OSError:  # it died at once; stop() reaps it
+            log.exception("could not start the settler process")
         return self
 
     def stop(self, final: bool = True) -> None:
-        # Closing our end is enough (the child sees EOF) and never blocks, dead child or not.
+        proc = self._proc
+        if proc is None:
+            return
+        # Closing its stdin is enough (the child sees end of file) and never blocks.
         try:
-            self._stop_writer.close()
+            proc.stdin.close()
         except OSError:
             pass
-        self._proc.join(60)
-        if self._proc.is_alive():
-            self._proc.terminate()
-            self._proc.join(5)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 class Settler:

@@ -159,6 +159,11 @@ def convention_contributions(service: str, name: str, start_ns: int, duration_ns
 def _batch_sizes(values: Sequence) -> np.ndarray:
     """``_batch_size`` of each extracted BATCH value (NaN: none); numbers in bulk, strings
     (PostgreSQL's ``->>`` gives every value as text) one by one."""
+    kinds = set(map(type, values))
+    if kinds <= {int, float}:  # numbers only (SQLite gives JSON numbers as such): in bulk
+        out = np.array(values, dtype=np.float64)
+        out[~np.isfinite(out)] = np.nan
+        return out
     out = np.full(len(values), np.nan)
     for i, v in enumerate(values):
         if v is not None:
@@ -195,11 +200,13 @@ def _factorize_rows(*columns) -> tuple[np.ndarray, list[tuple]]:
     return codes, rows
 
 
-def _batch_and_cuda(cols, t_codes: np.ndarray, start: np.ndarray, dur: np.ndarray, key_id, parts) -> None:
+def _batch_and_cuda(cols, t_codes: np.ndarray, start: np.ndarray, dur: np.ndarray, key_id, parts,
+                    service_codes: tuple[np.ndarray, list]) -> None:
     """Append the ``batch`` and ``cuda`` contributions (see ``convention_contributions``) of
-    every span with an extracted BATCH or GRAPH value to ``parts``."""
+    every span with an extracted BATCH or GRAPH value to ``parts``; ``service_codes``: the
+    SERVICE column's ``factorize`` (subsets are factorized from its codes, as integers)."""
     parts_t, parts_k, parts_m, parts_v, parts_e = parts
-    services = np.asarray(cols[SERVICE], dtype=object)
+    svc_codes, svc_names = service_codes
     batch_raw = cols[BATCH]
     has = np.fromiter((v is not None for v in batch_raw), dtype=bool, count=len(batch_raw))
     if has.any():
@@ -208,8 +215,9 @@ def _batch_and_cuda(cols, t_codes: np.ndarray, start: np.ndarray, dur: np.ndarra
         ok = ~np.isnan(sizes)
         idx, sizes = idx[ok], sizes[ok]
         if len(idx):
-            codes, names = factorize(services[idx].tolist())
-            keys = np.array([key_id(("batch", sv, "", "", "", "", "")) for sv in names], dtype=np.int64)
+            codes, first = factorize_ints(svc_codes[idx])
+            keys = np.array([key_id(("batch", svc_names[sv], "", "", "", "", "")) for sv in first.tolist()],
+                            dtype=np.int64)
             parts_t.append(t_codes[idx])
             parts_k.append(keys[codes])
             parts_m.append(start[idx] // NS_PER_MINUTE)
@@ -221,8 +229,8 @@ def _batch_and_cuda(cols, t_codes: np.ndarray, start: np.ndarray, dur: np.ndarra
         idx = np.flatnonzero(has)
         fb = np.fromiter((graph_raw[i] == "fallback" for i in idx.tolist()), dtype=bool, count=len(idx))
         names = np.asarray(cols[NAME], dtype=object)[idx]
-        codes, uniques = _factorize_rows(services[idx], names, fb)
-        keys = np.array([key_id(("cuda", sv, nm, "", "", "", "fallback" if f else "captured"))
+        codes, uniques = _factorize_rows(svc_codes[idx], names, fb)
+        keys = np.array([key_id(("cuda", svc_names[sv], nm, "", "", "", "fallback" if f else "captured"))
                          for sv, nm, f in uniques], dtype=np.int64)
         parts_t.append(t_codes[idx])
         parts_k.append(keys[codes])
@@ -235,10 +243,12 @@ _CACHE_NEEDLE = '"cache.name"'
 
 
 def _convention_parts(rows: Sequence[tuple], cols: list, t_codes: np.ndarray, start: np.ndarray, dur: np.ndarray,
-                      end: np.ndarray, kind: np.ndarray, attrs, key_id, parts) -> None:
+                      end: np.ndarray, kind: np.ndarray, attrs, key_id, parts,
+                      service_codes: tuple[np.ndarray, list] | None = None) -> None:
     """Append the ``cache``/``cache_untagged``, ``batch``, ``cuda``, ``sync`` and ``inst``
     contributions of the spans in ``rows`` (columns ``cols``, stages as counted) to
-    ``parts``; ``attrs(i)`` gives row i's parsed attributes."""
+    ``parts``; ``attrs(i)`` gives row i's parsed attributes; ``service_codes``: the SERVICE
+    column's ``factorize``, when the caller has it."""
 
     n = len(rows)
     services = cols[SERVICE]
@@ -263,7 +273,8 @@ def _convention_parts(rows: Sequence[tuple], cols: list, t_codes: np.ndarray, st
                            (parts_e, conv_e)):
             part.append(np.array(vals, dtype=np.int64))
     if n:
-        _batch_and_cuda(cols, t_codes, start, dur, key_id, (parts_t, parts_k, parts_m, parts_v, parts_e))
+        _batch_and_cuda(cols, t_codes, start, dur, key_id, (parts_t, parts_k, parts_m, parts_v, parts_e),
+                        service_codes or factorize(services))
     server = (kind == KIND_SERVER) | (kind == KIND_CONSUMER)
     stages = np.asarray(cols[STAGE], dtype=object)
     # sync: per trace, the spread of encoder services' last ends (traces with a fusion span).

@@ -271,6 +271,7 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
         return j
 
     parts_t, parts_k, parts_m, parts_v, parts_e = [], [], [], [], []
+    service_codes = None
     # op: (service, name, stage, input type) per span
     if n:
         # Combine per-column codes into one integer key, then unique the combinations.
@@ -280,6 +281,8 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
             codes, uniques = factorize(values)
             combo = combo * len(uniques) + codes
             decoders.append(uniques)
+            if values is services:
+                service_codes = (codes, uniques)
         combo = combo * max(len(_IT_INDEX), 1) + it_codes[t_codes]
         uniq, op_codes = np.unique(combo, return_inverse=True)
         op_key = np.empty(len(uniq), dtype=np.int64)
@@ -393,7 +396,7 @@ def summarize_rows(rows: Sequence[tuple], linked: Mapping[tuple[str, str], SpanR
 
     # Convention rollups: cache, batch, cuda, sync, inst.
     _convention_parts(rows, cols, t_codes, start, dur, end, kind, attrs, key_id,
-                      (parts_t, parts_k, parts_m, parts_v, parts_e))
+                      (parts_t, parts_k, parts_m, parts_v, parts_e), service_codes)
 
     def cat(parts):
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 from pathlib import Path
 
 from sqlalchemy import Connection, Engine, create_engine, event
@@ -183,7 +185,7 @@ def _configure_sqlite(engine: Engine, *, immediate: bool, cache_mib: int) -> Non
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=NORMAL")
-        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.execute(f"PRAGMA cache_size=-{cache_mib * 1024}")  # in KiB when negative
         cur.execute("PRAGMA temp_store=MEMORY")
@@ -193,7 +195,42 @@ def _configure_sqlite(engine: Engine, *, immediate: bool, cache_mib: int) -> Non
     def _on_begin(conn):
         # A write engine's connection may still ask for a read-only (deferred) transaction.
         deferred = conn.get_execution_options().get("modalscope_deferred", False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate and not deferred else "BEGIN")
+        if immediate and not deferred:
+            begin_immediate(conn)
+        else:
+            conn.exec_driver_sql("BEGIN")
+
+
+#: How long a statement waits for a lock another connection holds, in milliseconds.
+BUSY_TIMEOUT_MS = 30_000
+#: Seconds between two tries of ``BEGIN IMMEDIATE`` while another connection writes.
+WRITE_LOCK_POLL_S = 0.001
+
+
+def begin_immediate(conn: Connection) -> None:
+    """``BEGIN IMMEDIATE``, trying again every ``WRITE_LOCK_POLL_S`` while another process
+    holds the write lock (for at most ``BUSY_TIMEOUT_MS``). SQLite's own busy handler backs
+    off to 100 ms sleeps: the settler, waiting for the lock between a receiver's writes,
+    slept through the gaps and settled a burst later (docs/benchmarks.md)."""
+    dbapi_conn = conn.connection.dbapi_connection
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    dbapi_conn.execute("PRAGMA busy_timeout=0")
+    try:
+        while True:
+            try:
+                dbapi_conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                busy = exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+                if busy and time.monotonic() < deadline:
+                    time.sleep(WRITE_LOCK_POLL_S)
+                    continue
+            # Out of time, or another error: once more through SQLAlchemy, which raises it as
+            # it raises every statement's (callers retry on its DBAPIError).
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            return
+    finally:
+        dbapi_conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker:

@@ -61,29 +61,32 @@ def _blob_facets(blob) -> dict[str, str]:
     return out
 
 
-def span_facets(row: dict, resources: dict | None = None) -> dict[str, str]:
+def span_facets(row: dict, blobs: dict | None = None) -> dict[str, str]:
     """Pure: the attribute values of one subject span a Compare ranks: span attributes,
     resource attributes (span wins on a clash), ``service.instance.id`` and the trace's
     ``input_type``; scalars only, keys that look like ids or timestamps dropped.
-    ``resources``: resource JSON text -> its facets, filled as spans are seen (a service's
-    instances share a few resources: parsing each span's copy was a third of a Compare)."""
+    ``blobs``: JSON text -> its facets, filled as spans are seen (a service's spans share a
+    few resources and, mostly, a few attribute sets: parsing each span's copies was most of
+    a Compare's own work)."""
     res = row.get("resource")
-    if not res:
-        out = {}
-    elif resources is None or not isinstance(res, (str, bytes)):
-        out = _blob_facets(res)
-    else:
-        known = resources.get(res)
-        if known is None:
-            known = resources[res] = _blob_facets(res)
-        out = dict(known)
+    out = dict(_facets_of(res, blobs)) if res else {}
     if row.get("attributes"):
-        out.update(_blob_facets(row["attributes"]))
+        out.update(_facets_of(row["attributes"], blobs))
     if row.get("instance"):
         out.setdefault("service.instance.id", str(row["instance"]))
     if row.get("input_type"):
         out["input_type"] = str(row["input_type"])
     return out
+
+
+def _facets_of(blob, blobs: dict | None) -> dict[str, str]:
+    """``_blob_facets(blob)``, remembered in ``blobs`` by its text (never changed by callers)."""
+    if blobs is None or not isinstance(blob, (str, bytes)):
+        return _blob_facets(blob)
+    known = blobs.get(blob)
+    if known is None:
+        known = blobs[blob] = _blob_facets(blob)
+    return known
 
 
 def attribute_lift(selection: list[dict[str, str]], baseline: list[dict[str, str]], *,
@@ -223,12 +226,12 @@ def compare(reader: StoreReader, window: Window, baseline: Window | None = None,
         # (only spans at or past the threshold are read: about a tenth of the selection's)
         sel_rows = _subject_rows(reader, window, filters, COMPARE_MAX_SPANS, min_ns=int(threshold_ns),
                                  expected=math.ceil(counts[0] * (1 - SLOW_QUANTILE)))
-        resources: dict = {}
-        slow = [span_facets(r, resources) for r in sel_rows if r["duration_ns"] > threshold_ns]
+        blobs: dict = {}
+        slow = [span_facets(r, blobs) for r in sel_rows if r["duration_ns"] > threshold_ns]
         if not slow:  # a sketch bucket's representative may sit above every span in it
-            slow = [span_facets(r, resources) for r in sel_rows if r["duration_ns"] >= threshold_ns]
+            slow = [span_facets(r, blobs) for r in sel_rows if r["duration_ns"] >= threshold_ns]
         base_rows = _subject_rows(reader, baseline, filters, COMPARE_MAX_SPANS, expected=counts[1])
-        attributes = attribute_lift(slow, [span_facets(r, resources) for r in base_rows])
+        attributes = attribute_lift(slow, [span_facets(r, blobs) for r in base_rows])
     return {
         "selection": {"start": rfc3339(window.start_ns), "end": rfc3339(window.end_ns), "count": counts[0], "traces": units[0]},
         "baseline": {"start": rfc3339(baseline.start_ns), "end": rfc3339(baseline.end_ns), "count": counts[1], "traces": units[1]},

@@ -95,12 +95,15 @@ def test_span_facets_drop_ids_timestamps_and_structures():
            "instance": "pod-7", "input_type": "image"}
     assert queries.span_facets(row) == {"service.name": "enc", "service.instance.id": "pod-7", "user_tier": "gold",
                                         "cache.hit": "false", "batch.size": "4", "input_type": "image"}
-    # A resource seen before is taken from ``resources``, and a span's own values still win.
-    resources: dict = {}
-    assert queries.span_facets(row, resources) == queries.span_facets(row)
+    # A resource or attribute set seen before is taken from ``blobs``, unchanged by the spans
+    # that use it, and a span's own values still win.
+    blobs: dict = {}
+    assert queries.span_facets(row, blobs) == queries.span_facets(row)
     other = {**row, "attributes": orjson.dumps({"user_tier": "bronze"}).decode()}
-    assert queries.span_facets(other, resources)["user_tier"] == "bronze"
-    assert list(resources.values()) == [{"service.name": "enc", "service.instance.id": "pod-7", "user_tier": "res"}]
+    assert queries.span_facets(other, blobs)["user_tier"] == "bronze"
+    assert queries.span_facets(row, blobs) == queries.span_facets(row)
+    assert blobs[row["resource"]] == {"service.name": "enc", "service.instance.id": "pod-7", "user_tier": "res"}
+    assert blobs[other["attributes"]] == {"user_tier": "bronze"} and len(blobs) == 3
 
 
 def test_attribute_lift_ranks_skips_high_cardinality_and_needs_counts():
@@ -244,6 +247,31 @@ def test_subject_spans_sample_spreads_over_the_window_and_reads_only_long_enough
     assert all(r["duration_ns"] >= slow_ns for r in roots)
     spread = reader.attributes.subjects(base, end, root_only=True, limit=48, expected=960)
     assert 24 <= len(spread) <= 48 and max(r["start_ns"] for r in spread) - min(r["start_ns"] for r in spread) > 50 * MIN
+
+
+@pytest.mark.parametrize("by_duration", [0, 10**6], ids=["by-start", "by-duration"])
+def test_slow_whole_traces_are_the_same_through_either_index(spike, engine, monkeypatch, by_duration):
+    """The slow traces of a stretch, newest first and cut at the limit, whether read along
+    start times or (SQLite, when the store holds few traces that slow) the duration index's
+    tail; the choice itself goes both ways."""
+    from sqlalchemy import select
+
+    from modalscope.models import Trace
+    from modalscope.models.reader import StoreReader
+    from modalscope.models.reader import attributes as reader_module
+
+    _, base = spike
+    end = base + 60 * MIN
+    with engine.connect() as conn:
+        traces = conn.execute(select(Trace.trace_id, Trace.start_ns, Trace.duration_ns)
+                              .where(Trace.start_ns >= base, Trace.start_ns < end)).all()
+        assert reader_module._few_that_slow(conn, base, end, 10**15)  # none that slow
+        assert not reader_module._few_that_slow(conn, base, base + MIN, 0)  # every trace, one minute
+    slow_ns = sorted(d for _, _, d in traces)[len(traces) * 3 // 4]
+    newest = sorted(((s, t) for t, s, d in traces if d >= slow_ns), reverse=True)[:25]
+    monkeypatch.setattr(reader_module, "SLOW_TRACES_BY_DURATION", by_duration)
+    rows = StoreReader(engine).attributes.subjects(base, end, root_only=True, min_ns=slow_ns, limit=25)
+    assert len(newest) == 25 and [(r["start_ns"], r["trace_id"]) for r in rows] == newest
 
 
 @pytest.mark.parametrize("walk_services", [8, 1], ids=["walked", "scanned"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from sqlalchemy import String, func, select
+from sqlalchemy import String, func, literal, select
 
 from ...core.spans import STAGES
 from ...ingest.rollup_deltas import unpack_contributions
@@ -69,13 +69,15 @@ def _tstage_of_series(reader: StoreReader) -> dict[int, str]:
 
 
 def _band(conn, lo_ns: int, hi_ns: int, filters: Filters, input_type: str | None,
-          min_ns: int, by_duration: bool = False) -> list[tuple]:
-    """``(trace_id, duration_ns)`` of the traces the rollups count (those holding
-    contributions) starting in [lo_ns, hi_ns), at least ``min_ns`` long (of ``input_type``
-    unless None). ``by_duration``: read through a duration index (the slow tail of every
-    stored trace, of the input type) rather than the ``start_ns`` one (every trace of the
-    window); ``+ 0`` keeps the planner off the other index. (The duration index holds the
-    input type and start: those are checked in it, before the table.)"""
+          min_ns: int, by_duration: bool = False, contributions: bool = False) -> list[tuple]:
+    """``(trace_id, duration_ns, contributions or None)`` of the traces the rollups count
+    (those holding contributions) starting in [lo_ns, hi_ns), at least ``min_ns`` long (of
+    ``input_type`` unless None); ``contributions``: read them too (a band of the tail is
+    about the tail: the rows are looked up anyway). ``by_duration``: read through a duration
+    index (the slow tail of every stored trace, of the input type) rather than the
+    ``start_ns`` one (every trace of the window); ``+ 0`` keeps the planner off the other
+    index. (The duration index holds the input type and start: those are checked in it,
+    before the table.)"""
     start = Trace.start_ns + 0 if by_duration else Trace.start_ns
     conds = [start >= lo_ns, start < hi_ns, Trace.contributions.is_not(None)]
     if min_ns > 0:
@@ -84,7 +86,8 @@ def _band(conn, lo_ns: int, hi_ns: int, filters: Filters, input_type: str | None
         conds.append(Trace.input_type == input_type)
     if filters.service:
         conds.append(Trace.root_service == filters.service)  # the trace series' service
-    return [(t, int(d)) for t, d in conn.execute(select(Trace.trace_id, Trace.duration_ns).where(*conds))]
+    blob = Trace.contributions if contributions else literal(None)
+    return [(t, int(d), b) for t, d, b in conn.execute(select(Trace.trace_id, Trace.duration_ns, blob).where(*conds))]
 
 
 def _tail_of(durations: np.ndarray, n: int, q: float) -> tuple[float, np.ndarray] | None:
@@ -146,9 +149,9 @@ def stage_time_at(reader: StoreReader, window: Window, filters: Filters = Filter
             stored_tail = (conn.execute(select(func.count()).select_from(Trace).where(*tail)).scalar_one()
                            if min_ns > 0 else None)
             band = _band(conn, lo_ns, hi_ns, filters, it, min_ns,
-                         by_duration=stored_tail is not None and stored_tail < n)
+                         by_duration=stored_tail is not None and stored_tail < n, contributions=True)
             band.sort(key=lambda r: r[1])
-            durations = np.array([d for _, d in band], dtype=np.int64)
+            durations = np.array([d for _, d, _ in band], dtype=np.int64)
             keys = sketch.keys_of(durations)
             band = [r for r, k in zip(band, keys.tolist()) if k >= k_lo]
             durations = durations[keys >= k_lo]
@@ -160,17 +163,18 @@ def stage_time_at(reader: StoreReader, window: Window, filters: Filters = Filter
                 band = sorted(_band(conn, lo_ns, hi_ns, filters, it, 0), key=lambda r: r[1])
                 if not band:
                     continue
-                found = _tail_of(np.array([d for _, d in band], dtype=np.int64), len(band), q)
+                found = _tail_of(np.array([d for _, d, _ in band], dtype=np.int64), len(band), q)
                 n = len(band)
             value, mask = found  # type: ignore[misc]  # (a band of every trace always holds them)
-            tails[g.key[0] if dims else ""] = (value, [t for (t, _), keep in zip(band, mask.tolist()) if keep], n)
+            tails[g.key[0] if dims else ""] = (value, [r for r, keep in zip(band, mask.tolist()) if keep], n)
         stage_of = _tstage_of_series(reader) if tails else {}
         sids = np.array(sorted(stage_of), dtype=np.int64)
         out: list[dict] = []
         meta: dict[str, dict] = {}
-        for key, (value, ids_, n) in tails.items():
-            blobs: list[bytes] = []
-            total = 0
+        for key, (value, tail, n) in tails.items():
+            blobs = [b for _, _, b in tail if b is not None]
+            total = sum(d for _, d, b in tail if b is not None)
+            ids_ = [t for t, _, b in tail if b is None]  # (a fallback band's: looked up now)
             for i in range(0, len(ids_), 500):
                 for dur, blob in conn.execute(select(Trace.duration_ns, Trace.contributions)
                                               .where(one_of(conn, Trace.trace_id, ids_[i : i + 500], String))):
@@ -184,7 +188,7 @@ def stage_time_at(reader: StoreReader, window: Window, filters: Filters = Filter
             for sid, v in zip(sids.tolist(), sums.tolist()):
                 if v:
                     per_stage[stage_of[sid]] = per_stage.get(stage_of[sid], 0) + v
-            count = len(ids_)
+            count = len(tail)
             stage_sum = sum(per_stage.values())
             meta[key] = {"count": count, "traces": n, "at_ms": _ms(value), "mean_ms": _ms(total / count)}
             for stage, v in per_stage.items():

@@ -16,7 +16,7 @@ from typing import Callable
 
 from ..core.every import Every
 
-__all__ = ["PeriodicProcess"]
+__all__ = ["PeriodicProcess", "end_process"]
 
 log = logging.getLogger(__name__)
 
@@ -81,14 +81,19 @@ class PeriodicProcess:
     def close(self, grace: float = STOP_GRACE) -> None:
         """Wait up to ``grace`` seconds for a running helper, then end it."""
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
+        if proc is not None:
+            end_process(proc, grace)
+
+
+def end_process(proc: subprocess.Popen, grace: float) -> None:
+    """Wait up to ``grace`` seconds for ``proc`` to exit, then terminate it (kill it if that
+    does not end it within 5 s)."""
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
         try:
-            proc.wait(grace)
+            proc.wait(5)
         except subprocess.TimeoutExpired:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            proc.kill()
+            proc.wait()

@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 from sqlalchemy import Engine
 
+from .helper_process import end_process
+
 __all__ = ["Settler", "SettlerJobs", "SettlerProcess", "final_settle", "settle_loop"]
 
 log = logging.getLogger(__name__)
@@ -234,15 +236,7 @@ class SettlerProcess:
             proc.stdin.close()
         except OSError:
             pass
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        end_process(proc, 60)
 
 
 class Settler:

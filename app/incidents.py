@@ -323,21 +323,21 @@ def topology(reader: StoreReader, window: Window) -> Topology:
     """Services per input type (``pair`` callers and callees, ``op`` services) and per
     (input type, stage) (``op``), and per cache (``cache`` rollups' services), from the
     series with rollups in ``window``."""
-    def series(kind: str, dims: tuple[str, ...]) -> set[tuple]:
-        return reader.rollups.series_in_window(kind, window.start_ns, window.end_ns, dims)
-
+    found = reader.rollups.kinds_in_window({"pair": ("caller", "callee", "input_type"),
+                                            "op": ("service", "stage", "input_type"),
+                                            "cache": ("service", "name")}, window.start_ns, window.end_ns)
     types: dict[str, set[str]] = {}
     stages: dict[tuple[str, str], set[str]] = {}
     caches: dict[str, set[str]] = {}
-    for caller, callee, it in series("pair", ("caller", "callee", "input_type")):
+    for caller, callee, it in found["pair"]:
         if it:
             types.setdefault(it, set()).update(x for x in (caller, callee) if x)
-    for service, stage, it in series("op", ("service", "stage", "input_type")):
+    for service, stage, it in found["op"]:
         if it and service:
             types.setdefault(it, set()).add(service)
             if stage:
                 stages.setdefault((it, stage), set()).add(service)
-    for service, name in series("cache", ("service", "name")):
+    for service, name in found["cache"]:
         if name and service:
             caches.setdefault(name, set()).add(service)
     return Topology({k: frozenset(v) for k, v in types.items()}, {k: frozenset(v) for k, v in stages.items()},

@@ -246,18 +246,28 @@ class RollupReader:
     def series_in_window(self, kind: str, start_ns: int, end_ns: int, dims: tuple[str, ...]) -> set[tuple]:
         """The ``dims`` values of every ``kind`` series with a rollup row in the window: an
         index seek a series and tier (``(series_id, time)``), not a read of the window's rows."""
+        return self.kinds_in_window({kind: dims}, start_ns, end_ns)[kind]
+
+    def kinds_in_window(self, dims_of: dict[str, tuple[str, ...]], start_ns: int, end_ns: int) -> dict[str, set[tuple]]:
+        """``series_in_window`` of several kinds (kind -> its dims) in one statement."""
         from sqlalchemy import exists
 
+        out: dict[str, set[tuple]] = {kind: set() for kind in dims_of}
+        columns = sorted({d for dims in dims_of.values() for d in dims})
         with self._ctx.reads.connect() as conn:
             tiers = plan_tiers(tier_plan(start_ns, end_ns, minutes_kept_from(conn)))
             if not tiers:
-                return set()
+                return out
             has_rows = []
             for table, t0, t1 in tiers:
                 time_col = _TIER_TIME[table][0]
                 has_rows.append(exists().where(table.series_id == Series.id, time_col >= t0, time_col < t1))
-            stmt = select(*[getattr(Series, d) for d in dims]).where(Series.kind == kind, or_(*has_rows))
-            return {tuple(r) for r in conn.execute(stmt)}
+            stmt = select(Series.kind, *[getattr(Series, d) for d in columns]).where(
+                Series.kind.in_(list(dims_of)), or_(*has_rows))
+            for kind, *values in conn.execute(stmt):
+                row = dict(zip(columns, values))
+                out[kind].add(tuple(row[d] for d in dims_of[kind]))
+        return out
 
     def first_minutes(self, kind: str, start_ns: int, end_ns: int) -> list[tuple[str, str, int]]:
         """``(service, name, first minute)`` of every ``kind`` series with a rollup row in the

@@ -300,11 +300,13 @@ def test_series_in_a_window_are_those_with_rows_in_it(engine):
     windows = [(start, end), (start, start + 20 * MIN), (end - 25 * MIN, end)]
     windows += [tuple(sorted((rng.randrange(start, end), rng.randrange(start, end)))) for _ in range(12)]
     seen_late = set()
+    wanted = {"op": ("service", "name"), "trace": ("service", "input_type")}
     for a, b in windows:
-        for kind, dims in (("op", ("service", "name")), ("trace", ("service", "input_type"))):
+        together = reader.rollups.kinds_in_window(wanted, a, b)  # several kinds in one statement
+        for kind, dims in wanted.items():
             cols, dims_of = reader.rollups.columns(kind, a, b, dims, sketches=False)
             expected = {dims_of[int(i)] for i in set(cols.series_id.tolist())}
             got = reader.rollups.series_in_window(kind, a, b, dims)
-            assert got == expected, (a, b, kind)
+            assert got == expected and together[kind] == expected, (a, b, kind)
             seen_late.add(any(d[0] == "late-svc" for d in got))
     assert seen_late == {True, False}  # some windows hold the late service, some do not

@@ -109,19 +109,6 @@ class Store:
         self.engine.dispose()
 
 
-# Under xdist each of the first two workers builds one of the stores before its first test,
-# when the session uses it: both cores build at once, where otherwise one waited for the
-# other's build the first time both needed the same store.
-_PREBUILD = {"gw0": ("patterns", "pattern_store", PATTERNS), "gw1": ("clean", "clean_store", CLEAN)}
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _prebuilt_store(request, tmp_path_factory, _worker) -> None:
-    name, fixture, config = _PREBUILD.get(_worker, (None, None, None))
-    if name and any(fixture in getattr(item, "fixturenames", ()) for item in request.session.items):
-        _shared_store(tmp_path_factory, _worker, name, config)
-
-
 @pytest.fixture(scope="session")
 def clean_store(tmp_path_factory, _worker):
     store = Store(_shared_store(tmp_path_factory, _worker, "clean", CLEAN), CLEAN)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
-from sqlalchemy import Connection, func, or_, select
+from sqlalchemy import Select, bindparam, func, or_, select
 from sqlalchemy.orm import aliased
 
 from .. import Series, Span, Trace, sketch
@@ -23,6 +23,9 @@ from ...durations import HOUR_NS, MINUTE_NS
 # (CALLEE_LATE_NS when no band bounds it), give or take clock skew between hosts.
 CALLEE_SKEW_NS = MINUTE_NS
 CALLEE_LATE_NS = HOUR_NS
+# The walk's step: a service's next duration bucket below ``below`` holding any span.
+_NEXT_BUCKET = select(func.max(Span.duration_bucket)).where(
+    Span.service == bindparam("service"), Span.duration_bucket < bindparam("below"))
 
 
 @dataclass(frozen=True)
@@ -122,12 +125,16 @@ class SpanReader:
             return self._slowest_in_window(q)
         wanted = q.offset + q.limit
         bounds = self._stage_bounds(q, services) if q.stage else None
+        # (built once for every service and bucket of the walk: building a statement cost
+        # more than running it)
+        in_bucket = self._window_statement(q, walk=True)
         rows: list[dict] = []
         for service in services:
             if bounds is None:
-                rows.extend(self._walk_buckets(q, service, wanted))
+                rows.extend(self._walk_buckets(q, in_bucket, service, wanted))
             elif service in bounds[0]:  # (a service without a top has no span of the stage)
-                rows.extend(self._walk_buckets(q, service, wanted, top=bounds[0][service], bottom=bounds[1]))
+                rows.extend(self._walk_buckets(q, in_bucket, service, wanted, top=bounds[0][service],
+                                               bottom=bounds[1]))
         rows.sort(key=lambda r: (-r["duration_ns"], r["start_ns"], r["_id"]))
         out = rows[q.offset : q.offset + q.limit]
         for r in out:
@@ -191,39 +198,45 @@ class SpanReader:
             floor = duration_bucket(int(sketch.bucket_upper(key - 1) * (1 - 1e-9))) if key > 1 else 0
         return bounds, floor
 
-    def _walk_buckets(self, q: SpanQuery, service: str, wanted: int, top: int = MAX_BUCKET,
+    def _walk_buckets(self, q: SpanQuery, in_bucket: Select, service: str, wanted: int, top: int = MAX_BUCKET,
                       bottom: int = 0) -> list[dict]:
         """``service``'s ``wanted`` slowest spans matching ``q``: bucket by bucket downwards
         from ``top`` to ``bottom`` (every span of a bucket is slower than every span below it,
         so the rows come out in order), each step one look-up for the next bucket holding any
-        of its spans."""
+        of its spans, then ``in_bucket`` (``_window_statement(q, walk=True)``) for its rows."""
         floor = max(duration_bucket(q.min_ns) if q.min_ns is not None else 0, bottom)
         below = min(duration_bucket(q.max_ns) if q.max_ns is not None else MAX_BUCKET, top) + 1
         rows: list[dict] = []
         with self._ctx.reads.connect() as conn:
             while len(rows) < wanted:
-                bucket = conn.execute(select(func.max(Span.duration_bucket)).where(
-                    Span.service == service, Span.duration_bucket < below)).scalar()
+                bucket = conn.execute(_NEXT_BUCKET, {"service": service, "below": below}).scalar()
                 if bucket is None or bucket < floor:
                     break
-                rows.extend(self._slowest_in_window(q, by_duration_of=service, bucket=bucket,
-                                                    limit=wanted - len(rows), conn=conn))
+                rows.extend(dict(r) for r in conn.execute(
+                    in_bucket, {"walk_service": service, "walk_bucket": bucket, "walk_limit": wanted - len(rows)}
+                ).mappings())
                 below = bucket
         return rows
 
-    def _slowest_in_window(self, q: SpanQuery, by_duration_of: str | None = None, bucket: int | None = None,
-                           limit: int | None = None, conn: Connection | None = None) -> list[dict]:
+    def _slowest_in_window(self, q: SpanQuery) -> list[dict]:
+        """``slowest`` through the ``start_ns`` index: the window's matching spans sorted."""
+        with self._ctx.reads.connect() as conn:
+            return [dict(r) for r in conn.execute(self._window_statement(q)).mappings()]
+
+    def _window_statement(self, q: SpanQuery, walk: bool = False) -> Select:
+        """The spans matching ``q`` in its window, slowest first, ``limit`` from ``offset``; or
+        (``walk``) one duration bucket of one service, read through the walk index, with
+        the bind parameters ``walk_service``, ``walk_bucket`` and ``walk_limit``."""
         cols = [Span.__table__.c[c] for c in _CANDIDATE_COLUMNS]
-        if by_duration_of is not None:
-            # One duration bucket of the service, its window read through the walk index.
-            conds = [Span.service == by_duration_of, Span.duration_bucket == bucket,
+        if walk:
+            conds = [Span.service == bindparam("walk_service"), Span.duration_bucket == bindparam("walk_bucket"),
                      Span.start_ns >= q.start_ns, Span.start_ns < q.end_ns]
             cols.append(Span.id.label("_id"))
         else:
             conds = [Span.start_ns >= q.start_ns, Span.start_ns < q.end_ns]
         if q.kind is not None:
             conds.append(Span.kind == q.kind)
-        if q.service and by_duration_of is None:
+        if q.service and not walk:
             # "|| ''" keeps the planner on the start_ns index for a short window: walking a
             # busy service's duration index would visit days of spans to fill one hour.
             conds.append(Span.service.concat("") == q.service)
@@ -238,7 +251,7 @@ class SpanReader:
             # visit every span the callee ever had), a long one through the service index.
             lo = q.start_ns - CALLEE_SKEW_NS
             hi = q.end_ns + (q.max_ns if q.max_ns is not None else CALLEE_LATE_NS) + CALLEE_SKEW_NS
-            callee = child.service if by_duration_of is not None else child.service.concat("")
+            callee = child.service if walk else child.service.concat("")
             if q.min_ns is None:
                 calls = Span.span_id.in_(select(child.parent_span_id).where(
                     callee == q.may_call, child.kind.in_(CALLEE_KIND_CODES), child.start_ns >= lo,
@@ -261,11 +274,7 @@ class SpanReader:
             stmt = stmt.join(Trace, Trace.trace_id == Span.trace_id)
             conds.append(Trace.input_type == q.input_type)
         stmt = stmt.where(*conds).order_by(Span.duration_ns.desc(), Span.start_ns, Span.id)
-        stmt = stmt.limit(q.limit).offset(q.offset) if limit is None else stmt.limit(limit)
-        if conn is not None:
-            return [dict(r) for r in conn.execute(stmt).mappings()]
-        with self._ctx.reads.connect() as conn:
-            return [dict(r) for r in conn.execute(stmt).mappings()]
+        return stmt.limit(bindparam("walk_limit")) if walk else stmt.limit(q.limit).offset(q.offset)
 
     def callee_children(self, parents: Iterable[tuple[str, str]]) -> list[dict]:
         """SERVER/CONSUMER children of the given (trace_id, span_id) spans (found through the

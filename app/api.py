@@ -12,7 +12,12 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed
 from werkzeug.routing import Map
 
 from .. import __version__
-from . import queries, signing
+from ..ingest.cloud_monitoring import exporter_health
+from ..ingest.cloud_trace import poller_health
+from ..models.reader import Filters
+from . import evaluations, panels, queries, signing
+from . import incidents as inc
+from .detectors import Thresholds
 from .params import ParamError, parse_baseline_window, parse_filters, parse_int, parse_trace_id, parse_window, rfc3339
 
 log = logging.getLogger(__name__)
@@ -44,9 +49,6 @@ def health():
     if store == "ok":
         # Cloud Trace pollers and the metrics exporter report through their cursor rows:
         # whether they fall behind the quota, and whether the data is latency-sampled.
-        from ..ingest.cloud_monitoring import exporter_health
-        from ..ingest.cloud_trace import poller_health
-
         for key, fn in (("cloud_trace", poller_health), ("metrics_export", exporter_health)):
             try:
                 state = fn(reader.engine)
@@ -122,16 +124,12 @@ def traces():
 
 
 def _thresholds():
-    from .detectors import Thresholds
-
     return Thresholds.kept_in(current_app.extensions["modalscope"])
 
 
 @bp.get("/anomalies")
 def anomalies():
     """Findings of the anomaly catalog in the window, most severe first (``app/findings.py``)."""
-    from . import evaluations
-
     window = parse_window(request.args)
     if window.seconds > MAX_ANOMALY_WINDOW_S:
         # The detectors work minute by minute: a 400-day window held a worker for a
@@ -152,10 +150,6 @@ def anomalies():
 def incidents_route():
     """The window's findings grouped into incidents, most severe first (``app/incidents.py``);
     the same window, filter parameters and errors as ``/anomalies``."""
-    from ..models.reader import Filters
-    from . import evaluations
-    from . import incidents as inc
-
     window = parse_window(request.args)
     if window.seconds > MAX_ANOMALY_WINDOW_S:
         raise ParamError("range" if request.args.get("range") else "start",
@@ -205,8 +199,6 @@ def share():
     30 days); ``width``, ``height`` and ``scale`` set the images' size (signed with them: a
     signed image draws only its size); every other parameter is the panel's query, checked
     like the panel checks it."""
-    from . import panels
-
     name = request.args.get("panel") or ""
     if name not in panels.PANELS:
         raise ParamError("panel", f"panel must be one of {', '.join(panels.PANEL_NAMES)}")

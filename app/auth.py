@@ -48,8 +48,12 @@ from typing import Callable
 from urllib.parse import quote
 
 from flask import Flask, Request, Response, g, has_request_context, jsonify, redirect, render_template_string, request, session
+from flask import current_app
 from flask.sessions import SecureCookieSessionInterface
+from sqlalchemy import delete, insert, select
+from sqlalchemy.exc import SQLAlchemyError
 
+from ..models import RevokedSession
 from ..settings import Settings
 from .auth_rules import (  # noqa: F401 - re-exported: this module is the gate's public face
     API_PREFIXES, DASH_XHR_PREFIXES, LOGIN_PATH, LOGOUT_PATH, MAX_NEXT_LEN, PUBLIC_PATHS, PUBLIC_PREFIXES,
@@ -121,19 +125,12 @@ def _session_access(settings: Settings) -> Access | None:
 
 # -- revoked sessions (shared by every worker through the database) -----------------------
 def _engine():
-    from flask import current_app
-
     return current_app.extensions["modalscope"]["engine"]
 
 
 def session_revoked(sid: str) -> bool:
     """Whether the session ``sid`` was signed out. A store that cannot answer counts as
     revoked (one warning): a signed-out cookie must not come back during an outage."""
-    from sqlalchemy import select
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from ..models import RevokedSession
-
     try:
         with _engine().connect() as conn:
             return conn.execute(select(RevokedSession.sid).where(RevokedSession.sid == sid)).first() is not None
@@ -145,10 +142,6 @@ def session_revoked(sid: str) -> bool:
 def revoke_session(sid: str, expires_s: float) -> None:
     """Store ``sid`` as signed out until ``expires_s`` (unix seconds), and forget the
     sessions whose cookies have expired anyway."""
-    from sqlalchemy import delete, insert, select
-
-    from ..models import RevokedSession
-
     now_ns = time.time_ns()
     with _engine().begin() as conn:
         conn.execute(delete(RevokedSession).where(RevokedSession.expires_ns < now_ns))

@@ -38,10 +38,14 @@ import hashlib
 import logging
 from pathlib import Path
 
+import plotly
 from flask import Blueprint, Response, current_app, jsonify, render_template, request, send_file
 
+from .. import __version__
 from . import panels, signing
+from .detectors import Thresholds
 from .params import ParamError
+from .render import RenderBusy, RenderError, RenderGate, RenderTimeout, renderer
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +76,6 @@ def _settings():
 
 
 def _thresholds():
-    from .detectors import Thresholds
-
     return Thresholds.kept_in(_ext())
 
 
@@ -130,11 +132,7 @@ def _theme(pres: dict) -> str:
 
 
 def static_url(name: str) -> str:
-    from plotly import __version__ as plotly_version
-
-    from .. import __version__
-
-    version = plotly_version if name == "plotly.min.js" else __version__
+    version = plotly.__version__ if name == "plotly.min.js" else __version__
     return f"{STATIC_PREFIX}/{name}?v={version}"
 
 
@@ -246,8 +244,6 @@ def render_image(image: str):
     headers = {"ETag": f'"{etag}"', "Cache-Control": _cache_control(), "Vary": "Accept-Encoding"}
     if request.if_none_match.contains_weak(etag):
         return Response(status=304, headers=headers)
-    from .render import RenderBusy, RenderError, RenderGate, RenderTimeout, renderer
-
     gate = _ext().get("render_gate")
     if gate is None:
         gate = _ext().setdefault("render_gate", RenderGate(_settings().render_queue))
@@ -282,8 +278,6 @@ def embed_asset(name: str):
     """plotly.js (the installed ``plotly``'s bundle, as Dash serves it) and the embed's own
     script and style. Versioned URLs (:func:`static_url`), so they may be cached for long."""
     if name == "plotly.min.js":
-        import plotly
-
         path = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
     elif name in ("embed.js", "embed.css"):
         path = STATIC_DIR / name

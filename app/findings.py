@@ -35,6 +35,7 @@ from ..core.series import SeriesKind
 from ..models import packs, sketch
 from ..models.reader import Filters, StoreReader
 from . import detectors as d
+from . import queries
 from .params import Window
 
 log = logging.getLogger(__name__)
@@ -266,8 +267,6 @@ EXEMPLAR_MAX_SPANS = 50_000
 def _exemplar_rows(reader: StoreReader, f: Finding, w: Window) -> list[dict]:
     """Exemplar rows (``trace_id``; an attribute finding's also carry the ``hint`` its spans
     give, ``detectors.describe_from_spans``) of ``f`` in ``w``."""
-    from . import queries
-
     s, ev = f.subject, f.evidence
     if f.kind in ("hot_spot", "p99_band_break"):
         min_ms = ev.get("threshold_ms") if f.kind == "p99_band_break" else ev.get("p99_ms")

@@ -46,14 +46,16 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
+from urllib.parse import quote, urlencode
 
 import orjson
 
 from ..core.findings import AttributeSuspect, Finding, Incident, IncidentLinks, StageSuspect, Suspect
 from ..durations import MINUTE_NS as NS_MIN
 from ..models.reader import Filters, StoreReader
-from . import links
+from . import evaluations, links, queries
 from . import state as st
+from .findings import matches
 from .params import Window, rfc3339
 
 log = logging.getLogger(__name__)
@@ -221,8 +223,6 @@ def incident_page_href(incident_id: str, state: Mapping[str, str], **page: str |
 
 def page_href(state: Mapping[str, str], **page: str | None) -> str:
     """The Anomalies page with ``state``'s window and filters and the page's own keys."""
-    from urllib.parse import quote, urlencode
-
     base = st.to_href(links.ANOMALIES_PATH, st.carried(state))
     extra = [(k, str(page[k])) for k in PAGE_KEYS if page.get(k)]
     if not extra:
@@ -283,8 +283,6 @@ def suspects_from_compare(result: Mapping) -> list[Suspect]:
 
 
 def matches_any(members: Iterable[Finding], filters: Filters) -> bool:
-    from .findings import matches
-
     return any(matches(f, filters) for f in members)
 
 
@@ -347,8 +345,6 @@ def topology(reader: StoreReader, window: Window) -> Topology:
 def suspects(reader: StoreReader, members: list[Finding]) -> list[Suspect]:
     """What Compare finds for the incident's span against the same length just before it,
     narrowed to the headline's subject."""
-    from . import queries
-
     window = span_window(members)
     try:
         result = queries.compare(reader, window, None, Filters(**links.finding_filters(members[0])))
@@ -433,8 +429,6 @@ class NotJudged(LookupError):
 def cached_finder(reader: StoreReader, th) -> Finder:
     """A finder answering only from stored evaluations of absolute windows (what earlier
     ``incidents`` runs stored); raises ``NotJudged`` where the catalog would have to run."""
-    from . import evaluations
-
     def finder(w: Window) -> list[Finding]:
         hit = evaluations.cached_absolute(reader.engine, w, th)
         if hit is None:

@@ -7,12 +7,14 @@ A return of ``None`` means "stay" (the callback answers ``no_update``).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 from ..core.findings import SUBJECT_FILTERS, Finding  # noqa: F401 - SUBJECT_FILTERS: the pages read it here
 from . import ids
 from . import state as st
 from .params import ParamError, parse_time, parse_trace_id, rfc3339
+from .queries import valid_group_by
 from ..durations import HOUR_NS, MINUTE_NS
 
 TRACE_PATH = "/trace"
@@ -90,8 +92,6 @@ def drill_href(state: dict, caller: str, callee: str, band: tuple[float, float] 
 
 def heat_index(heat: dict) -> dict:
     """What a heatmap click needs to know, kept in a ``dcc.Store`` beside the figure."""
-    import math
-
     bins = heat.get("bins") or []
     edges = ([math.log10(bins[0]["lo_ms"])] + [math.log10(b["hi_ms"]) for b in bins]) if bins else []
     return {"pairs": [[p["caller"], p["callee"]] for p in heat.get("pairs") or []],
@@ -178,8 +178,6 @@ def finding_compare_href(finding: Finding) -> str:
 
 def finding_cache_href(finding: Finding) -> str | None:
     """The Cache page for a cache finding, grouped by its attribute when that is a plain key."""
-    from .queries import valid_group_by
-
     subject = finding.subject
     if subject.cache is None:
         return None

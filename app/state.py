@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from urllib.parse import quote, urlencode
 
 from ..models.reader import Filters
-from .params import DEFAULT_RANGE, FILTER_NAMES, ParamError, Window, parse_filters, parse_window
+from .params import DEFAULT_RANGE, FILTER_NAMES, ParamError, Window, parse_filters, parse_window, rfc3339
 
 PRESETS = ("15m", "1h", "6h", "24h", "7d")
 DEFAULT_RANGE_LABEL = DEFAULT_RANGE
@@ -155,8 +155,6 @@ def parse_pair_value(value: str | None) -> tuple[str | None, str | None]:
 
 
 def window_label(state: Mapping[str, Any], window: Window) -> str:
-    from .params import rfc3339
-
     if state.get("range") or not state.get("start"):
         return f"last {state.get('range') or DEFAULT_RANGE}"
     return f"{rfc3339(window.start_ns)} → {rfc3339(window.end_ns)}"

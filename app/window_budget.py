@@ -10,6 +10,7 @@ import threading
 import time
 
 import orjson
+from flask import current_app, g, has_request_context, request, session
 from werkzeug.exceptions import TooManyRequests
 from werkzeug.wrappers import Response
 
@@ -57,12 +58,8 @@ def admit() -> None:
     detectors run for a new absolute window; once per request (an incident list's own windows
     come from the data, not the caller). None left: a 429 with ``Retry-After``. Outside a
     request (the worker's settler, the CLI) nothing is limited."""
-    from flask import g, has_request_context
-
     if not has_request_context():
         return
-    from flask import current_app
-
     budget = current_app.extensions.get("modalscope", {}).get("window_budget")
     if budget is None or g.get("modalscope_window_admitted"):
         return
@@ -76,8 +73,6 @@ def admit() -> None:
 
 def _client_key() -> str:
     """Who pays: the signed-in session (its id), else the client's address."""
-    from flask import request, session
-
     data = session.get("ms_auth") if session else None
     if isinstance(data, dict) and isinstance(data.get("sid"), str):
         return f"session:{data['sid']}"

@@ -20,6 +20,9 @@ the last 24 hours. Cloud Monitoring takes at most 200 series a request, one poin
 each series' points in time order, a point a series every 5 seconds: a minute with more
 series is several requests, and catching up spaces minutes ``spacing`` seconds apart.
 Descriptors are created once (remembered in the cursor row; ALREADY_EXISTS counts as done).
+
+The Google client libraries are imported when a client is made or a point written: the
+dashboard, which imports this module's health check, never loads them.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ The poller reads ``ListTraces`` (``view=COMPLETE``) window by window:
   ``poller_health``); ``min_latency_ms`` asks only for traces at least that slow
   (``latency:`` filter) and records that the data is sampled.
 * One active poller per project: a lease on the cursor row (``ingest/cursors.py``).
+
+The Google client libraries are imported when a client is made or a request built: the
+dashboard, which imports this module's health check, never loads them.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ from __future__ import annotations
 import errno
 import socket
 
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
+
 __all__ = ["ListenError", "PortInUse", "bind_error", "probe_bind_error", "storage_unavailable"]
 
 
@@ -66,8 +68,6 @@ def storage_unavailable(exc: BaseException) -> bool:
     A receiver answers the first with 503/UNAVAILABLE and a retry delay, the second with
     500/INTERNAL: OTLP clients retry only the former.
     """
-    from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
-
     if isinstance(exc, (OperationalError, InterfaceError, DisconnectionError)):
         return True
     return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)

@@ -4,6 +4,9 @@ one-line error text, and one retry loop with capped exponential backoff.
 
 The clients' own retry is always off (it would retry for up to 45 s on its own schedule):
 our loop paces calls, renews the worker's lease between attempts and stops when asked.
+
+grpc and the Google libraries are imported by the functions that use them (see
+``cloud_trace.py``).
 """
 
 from __future__ import annotations

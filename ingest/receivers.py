@@ -5,6 +5,9 @@ One Python process decodes, tags and writes on one core (the GIL), so
 same two ports with ``SO_REUSEPORT``: the kernel spreads connections over the processes,
 each decodes on its own core and writes through its own writer (the store serialises the
 commits; inserts are idempotent). Only the first process runs the settler.
+
+The receivers' servers and the pipeline are imported when a process starts them: a
+receiver process imports only what it runs.
 """
 
 from __future__ import annotations

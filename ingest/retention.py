@@ -20,6 +20,7 @@ from sqlalchemy import Engine, delete, exists, func, select
 
 from ..core.every import Every
 from ..models import changes
+from ..models.dialect import keys_clause, upsert
 from ..models import (MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, LinkWait, PairCall, QuarterRollup, Rollup,
                       Series, Span, Trace)
 from ..durations import DAY_NS as NS_PER_DAY, HOUR_NS, MINUTE_NS
@@ -98,8 +99,6 @@ def _batched(engine: Engine, select_keys, delete_keys, batch: int, pause: float,
 def _delete_keyed(conn, model, time_col: str, keys: list[tuple[int, int]]) -> list:
     """Statements deleting rollup rows by (time, series) key, 400 keys each
     (``dialect.keys_clause``: on SQLite a row-value IN scans the whole table per batch)."""
-    from ..models.dialect import keys_clause
-
     return [delete(model).where(keys_clause(conn, model.__table__, time_col, keys[i : i + 400]))
             for i in range(0, len(keys), 400)]
 
@@ -199,8 +198,6 @@ def _prune_series(engine: Engine, batch: int, pause: float, should_stop: Callabl
 
 
 def _record_minute_boundary(engine: Engine, minute: int) -> None:
-    from ..models.dialect import upsert
-
     with engine.begin() as conn:
         current = conn.execute(select(Cursor.position).where(Cursor.name == MINUTE_BOUNDARY_CURSOR)).scalar()
         if current is not None and current >= minute:

@@ -15,6 +15,7 @@ from sqlalchemy import Connection, Engine, func, select
 
 from ..models import Series
 from ..models.dialect import insert_ignore
+from ..settings import SettingsError, setting_from_env
 from ..models.names import NAME_CHARS, OVERFLOW, SERVICE_CHARS, cap_text
 
 log = logging.getLogger(__name__)
@@ -64,8 +65,6 @@ def is_overflow(key: tuple[str, ...]) -> bool:
 def max_series_setting() -> int:
     """``MODALSCOPE_MAX_SERIES_PER_KIND`` of this process's environment (the settler may run
     in a process of its own, which inherits it)."""
-    from ..settings import SettingsError, setting_from_env
-
     try:
         return setting_from_env("max_series_per_kind")
     except SettingsError:

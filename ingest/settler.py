@@ -1,5 +1,8 @@
 """Running the settler: its one loop (settle what is due, then the periodic jobs), in a thread
-of the ingest process (:class:`Settler`) or a process of its own (:class:`SettlerProcess`)."""
+of the ingest process (:class:`Settler`) or a process of its own (:class:`SettlerProcess`).
+
+The receiver imports this module to start the settler: the settling code is imported inside
+the functions that run it, so it stays out of the receiver's memory."""
 
 from __future__ import annotations
 

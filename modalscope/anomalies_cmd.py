@@ -1,5 +1,8 @@
 """`modalscope anomalies [--since 1h | --range 1h] [--json]`: the anomaly catalog's findings, most
-severe first."""
+severe first.
+
+The catalog (and pandas) is imported when the command runs, not to build the parser.
+"""
 
 from __future__ import annotations
 

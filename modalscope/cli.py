@@ -1,4 +1,8 @@
-"""The `modalscope` command: one entry point, one clear line on every failure."""
+"""The `modalscope` command: one entry point, one clear line on every failure.
+
+Each command imports what it needs when it runs, so `--help`, `--version` and a mistyped
+flag answer at once.
+"""
 
 from __future__ import annotations
 

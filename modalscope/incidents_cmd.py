@@ -1,5 +1,8 @@
 """`modalscope incidents [--since 1h | --range 1h] [--json]`: findings grouped into incidents
-(``app/incidents.py``), most severe first."""
+(``app/incidents.py``), most severe first.
+
+The catalog (and pandas) is imported when the command runs, not to build the parser.
+"""
 
 from __future__ import annotations
 

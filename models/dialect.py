@@ -2,6 +2,9 @@
 
 Everything else uses SQLAlchemy Core/ORM constructs that run anywhere; these helpers pick
 the dialect's spelling of "insert, ignoring duplicates" and "upsert".
+
+The models are imported inside the two helpers that need them: ``models/__init__.py`` imports
+this module.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Engine and session setup: SQLite (WAL) embedded, PostgreSQL through psycopg 3."""
+"""Engine and session setup: SQLite (WAL) embedded, PostgreSQL through psycopg 3.
+
+psycopg is imported only for a PostgreSQL engine.
+"""
 
 from __future__ import annotations
 

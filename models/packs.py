@@ -29,11 +29,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import Connection, Engine, delete, select, update
+from sqlalchemy import Connection, Engine, delete, func, select, update
 
 from ..core.every import Every
 from ..core.series import SeriesKind
 from . import RollupPack, Rollup, Series
+from .dialect import upsert
 from .changes import CHANGE_MARGIN_S, READ_AT_MOST, changed_since, changes_since
 from .engine import BINARY_RESULTS
 
@@ -243,8 +244,6 @@ def hour_rows(conn: Connection, kind: str, hour: int) -> Columns:
 
 def build(engine: Engine, kind: str, hour: int, now_ns: int | None = None) -> None:
     """Pack ``kind``'s rollups of ``hour`` (unverified; a pack of it already there is replaced)."""
-    from .dialect import upsert
-
     built_ns = time.time_ns() if now_ns is None else now_ns
     with engine.begin() as conn:
         data = encode(hour_rows(conn, kind, hour))
@@ -326,8 +325,6 @@ def read(conn: Connection, kind: str, first_hour: int, end_hour: int,
               RollupPack.verified.is_(True)]
     out: dict[int, Columns] = {}
     if cache is not None:
-        from sqlalchemy import func
-
         # (length() of a blob comes from its header or TOAST pointer: no data is read)
         listed = conn.execute(select(RollupPack.hour, RollupPack.built_ns, func.length(RollupPack.data))
                               .where(*window)).all()
@@ -357,8 +354,6 @@ def read(conn: Connection, kind: str, first_hour: int, end_hour: int,
 def missing_hours(engine: Engine, now_ns: int, horizon_s: float = HORIZON_S, lag_s: float = LAG_S) -> list[tuple[str, int]]:
     """``(kind, hour)`` of the closed hours within the horizon that hold rollups and have no
     pack, newest first."""
-    from sqlalchemy import func
-
     last_closed = (now_ns - int(lag_s * NS)) // (3600 * NS)  # hours before this one are closed
     first = max(0, (now_ns - int(horizon_s * NS)) // (3600 * NS))
     with engine.connect() as conn:
@@ -402,8 +397,6 @@ def refresh(engine: Engine, now_ns: int | None = None, limit: int | None = None,
 def pack_everything(engine: Engine, progress=None) -> int:
     """Pack every hour that holds rollups, verified at once: for a store nothing else writes
     to (the benchmarks' stores, filled and settled in one go). Returns how many were built."""
-    from sqlalchemy import func
-
     with engine.connect() as conn:
         newest = conn.execute(select(func.max(Rollup.minute))).scalar()
     if newest is None:

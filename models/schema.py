@@ -1,4 +1,7 @@
-"""Making sure a database is usable before a command touches it."""
+"""Making sure a database is usable before a command touches it.
+
+alembic's script tooling is imported only to name an unknown revision.
+"""
 
 from __future__ import annotations
 

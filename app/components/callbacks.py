@@ -3,6 +3,8 @@ the URL, the pickers' options, and the Share control's signing."""
 
 from __future__ import annotations
 
+from urllib.parse import parse_qs
+
 import dash
 from dash import Input, Output, State, ctx, no_update
 
@@ -33,8 +35,6 @@ def register_callbacks() -> None:
         Input(ids.URL, "search"),
     )
     def _nav_links(pathname, search):
-        from urllib.parse import parse_qs
-
         state = st.from_query({k: v for k, v in parse_qs((search or "").lstrip("?")).items()})
         keep = st.carried(state)
         hrefs = [st.to_href(path, keep) for path, _, _ in NAV_ITEMS]

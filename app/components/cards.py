@@ -7,11 +7,15 @@ import json
 from typing import Any, Mapping
 
 from dash import dcc, html
+from flask import current_app
 
 from ...core.findings import Finding, Incident, StageSuspect
-from .. import links
+from .. import evaluations, links, panels
+from ..detectors import Thresholds
 from .. import state as st
-from ..units import fmt_ms
+from ..incidents import is_cause
+from ..params import rfc3339
+from ..units import evidence_measure, fmt_ms, fmt_pct
 from .layout import empty_state, reader
 
 
@@ -21,10 +25,6 @@ SEVERITY_ORDER = ("critical", "warning", "info")
 
 def thresholds():
     """The detectors' thresholds (environment), read once per app like ``/api/v1/anomalies``."""
-    from flask import current_app
-
-    from ..detectors import Thresholds
-
     return Thresholds.kept_in(current_app.extensions["modalscope"])
 
 
@@ -32,16 +32,12 @@ def find_findings(res, state: Mapping[str, Any]):
     """The same findings ``/api/v1/anomalies`` returns, most severe first, as an
     ``evaluations.Evaluation`` (a window ending now may be answered by the worker's
     evaluation of up to 90 s ago; ``evaluation_note`` says so)."""
-    from .. import evaluations
-
     return evaluations.find_for(reader(), res.window, res.filters, thresholds(),
                                 relative=evaluations.ends_now(state))
 
 
 def evaluation_note(ev) -> str:
     """Plain text: which window the findings cover and when they were evaluated."""
-    from ..params import rfc3339
-
     def hm(ns: int) -> str:
         return rfc3339(ns)[11:19]
 
@@ -52,9 +48,7 @@ def evaluation_note(ev) -> str:
 
 def subject_text(subject: Mapping[str, Any]) -> str:
     """A finding's subject as plain text (values are span data: shown, never interpreted)."""
-    from ..panels import subject_text as text  # one definition, shared with the embeds
-
-    return text(subject)
+    return panels.subject_text(subject)  # one definition, shared with the embeds
 
 
 def evidence_text(value: Any) -> str:
@@ -95,8 +89,6 @@ def finding_title(f: Finding) -> list:
 def top_findings(found: list[Finding], state: Mapping[str, str], n: int = 3) -> html.Div:
     """The overview's panel: the ``n`` most severe findings with their links, findings that
     name a mechanism (the likely causes) before symptoms, most severe first within each."""
-    from ..incidents import is_cause
-
     if not found:
         return empty_state("No findings in this window.",
                            "The anomaly catalog (band breaks, hot spots, cache penetration, regressions …) "
@@ -135,12 +127,9 @@ def kind_text(kind: Any) -> str:
 
 def finding_measure(f: Finding) -> str:
     """The finding's headline number against its baseline, in human units ('' when none)."""
-    from ..units import fmt_pct
-
     ev = f.evidence
     if isinstance(ev.get("max_duration_ms"), (int, float)) and isinstance(ev.get("ceiling_s"), (int, float)):
-        from ..units import evidence_measure  # "longest 29.97 s vs ceiling 30 s": just under it
-
+        # "longest 29.97 s vs ceiling 30 s": just under it
         return evidence_measure({k: ev[k] for k in ("max_duration_ms", "ceiling_s")})
     for obs, base, label, unit in MEASURES:
         o, b = ev.get(obs), ev.get(base)
@@ -187,8 +176,6 @@ def incident_cause(i: Incident) -> html.Div:
 
 
 def fmt_pct_safe(v: Any) -> str:
-    from ..units import fmt_pct
-
     return fmt_pct(float(v), 0) if isinstance(v, (int, float)) and not isinstance(v, bool) else "—"
 
 

@@ -10,6 +10,7 @@ from dash import dcc, html
 
 from .. import ids
 from .. import state as st
+from ..queries import filter_options
 from .layout import reader
 
 
@@ -96,8 +97,6 @@ _values_cache: dict[int, tuple[float, Any, dict]] = {}
 def _filter_values(store) -> dict:
     """``queries.filter_options`` of ``store``, kept a few seconds: every keystroke in a
     picker asks again, and reading every series takes a few hundred ms at 20,000 services."""
-    from ..queries import filter_options
-
     now = time.monotonic()
     hit = _values_cache.get(id(store))
     if hit is not None and hit[1] is store and now - hit[0] < _VALUES_SECONDS:

@@ -6,6 +6,7 @@ from typing import Any, Mapping
 
 import dash
 from dash import dcc, html
+from flask import current_app
 
 from .. import ids
 
@@ -25,8 +26,6 @@ EMPTY_HINT = ["send OTLP to ", html.Code(":4318"), " (or gRPC ", html.Code(":431
 
 
 def reader():
-    from flask import current_app
-
     return current_app.extensions["modalscope"]["reader"]
 
 

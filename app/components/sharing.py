@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import dash
-from dash import Input, Output, State, dcc, html
+from dash import MATCH, Input, Output, State, dcc, html
+from flask import current_app, has_app_context, has_request_context, request
 
-from .. import ids
+from .. import ids, panels
+from ..params import ParamError
 
 
 SHARE_TTLS = ((0, "not signed"), (86400, "1 day"), (7 * 86400, "7 days"), (30 * 86400, "30 days"))
@@ -15,24 +17,17 @@ SHARE_TTLS = ((0, "not signed"), (86400, "1 day"), (7 * 86400, "7 days"), (30 * 
 
 def _share_secret() -> str:
     """MODALSCOPE_SECRET_KEY of the app serving this request ('' outside one)."""
-    from flask import current_app, has_app_context
-
     return current_app.extensions["modalscope"]["settings"].secret_key if has_app_context() else ""
 
 
 def _base_url() -> str:
     """This site's root as the browser reached it (through the proxy's host when trusted)."""
-    from flask import has_request_context, request
-
     return request.url_root if has_request_context() else "/"
 
 
 def share_values(panel: str, params: Mapping[str, str], ttl_seconds: int = 0) -> tuple[dict | None, str]:
     """The Share control's values: ``panels.share_urls`` (what ``/api/v1/share`` answers),
     signed when ``ttl_seconds`` > 0 and MODALSCOPE_SECRET_KEY is set; else (None, why not)."""
-    from .. import panels
-    from ..params import ParamError
-
     if panel not in panels.PANELS:
         return None, f"unknown panel {panel[:64]!r}"
     secret = _share_secret()
@@ -68,8 +63,6 @@ def share_control(panel: str, state: Mapping[str, Any], trace_id: str | None = N
     iframe snippet and the PNG URL in read-only fields with copy buttons, and (with
     MODALSCOPE_SECRET_KEY set) "signed, expires in 1 day | 7 days | 30 days", signed on the
     server by the same function as ``/api/v1/share``."""
-    from .. import panels
-
     params = panels.panel_params(panels.PANELS[panel], state, trace_id)
     values, note = share_values(panel, params)
     values = values or {}
@@ -95,8 +88,6 @@ def share_control(panel: str, state: Mapping[str, Any], trace_id: str | None = N
 
 def register_share_callback() -> None:
     """Signing happens on the server: the chosen lifetime comes in, signed URLs go out."""
-    from dash import MATCH
-
     @dash.callback(
         Output(ids.share_id(ids.SHARE_LINK, MATCH), "value"),
         Output(ids.share_id(ids.SHARE_EMBED, MATCH), "value"),

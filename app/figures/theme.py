@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Iterable, Sequence
 
 import plotly.graph_objects as go
+import plotly.io as pio
 
 from ..units import fmt_ms
 
@@ -72,8 +73,6 @@ def _use_template(fig: go.Figure, name: str = "plotly_white") -> None:
     validates the whole template on every figure (25 ms of a page's ~50 ms a chart, measured).
     This is what plotly does itself when it applies ``pio.templates.default`` to a new figure;
     the JSON is identical (tests/app/test_figures.py)."""
-    import plotly.io as pio
-
     layout = fig.layout
     if not hasattr(layout, "_validate"):  # another plotly: the public, slower way
         fig.update_layout(template=name)

@@ -21,10 +21,13 @@ import dash
 from dash import Input, Output, State, dcc, html
 
 from modalscope.app import components as c
+from modalscope.app import evaluations
+from modalscope.app import incidents as inc
 from modalscope.app import figures, ids, links, queries, tokens
 from modalscope.app import state as st
 from modalscope.app.panels import baseline_status
 from modalscope.app.units import fmt_count, fmt_ms, fmt_num, fmt_pct
+from modalscope.models.reader import Filters
 
 dash.register_page(__name__, path="/", name="Overview", title="modalscope · overview", order=0)
 
@@ -179,10 +182,6 @@ def _findings(state):
 def incidents_for(res, state) -> tuple[list, bool]:
     """The window's incidents, most severe first, and whether each was judged over its own
     span (from stored evaluations) rather than over the window only (see the module doc)."""
-    from modalscope.app import evaluations
-    from modalscope.app import incidents as inc
-    from modalscope.models.reader import Filters
-
     reader, th = c.reader(), c.thresholds()
     ev = evaluations.find_for(reader, res.window, Filters(), th, relative=evaluations.ends_now(state))
     try:
@@ -197,8 +196,6 @@ TOP_INCIDENTS = 3
 def top_incidents(found: list, state, judged: bool, n: int = TOP_INCIDENTS) -> html.Div:
     """The overview's panel: the ``n`` most severe incidents, each linking to its section on
     the Anomalies page."""
-    from modalscope.app import incidents as inc
-
     if not found:
         return c.empty_state("No incidents in this window.",
                              "The anomaly catalog found nothing that needs attention.")

@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 import plotly.graph_objects as go
+from plotly.utils import PlotlyJSONEncoder
 
 from .. import figures
 from .. import state as st
@@ -119,8 +120,6 @@ def figure_json(fig: go.Figure) -> str:
 
 
 def script_json(value: Any) -> str:
-    from plotly.utils import PlotlyJSONEncoder
-
     text = json.dumps(value, cls=PlotlyJSONEncoder, ensure_ascii=False, separators=(",", ":"))
     return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))

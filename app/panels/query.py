@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import plotly.graph_objects as go
 
 from ...models.reader import Filters
-from .. import figures, queries, signing
+from .. import detectors, evaluations, figures, queries, signing
 from .. import state as st
 from ..params import ParamError, Window, parse_filters, parse_trace_id, parse_window
 from .tables import Table, anomalies_table, input_types_table, pair_table
@@ -214,8 +214,6 @@ def build_query(q: PanelQuery, reader, *, thresholds=None) -> Built:
         rows = queries.cache_series(reader, q.window, q.group_by, q.cache, st.step_minutes(q.window, 60))
         return Built(q, figure=figures.cache_hit_rate_figure(rows))
     if name == "anomalies":
-        from .. import detectors, evaluations
-
         th = thresholds if thresholds is not None else detectors.Thresholds()
         ev = evaluations.find_for(reader, q.window, q.filters, th, relative=evaluations.ends_now(q.params))
         return Built(q, table=anomalies_table(ev.findings))

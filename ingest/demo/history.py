@@ -1,5 +1,9 @@
 """The history window: requests per minute, the OTLP requests built in blocks of whole
-minutes, and filling a store with them (optionally generated in a child process)."""
+minutes, and filling a store with them (optionally generated in a child process).
+
+The pipeline's decoder and writer are imported by ``fill``: the generator's child process
+builds requests without them.
+"""
 
 from __future__ import annotations
 

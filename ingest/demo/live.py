@@ -1,4 +1,7 @@
-"""Live traffic: "now" requests sent through a running pipeline while the demo runs."""
+"""Live traffic: "now" requests sent through a running pipeline while the demo runs.
+
+The pipeline's decoder and writer are imported when live traffic is first sent.
+"""
 
 from __future__ import annotations
 

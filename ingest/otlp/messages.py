@@ -1,5 +1,8 @@
 """Private protobuf classes, wire-compatible with the OTLP trace messages, that read only what
-the decoders need."""
+the decoders need.
+
+google.protobuf's builders are imported when a class is first built.
+"""
 
 from __future__ import annotations
 

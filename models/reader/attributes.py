@@ -8,7 +8,7 @@ from typing import Iterable
 
 import json as _json
 
-from sqlalchemy import BigInteger, Connection, String, and_, func, literal, or_, select
+from sqlalchemy import BigInteger, Connection, String, and_, case, func, literal, or_, select
 
 from .. import Span, Trace
 from ..dialect import index_by_bitmap, one_of, plan_for_parameters
@@ -240,8 +240,6 @@ class AttributeReader:
         of one table seek per row through the index. One ``service``'s spans, when they are
         at most a quarter of the window's, are read through that service's span index.
         """
-        from sqlalchemy import case, func, literal
-
         if self._ctx.engine.dialect.name == "sqlite":  # instr: a plain substring test, cheaper than LIKE
             needles = [func.instr(Span.attributes, _json.dumps(k)) > 0 for k in keys]
         else:

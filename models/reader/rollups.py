@@ -10,7 +10,7 @@ from typing import Iterable
 
 import numpy as np
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, exists, func, or_, select, tuple_
 
 from .. import Rollup, Series
 from .. import packs
@@ -163,8 +163,6 @@ class RollupReader:
                       input_type: str | None = None) -> dict[tuple[str, str], RollupGroup]:
         """Merged ``op`` histograms per (service, span name), over every stage and input type
         (or one ``input_type``): "P97 for vit.forward" ranks a span against these."""
-        from sqlalchemy import tuple_
-
         wanted = sorted(set(ops))
         out: dict[tuple[str, str], RollupGroup] = {}
         if not wanted:
@@ -250,8 +248,6 @@ class RollupReader:
 
     def kinds_in_window(self, dims_of: dict[str, tuple[str, ...]], start_ns: int, end_ns: int) -> dict[str, set[tuple]]:
         """``series_in_window`` of several kinds (kind -> its dims) in one statement."""
-        from sqlalchemy import exists
-
         out: dict[str, set[tuple]] = {kind: set() for kind in dims_of}
         columns = sorted({d for dims in dims_of.values() for d in dims})
         with self._ctx.reads.connect() as conn:
@@ -273,8 +269,6 @@ class RollupReader:
         """``(service, name, first minute)`` of every ``kind`` series with a rollup row in the
         window (for ``inst``: when each instance was first seen). One index seek a series
         (``(series_id, minute)``), not a scan of the window's rollups."""
-        from sqlalchemy import func
-
         first, last = minute_range(start_ns, end_ns)
         r = Rollup.__table__.alias("r")
         earliest = (select(func.min(r.c.minute)).where(r.c.series_id == Series.id, r.c.minute >= first,

@@ -99,8 +99,6 @@ class SpanReader:
             return None if row is None else dict(row)
 
     def counts(self) -> dict[str, int]:
-        from sqlalchemy import func
-
         with self._ctx.reads.connect() as conn:
             return {
                 "spans": conn.execute(select(func.count()).select_from(Span)).scalar_one(),

@@ -2,15 +2,14 @@
 
 Everything else uses SQLAlchemy Core/ORM constructs that run anywhere; these helpers pick
 the dialect's spelling of "insert, ignoring duplicates" and "upsert".
-
-The models are imported inside the two helpers that need them: ``models/__init__.py`` imports
-this module.
 """
 
 from __future__ import annotations
 
 from sqlalchemy import Connection, Table, and_, any_, bindparam, case, cast, func, literal, or_, select, text, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
+
+from . import Span, Trace
 
 
 def _insert_for(conn: Connection):
@@ -103,8 +102,6 @@ def insert_spans(conn: Connection, columns: tuple[str, ...], rows: list[tuple]) 
     resent trace merely settles again to the same result. PostgreSQL copies the rows into
     a temporary table and inserts from there with RETURNING.
     """
-    from . import Span
-
     if conn.dialect.name == "sqlite":
         cols = ", ".join(columns)
         marks = ", ".join("?" * len(columns))
@@ -149,8 +146,6 @@ def mark_traces_pending(conn: Connection, traces: list[tuple[str, int]], now_ns:
     The driver's own executemany: SQLAlchemy's bound values a row cost ~1.4 µs a span on
     the writer's hot path (one row a trace a request).
     """
-    from . import Trace
-
     mark = "?" if conn.dialect.name == "sqlite" else "%s"
     true, false = ("1", "0") if conn.dialect.name == "sqlite" else ("true", "false")
     t = Trace.__tablename__

@@ -7,6 +7,9 @@ builds requests without them.
 
 from __future__ import annotations
 
+import itertools
+import multiprocessing
+import queue as queues
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -147,10 +150,6 @@ def _generated(config: DemoConfig, background: bool) -> Iterator[tuple[bytes, in
     """``_iter_blocks(config)``, from a child process when ``background`` (generating is a
     tenth of a fill's time, and the writer leaves a second core idle): the same items in the
     same order. Where no child starts, or it dies, this process generates the rest."""
-    import itertools
-    import multiprocessing
-    import queue as queues
-
     if not background:
         yield from _iter_blocks(config)
         return

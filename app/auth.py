@@ -47,8 +47,8 @@ from datetime import timedelta
 from typing import Callable
 from urllib.parse import quote
 
-from flask import Flask, Request, Response, g, has_request_context, jsonify, redirect, render_template_string, request, session
-from flask import current_app
+from flask import (Flask, Request, Response, current_app, g, has_request_context, jsonify, redirect,
+                   render_template_string, request, session)
 from flask.sessions import SecureCookieSessionInterface
 from sqlalchemy import delete, insert, select
 from sqlalchemy.exc import SQLAlchemyError

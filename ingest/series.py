@@ -15,8 +15,8 @@ from sqlalchemy import Connection, Engine, func, select
 
 from ..models import Series
 from ..models.dialect import insert_ignore
-from ..settings import SettingsError, setting_from_env
 from ..models.names import NAME_CHARS, OVERFLOW, SERVICE_CHARS, cap_text
+from ..settings import SettingsError, setting_from_env
 
 log = logging.getLogger(__name__)
 

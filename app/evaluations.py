@@ -43,6 +43,7 @@ from sqlalchemy.exc import DBAPIError
 
 from ..core.every import Every
 from ..core.findings import Finding
+from ..durations import DAY_NS, HOUR_NS, NS
 from ..models import FindingEvaluation, changes
 from ..models.reader import Filters, StoreReader
 from . import detectors as d
@@ -51,7 +52,6 @@ from .params import Window
 
 log = logging.getLogger(__name__)
 
-from ..durations import DAY_NS, HOUR_NS, NS
 #: How much older than the request's window end a stored evaluation may be and still answer it.
 FRESH_S = 90
 #: Stored evaluations of a relative window whose end is older than this are deleted when a

@@ -36,6 +36,7 @@ from typing import Callable
 
 from sqlalchemy import Engine
 
+from ..durations import MINUTE_NS, NS
 from .cloud_trace import PollError, rfc3339
 from .cursors import Lease, LeaseLost, read_cursors
 from .google_api import Backoff, call_with_retries, error_line, google_client
@@ -52,8 +53,6 @@ END_TO_END = "end_to_end"
 MAX_SERIES_PER_REQUEST = 200
 MAX_BACKLOG_MINUTES = 24 * 60
 CURSOR_PREFIX = "export-metrics:"
-from ..durations import NS
-NS_PER_MINUTE = 60 * NS
 
 ExportError = PollError
 
@@ -105,8 +104,8 @@ def minute_points(reader, minute: int) -> list[MetricPoint]:
     """Every point of one minute, from the rollups (``reader``: ``StoreReader``)."""
     from ..models.reader import RollupQuery
 
-    start = minute * NS_PER_MINUTE
-    end = start + NS_PER_MINUTE
+    start = minute * MINUTE_NS
+    end = start + MINUTE_NS
     qs = [q for _, q in PERCENTILES]
     points: list[MetricPoint] = []
     for g in reader.rollups.merged(RollupQuery("pair", start, end, group_by=("caller", "callee"))):
@@ -185,8 +184,8 @@ class ExportResult:
         if self.first_minute is None:
             return f"export-metrics {project}: nothing new to export"
         return (f"export-metrics {project}: {self.series} series points in {self.minutes} minutes "
-                f"({rfc3339(self.first_minute * NS_PER_MINUTE)} .. "
-                f"{rfc3339((self.last_minute + 1) * NS_PER_MINUTE)}), {self.requests} requests"
+                f"({rfc3339(self.first_minute * MINUTE_NS)} .. "
+                f"{rfc3339((self.last_minute + 1) * MINUTE_NS)}), {self.requests} requests"
                 + (f", {self.skipped} refused" if self.skipped else ""))
 
 
@@ -248,7 +247,7 @@ class MetricsExporter:
 
     def pending_minutes(self, position: int, now_ns: int | None = None) -> range:
         now_ns = self.clock() if now_ns is None else now_ns
-        last = (now_ns - int(self.cfg.delay * NS)) // NS_PER_MINUTE - 1  # last complete minute
+        last = (now_ns - int(self.cfg.delay * NS)) // MINUTE_NS - 1  # last complete minute
         earliest = last - MAX_BACKLOG_MINUTES + 1
         first = position + 1 if position else last - min(self.cfg.backfill_minutes, MAX_BACKLOG_MINUTES) + 1
         return range(max(first, earliest), last + 1)
@@ -268,7 +267,7 @@ class MetricsExporter:
                 self.last_error = error_line(exc)
                 result.skipped += len(batch)
                 log.warning("Cloud Monitoring refused %d series of minute %s: %s", len(batch),
-                            rfc3339(minute * NS_PER_MINUTE), self.last_error)
+                            rfc3339(minute * MINUTE_NS), self.last_error)
             except e.GoogleAPICallError as exc:
                 raise self._refused(exc) from None
             result.requests += 1
@@ -290,7 +289,7 @@ class MetricsExporter:
             result.last_minute = minute
             result.minutes += 1
             info = dict(info, last_export_ns=self.clock(), last_error=self.last_error,
-                        last_minute=rfc3339((minute + 1) * NS_PER_MINUTE))
+                        last_minute=rfc3339((minute + 1) * MINUTE_NS))
             self.lease.save(position=minute, info=info)
         return result
 
@@ -341,7 +340,7 @@ def exporter_health(engine: Engine, now_ns: int | None = None) -> dict | None:
     return {"exporters": [{
         "project": st.name[len(CURSOR_PREFIX):],
         "active": bool(st.holder) and st.lease_expires_ns > now_ns,
-        "exported_through": rfc3339((st.position + 1) * NS_PER_MINUTE) if st.position else None,
+        "exported_through": rfc3339((st.position + 1) * MINUTE_NS) if st.position else None,
         "last_export": rfc3339(st.info["last_export_ns"]) if st.info.get("last_export_ns") else None,
         "last_error": st.info.get("last_error"),
     } for st in rows]}

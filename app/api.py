@@ -132,8 +132,8 @@ def anomalies():
     """Findings of the anomaly catalog in the window, most severe first (``app/findings.py``)."""
     window = parse_window(request.args)
     if window.seconds > MAX_ANOMALY_WINDOW_S:
-        # The detectors work minute by minute: a 400-day window held a worker for a
-        # minute and 1.2 GB; a window from 1970 tried to allocate 57 GiB.
+        # The detectors work minute by minute: a window of a year or more held a worker long and
+        # much of its memory; one from 1970 tried to allocate more than a machine has.
         raise ParamError("range" if request.args.get("range") else "start",
                          f"the anomaly window is at most {MAX_ANOMALY_WINDOW_S // 86400} days")
     ev = evaluations.find_for(_reader(), window, parse_filters(request.args), _thresholds(),

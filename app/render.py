@@ -3,8 +3,8 @@
 kaleido >= 1.0 draws a Plotly figure in a headless Chrome/Chromium that it drives through
 ``choreographer``; it finds the browser by ``BROWSER_PATH``, then ``chromium``/``chrome`` on the
 ``PATH`` and the usual install paths (Debian's ``/usr/bin/chromium``). A cold start costs
-seconds (about 2.6 s on the 2-core test machine), a warm render about 0.2 s, so
-:class:`Renderer` opens one browser lazily, on the first image a process serves, and keeps it.
+seconds, a warm render a fraction of one, so :class:`Renderer` opens one browser lazily, on
+the first image a process serves, and keeps it.
 
 Why not ``kaleido.start_sync_server()``: when the browser cannot start (no Chromium, a crash
 at start-up) its server thread dies and every later ``calc_fig_sync`` waits forever on its

@@ -209,9 +209,8 @@ def import_files(engine: Engine, paths: list[str], rules: StageRules,
 # this much (a few tens of MB), no further.
 MAX_QUEUED_SPANS = 40_000
 # ... while importing OTLP/JSON, which decodes at about half the writer's pace, so a deeper
-# queue only holds memory: a 600,000-span JSON-lines import peaked at 303-313 MB with
-# 40,000, 272-286 MB with 20,000, written in the same 19.4-20.1 s (protobuf files, decoded
-# faster than they are written, keep the deeper queue: 3-4 % slower with 20,000).
+# queue only holds memory: a JSON-lines import peaked higher with 40,000 and was written no
+# faster (protobuf files, decoded faster than they are written, keep the deeper queue).
 MAX_QUEUED_JSON_SPANS = 20_000
 
 

@@ -2,7 +2,7 @@
 
 Each thread that allocates gets a glibc malloc arena of its own (up to eight per core), and a
 large request freed in one arena is seldom given back to the system: a burst of 16 MiB
-requests across the receivers' threads left a process at twice its working size. Two arenas,
+requests across the receivers' threads left a process far above its working size. Two arenas,
 a fixed mmap threshold (glibc otherwise raises it to the largest block freed, so the next
 16 MiB bodies come from the heap and stay there) and a trim after large requests keep RSS
 near the live data.

@@ -65,8 +65,8 @@ FULL_METHOD = f"/{SERVICE}/{METHOD}"
 #: Worker threads that never wait for a commit, so a busy receiver can still say so.
 RESERVED_WORKERS = 2
 #: Calls receiving their request message at once. Each may buffer up to the size cap and grpc
-#: copies it once more into the bytes handed over: two at once took a receiver fed 16 MiB
-#: calls past 300 MB; an exporter's message arrives in milliseconds, so one slot costs little.
+#: copies it once more into the bytes handed over: two at once held too much memory in a
+#: receiver fed 16 MiB calls; an exporter's message arrives quickly, so one slot costs little.
 MAX_RECEIVING = 1
 #: Seconds a call waits for a receiving slot before it is refused.
 RECEIVE_SLOT_WAIT = 1.0

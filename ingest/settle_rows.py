@@ -22,7 +22,7 @@ TID, SID, PARENT, SERVICE, NAME, KIND, STAGE, START, DUR, STATUS, ATTRS, INSTANC
     LAYER, SIGNALS, LINKS = range(19)
 
 
-# Settling does without pandas: importing it costs a settler process about 25 MB for good,
+# Settling does without pandas: importing it costs a settler process memory for good,
 # and a dict does its factorizing of a batch's columns as fast.
 def factorize(values: Iterable, count: int | None = None) -> tuple[np.ndarray, list]:
     """Codes (int64) of ``values`` (hashable; None is a value like any other) and their

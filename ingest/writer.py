@@ -124,7 +124,7 @@ def _clean(text: str) -> str:
 
 
 def _json(value) -> str:
-    # orjson: ~15x faster than json.dumps on this hot path. JSON has no NaN/Infinity, so
+    # orjson: far faster than json.dumps on this hot path. JSON has no NaN/Infinity, so
     # such doubles (legal in OTLP) are stored as null.
     try:
         return orjson.dumps(value).decode()

@@ -43,7 +43,7 @@ def run_migrations_online() -> None:
         with engine.connect() as conn:
             if conn.dialect.name == "sqlite":
                 # A migration that rebuilds the spans table sorts every row for each index: on
-                # disk, not in memory (temp_store=MEMORY took 813 MB at 1 M spans for 0007).
+                # disk, not in memory (temp_store=MEMORY took far too much memory for 0007).
                 conn.exec_driver_sql("PRAGMA temp_store=FILE")
                 conn.commit()
             _run(conn)

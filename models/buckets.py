@@ -3,8 +3,8 @@
 The spans table's exemplar index is ``(service, duration_bucket, start_ns, duration_ns)``
 rather than ``(service, duration_ns)``. New spans then land at the end of a few hundred
 (bucket, time) runs instead of at random places in a duration-sorted index: a commit of
-5,000 spans rewrote ~5,000 index pages before, a few hundred now (ingest 20.8 -> 12.7 µs a
-span at 5,000-span commits, bench/ingest_bench.py). A slowest-first search walks the
+5,000 spans rewrote ~5,000 index pages before, a few hundred now (faster ingest,
+bench/ingest_bench.py). A slowest-first search walks the
 buckets downward and sorts within each (``reader.spans.slowest``): every span of a higher
 bucket is slower than every span of a lower one, so the order is exact.
 """

@@ -29,8 +29,8 @@ READ_AT_MOST = 10_000
 #: A write logged within this long of an earlier one over minutes near it is merged into that
 #: row (its range widened to both, its stamp moved on) instead of adding one: a busy settler
 #: commits a batch or two a second over the same live minutes, ~170,000 rows a day, and a
-#: question about an evaluation an hour old scanned every row since (~27 ms each, dozens an
-#: evaluation). Merged, live traffic logs a row every ``MERGE_SPAN_MINUTES`` or so. A merged
+#: question about an evaluation an hour old scanned every row since (dozens of such questions
+#: an evaluation). Merged, live traffic logs a row every ``MERGE_SPAN_MINUTES`` or so. A merged
 #: row says "changed" for a little more than was (never less): a cached result is recomputed
 #: a little more often, never kept wrongly.
 MERGE_S = 10

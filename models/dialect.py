@@ -41,9 +41,8 @@ def index_by_bitmap(conn: Connection) -> None:
 
     For a read through the walk index ``(service, duration_bucket, start_ns, ...)`` whose
     result is ordered by start: PostgreSQL's planner prefers the ``start_ns`` index for its
-    order and filters every span of the window (a half hour at ten million spans a day:
-    59,000 rows and 118,000 buffers for one service's 6,000, 65 ms), where a bitmap of the
-    walk index and a sort take 16 ms."""
+    order and filters every span of the window to keep one service's, where a bitmap of the
+    walk index and a sort read only that service's and are much cheaper."""
     if conn.dialect.name == "postgresql":
         conn.execute(text("SET LOCAL enable_indexscan = off"))
 
@@ -53,9 +52,9 @@ def no_sequential_scans(conn: Connection) -> None:
     has one; nothing elsewhere.
 
     For reads whose every statement has an index that fits, where the planner's estimate of
-    two correlated conditions is far off: an input type's P99 tail of a day (3,896 traces,
-    estimated 197,725 from input type and duration taken apart) was read by scanning the
-    whole traces table (368 ms), through its tail index in a few ms."""
+    two correlated conditions is far off: an input type's P99 tail of a day (estimated at
+    many times its traces from input type and duration taken apart) was read by scanning the
+    whole traces table, far slower than through its tail index."""
     if conn.dialect.name == "postgresql":
         conn.execute(text("SET LOCAL enable_seqscan = off"))
 
@@ -67,18 +66,17 @@ def plan_for_parameters(conn: Connection) -> None:
     psycopg prepares a statement it has run five times, and PostgreSQL may then keep one
     generic plan for any parameters. For reads whose best plan depends on the window (a
     Compare's stretches of one service's spans) that plan was the wrong one: a day's Compare
-    of one pair took 420-565 ms on every call after the first, 57-153 ms planned each time
-    (10 M spans). Not for every read: planning each statement anew made the raw-span reads
-    slower (docs/benchmarks.md)."""
+    of one pair was far slower on every call after the first than planned each time. Not for
+    every read: planning each statement anew made the raw-span reads slower (docs/benchmarks.md)."""
     if conn.dialect.name == "postgresql":
         conn.execute(text("SET LOCAL plan_cache_mode = force_custom_plan"))
 
 
 def one_of(conn: Connection, column, values: list, item_type):
     """``column`` equals one of ``values`` (of SQL type ``item_type``). On PostgreSQL ``=
-    ANY(array)``, the values bound as one array: a whole-trace Compare's root look-up, 1,855
-    start times and as many trace ids, took 29 ms to bind, plan and run as two ``IN`` lists
-    there, 11 ms as two arrays. Elsewhere ``IN``."""
+    ANY(array)``, the values bound as one array: a whole-trace Compare's root look-up,
+    thousands of start times and as many trace ids, binds, plans and runs much faster as two
+    arrays than as two ``IN`` lists there. Elsewhere ``IN``."""
     if conn.dialect.name == "postgresql":
         return column == any_(bindparam(None, list(values), type_=postgresql.ARRAY(item_type)))
     return column.in_(values)
@@ -115,9 +113,8 @@ def insert_spans(conn: Connection, columns: tuple[str, ...], rows: list[tuple]) 
         return inserted, ({r[0] for r in rows} if inserted else set())
     # COPY into a temporary table, then one INSERT ... SELECT that skips stored spans and
     # returns the new ones' trace ids (the driver's executemany rowcount also counts skipped
-    # rows). Half the time of psycopg's pipelined INSERTs (20,000 spans: 0.60-0.70 s against
-    # 1.06-1.29 s here, resent ones 0.23-0.28 s against 0.70-0.90 s), and nothing held per row:
-    # a pipeline kept every row's result until read (~80 MB for a receiver's 20,000-span batch).
+    # rows). Faster than psycopg's pipelined INSERTs, new spans or resent ones, and nothing
+    # held per row: a pipeline kept every row's result until read, a lot for a large batch.
     # Each write creates the table when its connection has none (one cheap statement; no
     # flag to go stale when the transaction that created it rolls back). A write in the same
     # transaction as another copies its rows after the first's, which then conflict and are
@@ -143,8 +140,8 @@ def mark_traces_pending(conn: Connection, traces: list[tuple[str, int]], now_ns:
     start of its spans in this write), kept as ``first_start_ns`` (the earlier of the stored
     and the new; an unknown, NULL, stays unknown).
 
-    The driver's own executemany: SQLAlchemy's bound values a row cost ~1.4 µs a span on
-    the writer's hot path (one row a trace a request).
+    The driver's own executemany: SQLAlchemy's bound values a row cost too much on the
+    writer's hot path (one row a trace a request).
     """
     mark = "?" if conn.dialect.name == "sqlite" else "%s"
     true, false = ("1", "0") if conn.dialect.name == "sqlite" else ("true", "false")
@@ -199,9 +196,9 @@ def rows_with_keys(conn: Connection, table: Table, time_col: str, keys: list[tup
                    lock: bool = False):
     """Rows (mappings) of a rollup table whose ``(time_col, series_id)`` is one of ``keys``
     (at most a few hundred). SQLite 3.40 answers ``(a, b) IN (VALUES ...)`` by scanning the
-    whole table (a settle batch's 400-key lookup: 125-1,079 ms on a day's 347,559 minute
-    rows, and the settler slowed as the store grew); joined from a VALUES list it looks each
-    key up in the primary key (6 ms). ``lock``: FOR UPDATE (PostgreSQL), in key order."""
+    whole table (a settle batch's look-up slowed the settler as the store grew); joined from
+    a VALUES list it looks each key up in the primary key. ``lock``: FOR UPDATE (PostgreSQL),
+    in key order."""
     if not keys:
         return iter(())
     if conn.dialect.name == "sqlite":

@@ -90,11 +90,10 @@ def make_engine(url: str, *, write: bool = False, pool_size: int = 5) -> Engine:
 
 
 #: Settings of this project's PostgreSQL sessions; a URL whose ``options`` name one keeps its own.
-#: - ``parallel_setup_cost`` (the server's default is 1000): starting parallel workers took
-#:   10-15 ms here, and the planner chose them for reads of a millisecond: the Stages view's
-#:   hour of rollups (1,900 rows) took 36 ms with two workers and 23 ms without (1 M spans,
-#:   docs/benchmarks.md). At this cost only plans that are large by the planner's
-#:   estimate run in parallel.
+#: - ``parallel_setup_cost`` (the server's default is 1000): starting parallel workers cost
+#:   more here than the short reads the planner chose them for: the Stages view's hour of
+#:   rollups was slower with two workers than without (docs/benchmarks.md). At this cost
+#:   only plans that are large by the planner's estimate run in parallel.
 SESSION_SETTINGS = {"parallel_setup_cost": "10000"}
 
 
@@ -119,8 +118,8 @@ BINARY_RESULTS = "modalscope_binary_results"
 
 def _configure_binary_results(engine: Engine) -> None:
     """A statement executed with ``BINARY_RESULTS`` gets its rows in the binary format: psycopg
-    otherwise receives ``bytea`` (every rollup's sketch) as hex text and decodes it (the
-    Stages page's 24 h hourly read: 42 -> 25 ms). Only for rows read straight from the
+    otherwise receives ``bytea`` (every rollup's sketch) as hex text and decodes it, a large
+    share of a long read such as the Stages page's. Only for rows read straight from the
     cursor (``plain_rows``): ints, strings and bytes load the same either way."""
     if engine.dialect.driver != "psycopg":
         return

@@ -33,6 +33,7 @@ from sqlalchemy import Connection, Engine, delete, func, select, update
 
 from ..core.every import Every
 from ..core.series import SeriesKind
+from ..durations import NS
 from . import RollupPack, Rollup, Series
 from .dialect import upsert
 from .changes import CHANGE_MARGIN_S, READ_AT_MOST, changed_since, changes_since
@@ -43,13 +44,11 @@ log = logging.getLogger(__name__)
 #: The series kinds packed: the ones the detectors read whole.
 PACK_KINDS = (SeriesKind.PAIR, SeriesKind.TRACE, SeriesKind.CACHE, SeriesKind.BATCH, SeriesKind.CUDA,
               SeriesKind.SYNC)
-#: Kinds packed without their sketches: their detectors use only counts and sums (a day of
-#: ``cache`` packs at ten million spans, 9.9 MB with its 1.2 million sketch entries, is
-#: ~0.5 MB without). ``reader.rollups.columns`` reads them from packs only when asked
-#: for no sketches.
+#: Kinds packed without their sketches: their detectors use only counts and sums (sketch
+#: entries are nearly all of a ``cache`` pack's bytes). ``reader.rollups.columns`` reads them
+#: from packs only when asked for no sketches.
 SKETCHLESS_KINDS = frozenset({SeriesKind.CACHE, SeriesKind.BATCH})
 MAGIC = b"MSPACK01"
-from ..durations import NS
 #: Hours packed back from now: what the detectors judge at most (7 days) and their look-back.
 HORIZON_S = 7 * 86400 + 2 * 3600
 #: An hour is packed this long after it ends (spans still settling into it cost a rebuild).
@@ -58,7 +57,7 @@ LAG_S = 300
 #: logged from then on (a settle batch in flight while it was built commits within it).
 VERIFY_AFTER_S = 120
 #: Packs (a kind's hour each) built at most per schedule tick (a week of six kinds is ~1,000;
-#: a day at ten million spans, 150 packs, took 1.3 s on SQLite and 3.2 s on PostgreSQL).
+#: a day's at once held a tick far too long on a large store).
 PACKS_PER_TICK = 48
 #: How often the receivers' settler packs (``ingest/pipeline.py``).
 EVERY_S = 60.0
@@ -152,8 +151,7 @@ def take(cols: Columns, order: np.ndarray) -> Columns:
     breaks = np.flatnonzero(np.diff(order) != 1) + 1
     if len(breaks) < len(order) // 8:
         # Few runs of consecutive rows (hour packs put together by series: a series' hour is
-        # one run): their entries copied a run at a time (a day of pairs, 2.7 million
-        # entries: sorting them 17 -> 7 ms), not picked one by one.
+        # one run): their entries copied a run at a time, far cheaper than picked one by one.
         firsts = np.concatenate([[0], breaks])
         lasts = np.concatenate([breaks, [len(order)]]) - 1
         spans = list(zip(starts[firsts].tolist(), (starts[lasts] + lengths[lasts]).tolist()))
@@ -179,9 +177,9 @@ def _cut(values: np.ndarray, spans: list[tuple[int, int]], total: int) -> np.nda
 def merge(parts: list[Columns], keep_series: np.ndarray | None = None) -> Columns:
     """``sort_rows(concat(parts))`` (only the rows of ``keep_series`` ids, when given), with
     each row's sketch entries copied once, straight from its part: concatenating a day of
-    pair packs' 2.7 million entries and copying them again in sorted order was two thirds of
-    their read (19 of 29 ms). Rows of one series next to each other in a part and in the
-    result (an hour of a series in its pack) are copied a run at a time."""
+    pair packs' entries and copying them again in sorted order was most of their read. Rows
+    of one series next to each other in a part and in the result (an hour of a series in its
+    pack) are copied a run at a time."""
     parts = [p for p in parts if len(p)]
     if keep_series is not None:
         parts = [select_rows(p, np.isin(p.series_id, keep_series)) for p in parts]
@@ -284,7 +282,7 @@ class PackCache:
     which stamps a new ``built_ns``: each entry is kept with its ``built_ns`` and size, and
     ``read`` lists the window's verified packs without their data (a few index rows) and
     fetches only those it does not hold in that version. At ten million spans a day, a day
-    of pair packs is 23 MB that PostgreSQL detoasts and sends (54 ms) on every first request
+    of pair packs is 23 MB that PostgreSQL detoasts and sends on every first request
     of a window. Thread-safe: the app's reader serves concurrent requests."""
 
     def __init__(self, max_bytes: int = CACHE_BYTES) -> None:
@@ -340,7 +338,7 @@ def read(conn: Connection, kind: str, first_hour: int, end_hour: int,
         window.append(RollupPack.hour.in_(wanted))
     stmt = select(RollupPack.hour, RollupPack.built_ns, RollupPack.data).where(*window)
     # bytea in the binary format on PostgreSQL: the text format's hex doubles what crosses the
-    # wire and is decoded again here (a day of pair packs at ten million spans, 23 MB: 138 -> 57 ms)
+    # wire and is decoded again here, a large share of reading a day of pair packs
     fetched = conn.execute(stmt, execution_options={BINARY_RESULTS: True}).all()
     for hour, built_ns, data in fetched:
         # (bytes, not a driver's buffer: decoded columns are read-only views into it)

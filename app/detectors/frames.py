@@ -68,7 +68,7 @@ LONG_TRACE_COLUMNS = ("trace_id", "root_service", "input_type", "start_ns", "dur
 
 def empty_frame(columns) -> pd.DataFrame:
     """A frame of no rows with these (object) columns: a copy of one built once (building
-    one took 0.5 ms, and every ``Frames`` starts with five: 2.5 ms an exemplar look-up)."""
+    one costs far more than copying it, and each exemplar look-up's ``Frames`` starts with five)."""
     return _empty_frame(tuple(columns)).copy()
 
 

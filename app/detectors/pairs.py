@@ -15,8 +15,7 @@ from .sketches import COARSE, _block_of, _coarse_matrix, _coarse_rows, _flat_ske
 
 def _pair_groups(frames: Frames) -> tuple[dict, dict]:
     """``(series, positions)``: each pair's rows of ``frames.pairs`` as a frame, and their
-    row positions; from one group-by a frame (~10 ms over a day of pairs), shared by the
-    pair detectors."""
+    row positions; from one group-by a frame, shared by the pair detectors."""
     df = frames.pairs
     if df.empty:
         return {}, {}
@@ -26,7 +25,7 @@ def _pair_groups(frames: Frames) -> tuple[dict, dict]:
 def _group_pairs(df: pd.DataFrame) -> tuple[dict, dict]:
     # Each pair's rows from its runs of consecutive equal (caller, callee) rows: the reader's
     # frame holds a series' minutes as one run (a pair has 3-4 series), so this is a few
-    # dozen runs; a group-by hashing 50,000 rows of two string columns cost 7.5 of its 10 ms.
+    # dozen runs; a group-by spent most of its time hashing every row's two string columns.
     # The same groups as ``groupby(["caller", "callee"], sort=True)``: keys in sorted order,
     # each pair's positions ascending, rows without a caller or callee left out.
     callers, callees = df["caller"].to_numpy(dtype=object), df["callee"].to_numpy(dtype=object)
@@ -63,8 +62,7 @@ def _pair_flats(frames: Frames) -> dict[tuple[str, str], tuple[np.ndarray, np.nd
     """Each pair's ``_flat_sketches`` (row lengths, keys, counts), all cut from the whole
     frame's entries (``frames.pair_sketches``, or one concatenation of its rows) and shared
     by the hot-spot and band-break detectors: concatenating each pair's rows again in each
-    detector was a quarter of their time over a day (the ~22 MB a day of pairs holds, once
-    more)."""
+    detector cost them much of their time (all of a day's pair entries copied once more)."""
     return frames.derived("pair_flats", frames.pairs, lambda: _cut_pair_flats(frames))
 
 
@@ -87,7 +85,7 @@ def _cut_pair_flats(frames: Frames) -> dict[tuple[str, str], tuple[np.ndarray, n
             breaks = np.flatnonzero(np.diff(pos) != 1) + 1
             if len(breaks) < len(pos) // 8:
                 # (a few runs of consecutive rows, one a series of the pair: each run's entries
-                # copied as a slice, 12 -> 3 ms a day, not picked one by one)
+                # copied as a slice, far cheaper than picking them one by one)
                 firsts, lasts = np.concatenate([[0], breaks]), np.concatenate([breaks, [len(pos)]]) - 1
                 cuts = list(zip(starts[pos[firsts]].tolist(), (starts[pos[lasts]] + lens[pos[lasts]]).tolist()))
                 out[key] = (own, np.concatenate([keys[a:b] for a, b in cuts]),
@@ -107,8 +105,8 @@ SHARED_MATRICES_BYTES = 24 * 2**20
 
 def _pair_minute_matrices(frames: Frames) -> dict[tuple[str, str], np.ndarray] | None:
     """Every pair's ``_pair_minute_matrix``, built once for the hot-spot and band-break
-    detectors (each spent a third of its time building them from the ~2.7 million sketch
-    entries of a day), or None when they would exceed ``SHARED_MATRICES_BYTES`` or the
+    detectors (each spent much of its time building them from a day's sketch entries), or
+    None when they would exceed ``SHARED_MATRICES_BYTES`` or the
     frame holds minutes outside the data's (hand-made frames)."""
     return frames.derived("pair_minute_matrices", frames.pairs, lambda: _stack_pair_matrices(frames))
 
@@ -123,7 +121,7 @@ def _stack_pair_matrices(frames: Frames) -> dict[tuple[str, str], np.ndarray] | 
         if minutes.min() >= frames.first_minute and minutes.max() < frames.end_minute:
             # All pairs' matrices stacked, from the whole frame's entries in one pass: each
             # row goes to its pair's block of minutes (rows of no pair nowhere). Cutting each
-            # pair's entries out first (``_pair_flats``) copied all ~22 MB of a day again.
+            # pair's entries out first (``_pair_flats``) copied all of a day's entries again.
             flat = frames.pair_sketches
             if flat is None or len(flat[0]) != len(df):
                 flat = _flat_sketches(df["keys"], df["counts"])
@@ -155,6 +153,6 @@ def _pair_block_matrix(frames: Frames, key: tuple[str, str], blocks: np.ndarray,
 def _pair_minute_matrix(frames: Frames, df: pd.DataFrame, flat=None) -> np.ndarray:
     """Minutes (from ``frames.first_minute``) x coarse bins of one pair (``df``: its rows;
     ``flat``: their ``_flat_sketches``). Built per pair and dropped after it: a week of
-    minutes is ~10 MB a pair, and keeping every pair's (a shared cache) took a worker past
-    500 MB."""
+    minutes is ~10 MB a pair, and keeping every pair's (a shared cache) held too much of a
+    worker's memory."""
     return _coarse_matrix(df, frames.first_minute, frames.end_minute - frames.first_minute, flat)

@@ -16,8 +16,8 @@ from .sketches import _block_of, _flagged_runs, _row_quantiles
 def _encoder_ends(enc: pd.DataFrame) -> pd.DataFrame:
     """Per trace (index ``trace_id``, sorted) of encoder spans ``enc``: ``n`` encoder services,
     the ``first`` and ``last`` of their ends (each service's last end) and the earliest
-    ``start``. Sorted reductions over codes: two pandas named aggregations cost ~6 ms a call,
-    and an exemplar look-up of a fusion finding makes up to three."""
+    ``start``. Sorted reductions over codes, cheaper than two pandas named aggregations: an
+    exemplar look-up of a fusion finding makes up to three calls."""
     if enc.empty:
         return pd.DataFrame({"n": [], "first": [], "last": [], "start": []}, index=pd.Index([], name="trace_id"))
     t_codes, traces = pd.factorize(enc["trace_id"], sort=True)

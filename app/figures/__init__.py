@@ -33,8 +33,8 @@ from .theme import (ACCENT, CRITICAL, DANGER, FONT, GRID, HEAT_SCALE, INK, INPUT
 from .trace import (BAR_WIDTH, LABEL_PX, ROW_PX, SECONDS_FROM_MS, SELECTED_BAND, WATERFALL_ROWS,
                     hidden_summary, icicle, waterfall, waterfall_rows)
 
-# Figures built from plain dicts skip plotly's per-property validation (a chart of ~40
-# traces: ~25 ms validated, ~3 ms not). Only for builders whose every property is tested to
+# Figures built from plain dicts skip plotly's per-property validation (most of the cost of
+# a chart of many traces). Only for builders whose every property is tested to
 # validate: tests/app/test_figures.py builds them once with VALIDATE = True and compares.
 # (``theme.dict_figure`` reads it here at each build, so setting it on the package works.)
 VALIDATE = False

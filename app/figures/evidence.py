@@ -26,7 +26,7 @@ def evidence_figure(rows: Sequence[dict], start: datetime | None, end: datetime 
     ceiling or baseline the finding is about, a dashed line across the chart named with its
     value). One unit a chart: ``unit`` "ms" (durations, drawn in ms or s as the largest value
     of the series and lines asks) or "pct" (fractions, drawn as %); the legend names every
-    line. Built from dicts (the Anomalies page draws a dozen: ~56 ms each validated)."""
+    line. Built from dicts (the Anomalies page draws a dozen; validation would cost most)."""
     if unit not in EVIDENCE_UNITS:
         raise ValueError(f"unit must be one of {EVIDENCE_UNITS}")
     if series is None:

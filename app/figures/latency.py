@@ -82,7 +82,7 @@ def pair_heatmap(heat: dict, band: tuple[int, float, float] | None = None) -> go
 # -- distributions ---------------------------------------------------------------------
 def _pct_lines(fig: go.Figure, dist: dict) -> None:
     """Dashed P50/P90/P99 lines with labels, in one layout update: ``add_vline`` per line
-    cost 40 ms each (it resolves subplot references and re-validates all shapes); these are
+    is costly (it resolves subplot references and re-validates all shapes); these are
     the shapes and annotations it made, on the main x axis."""
     shapes, notes = list(fig.layout.shapes), list(fig.layout.annotations)
     for i, key in enumerate(("p50", "p90", "p99")):

@@ -19,7 +19,7 @@ def stage_stack(breakdown: dict, tail: dict | None = None) -> go.Figure:
     the number above it), else each stage's own P99. Per-stage percentiles do not add up to
     the trace's percentile: their end-to-end marker shows how far apart they are. Two x axes
     side by side sharing one y axis (laid out as ``make_subplots(1, 2, shared_yaxes=True)``
-    would, ~10× cheaper)."""
+    would, much cheaper)."""
     rows = breakdown.get("stages") or []
     tail_rows = (tail or {}).get("stages") or []
     if not rows and not tail_rows:

@@ -70,7 +70,7 @@ def input_type_color(it: str) -> str:
 
 def _use_template(fig: go.Figure, name: str = "plotly_white") -> None:
     """Set a built-in template without re-validating it: ``update_layout(template=...)``
-    validates the whole template on every figure (25 ms of a page's ~50 ms a chart, measured).
+    validates the whole template on every figure, a large share of building a chart.
     This is what plotly does itself when it applies ``pio.templates.default`` to a new figure;
     the JSON is identical (tests/app/test_figures.py)."""
     layout = fig.layout

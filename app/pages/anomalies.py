@@ -11,7 +11,7 @@ findings names it), ``kind=`` (incidents with a finding of that kind), ``severit
 ``incident=<id>`` (that incident first, marked; its section's anchor is ``#incident-<id>``).
 
 The list comes first and each chart after it, in its own request (a pattern-matching
-callback per card, as a dashboard loads its panels): a dozen charts over a day took half of
+callback per card, as a dashboard loads its panels): a dozen charts over a day took much of
 the page's 300 ms budget and most of its bytes on a slow machine. The first ``MAX_CHARTS``
 cards shown get a chart, and so does the first card of every other kind.
 """

@@ -292,6 +292,6 @@ def cache_series(reader: StoreReader, window: Window, group_by: str | None = Non
 def cache_rates_and_series(reader: StoreReader, window: Window, group_by: str | None = None,
                            cache: str | None = None, step_minutes: int = 1) -> tuple[list[dict], list[dict]]:
     """``cache_rates`` and ``cache_series`` from one read of the lookups (the Cache page
-    shows both; reading them twice cost it a third of its time)."""
+    shows both; reading them twice cost it much of its time)."""
     lookups = _cache_lookups(reader, window, group_by, cache, True, step_minutes)
     return _rates_table(lookups), _rates_buckets(lookups, window.start_ns, step_minutes)

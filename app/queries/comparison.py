@@ -103,7 +103,7 @@ def attribute_lift(selection: list[dict[str, str]], baseline: list[dict[str, str
     """
     if not selection or not baseline:
         return []
-    # (Counter counts the (key, value) pairs in C: 3,800 spans of 14 facets 15 -> 12 ms)
+    # (Counter counts the (key, value) pairs in C, cheaper than a loop here)
     sel_counts = Counter(chain.from_iterable(facets.items() for facets in selection))
     base_counts = Counter(chain.from_iterable(facets.items() for facets in baseline))
     distinct = Counter(k for k, _ in sel_counts.keys() | base_counts.keys())  # values a key takes

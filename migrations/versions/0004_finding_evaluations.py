@@ -2,7 +2,7 @@
 
 The worker evaluates the detectors once a minute over the standard relative ranges and
 stores what they found, so a request for "the last 24 h" of findings reads one row
-instead of running every detector (2.3 s over 24 h at 10 M spans).
+instead of running every detector (seconds over 24 h on a large store).
 
 Revision ID: 0004
 Revises: 0003

@@ -2,7 +2,7 @@
 
 An exemplar search for a pair walked the caller's CLIENT spans slowest first and checked
 each one's callee: for a pair whose calls are fast next to the caller's other calls
-(gateway -> auth) that read most of a day's spans (9 s at 5 M spans). The settler now
+(gateway -> auth) that read most of a day's spans. The settler now
 writes one row per call; the search walks ``(series_id, duration_ns, start_ns)``.
 
 A store that already holds spans gets no rows for them here (that would be a full

@@ -1,12 +1,12 @@
 """rollup_packs.data stored uncompressed on PostgreSQL; cache and batch packs without sketches
 
-PostgreSQL compressed each hour pack (pglz, ~4:1) and decompressed it on every read: a day of
-``pair`` packs at ten million spans read in 41 ms, 21.5 ms stored as they are (``STORAGE
+PostgreSQL compressed each hour pack (pglz, ~4:1) and decompressed it on every read, a
+large share of reading a day of ``pair`` packs; they are now stored as they are (``STORAGE
 EXTERNAL``: out of line, not compressed). Packs already there are rewritten (``data || ''``
 makes a new value, stored the new way). SQLite stores blobs as they are.
 
 ``cache`` and ``batch`` packs are now built without sketch entries, which their detectors
-never read (a day of ``cache`` packs: 9.9 MB -> ~0.5 MB). Those already there are deleted, on
+never read (nearly all of a ``cache`` pack's bytes). Those already there are deleted, on
 both databases; the settler packs their hours again, 48 packs a minute. A week of packs at
 ten million spans a day takes ~200 MB on PostgreSQL.
 

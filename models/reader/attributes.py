@@ -114,7 +114,7 @@ class AttributeReader:
         ``limit`` the rows are a sample spread over the window: ``clusters`` evenly spaced
         stretches of it, together about ``limit`` spans long, each read whole — not the
         window's newest minutes only, and a read bounded by ``limit`` rather than by the
-        window (a day of one service's spans at ten million a day took 6-17 s to read).
+        window (a day of one service's spans on a busy store took far too long to read).
         A service's spans are read through its span index (``ix_spans_duration_walk``),
         whole traces (``root_only``: each trace's root span, the earliest where it has
         several) through the traces table: at most ``limit`` traces."""
@@ -142,7 +142,7 @@ class AttributeReader:
                 # A stage's spans come from a few services (the services of its ``op`` series,
                 # as the rollups Compare counts from know them): their span indexes, not every
                 # service's spans of the window through start_ns (an hour's inference Compare at
-                # ten million spans read ~10x the spans it kept). Past a few services the walks'
+                # ten million spans read far more spans than it kept). Past a few services the walks'
                 # seeks (one a duration bucket a service) cost more than the scan they replace.
                 names = services_in(conn, "op", Filters(stage=stage))
                 walks = ({name: walk_bucket_list(conn, name, min_ns, None) for name in names}
@@ -200,13 +200,13 @@ class AttributeReader:
     def _root_spans(conn: Connection, traces: list, min_ns: int | None) -> list[dict]:
         """``subjects`` rows of the root spans of ``traces`` (``_slow_traces_in``'s rows),
         in their order. (The traces first, then their roots: as one join PostgreSQL's planner
-        took a parallel scan of the whole traces table for an hour's slow traces: 210 ms.)"""
+        took a parallel scan of the whole traces table for an hour's slow traces.)"""
         if not traces:
             return []
         # A settled trace starts where its root span does (the earliest root: the settler's
         # ``find_root``), so its root is found through the start_ns index, a look-up a trace.
         # By trace id every span of the trace was read to test its parent (~27 a trace at ten
-        # million spans: an hour's whole-trace Compare spent 125 of 300 ms there on SQLite).
+        # million spans: an hour's whole-trace Compare spent much of its time there on SQLite).
         # "|| ''" keeps the planner off the trace id index; the ids only confirm each match.
         starts = {(t, s) for t, _, s in traces}
         roots: dict[str, list] = {}
@@ -255,8 +255,7 @@ class AttributeReader:
                 # start_ns, ...) index, bucket by bucket, when they are at most a quarter of
                 # the window's (both counted in the indexes alone; the window only that far
                 # while the service's are few: counting all of a half hour's spans cost more
-                # than reading the service's, 21 ms on SQLite and 47 ms on PostgreSQL at ten
-                # million a day). A scan reads every service's rows.
+                # than reading the service's). A scan reads every service's rows.
                 buckets = walk_bucket_list(conn, service, None, None)
                 walk = walk_entries(conn, {service: buckets}, start_ns, end_ns, None, None,
                                     ATTRIBUTE_WALK_COUNTED)

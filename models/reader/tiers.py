@@ -126,8 +126,8 @@ def _tier_statement(models: tuple[type, ...], sketches: bool):
     """``(minute, count, error_count, sum_ns, sketch or NULL, series_id)`` of the series
     ``ids`` over ``[t0_i, t1_i)`` of each rollup table ``models[i]``, one ``UNION ALL``
     built once a shape: building and compiling a select each time cost more than SQLite's
-    own read of a short window (an hour's cache rates: ~0.4 of 2.8 ms was SQLite's), and on
-    PostgreSQL each tier was a round trip of its own."""
+    own read of a short window (an hour's cache rates), and on PostgreSQL each tier was a
+    round trip of its own."""
     ids = bindparam("ids", expanding=True)
     parts = []
     for i, model in enumerate(models):

@@ -55,9 +55,9 @@ def long_window(reads: Engine, model, start_ns: int, end_ns: int, share: int) ->
 def _time_range(reads: Engine, model) -> tuple[int | None, int | None]:
     with reads.connect() as conn:
         # Two scalar subqueries: SQLite answers a lone min() or max() from the index's ends,
-        # but min() and max() in one SELECT scan the whole index (0.5 s at 10M spans).
+        # but min() and max() in one SELECT scan the whole index (slow on a large store).
         # A trace row written before its trace settles starts at 0: not part of the range
-        # (with ingest running, every day-long window looked short and was sorted: 315 ms).
+        # (with ingest running, every day-long window looked short and was sorted, slowly).
         return tuple(conn.execute(select(select(func.min(model.start_ns)).where(model.start_ns > 0).scalar_subquery(),
                                          select(func.max(model.start_ns)).scalar_subquery())).one())
 

@@ -1,7 +1,7 @@
 """Findings evaluated ahead of the request.
 
-Running every detector over a day of data takes seconds at ten million spans (2.3 s
-measured, docs/benchmarks.md), too slow for the page on-call opens first. So the worker's settler
+Running every detector over a day of data at ten million spans takes longer than the page
+on-call opens first may wait (docs/benchmarks.md). So the worker's settler
 evaluates the anomaly catalog over the standard relative ranges (``MODALSCOPE_FINDINGS_RANGES``,
 default the last hour and the last 24 h) every ``MODALSCOPE_FINDINGS_EVERY_S`` seconds and
 stores the findings (table ``finding_evaluations``), the way an alerting engine evaluates

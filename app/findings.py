@@ -201,7 +201,7 @@ def load_frames(reader: StoreReader, window: Window, th: d.Thresholds, known: Kn
 
     def read_pairs():
         # (read whole: mostly hour packs, models/packs.py; the sketches as flat arrays only,
-        # ``Frames.pair_sketches``: a view a row cost 27 ms a day, for a few findings)
+        # ``Frames.pair_sketches``: a view a row cost more than the few findings that use them)
         cols, dims_of = reader.rollups.columns("pair", data_start, window.end_ns, ("caller", "callee"))
         frame = _columns_frame(cols, dims_of, ("caller", "callee"), with_sum=False, sketches=False)
         return frame, (cols.lengths, cols.keys, cols.counts)
@@ -212,8 +212,7 @@ def load_frames(reader: StoreReader, window: Window, th: d.Thresholds, known: Kn
 
     if reader.engine.dialect.name in THREADED_DIALECTS:
         # The largest read, and the raw reads around new instances, beside the others: the
-        # server packs their rows while this process decodes the rest (PostgreSQL, 24 h at ten
-        # million spans: the pairs 236 -> 178 ms; see docs/benchmarks.md for the births).
+        # server packs their rows while this process decodes the rest (PostgreSQL only).
         with ThreadPoolExecutor(2, thread_name_prefix="frames") as pool:
             pairs_read = pool.submit(read_pairs)
             births_read = pool.submit(read_births)
@@ -258,9 +257,9 @@ _EXEMPLAR_KEYS = {"cache_penetration": ("cache.name", False), "batching_failure"
 # when those found none) its whole window: a look-up's cost grows with the spans it reads.
 EXEMPLAR_WINDOWS_NS = (d.NS_MIN, 5 * d.NS_MIN)
 # Raw spans an attribute finding's exemplar look-up reads at most (the earliest of its
-# window): five minutes of a flood held millions (live demo traffic at ~17,000 spans/s on a
-# 10 M store: 14-19 s a find and ~850 MB, in the dashboard worker and in the settler that
-# evaluates the catalog); five minutes of the demo's own busiest traffic hold ~36,000 spans.
+# window): five minutes of a flood held millions, and reading them all held the dashboard
+# worker and the settler that evaluates the catalog for seconds and hundreds of megabytes;
+# five minutes of the demo's own busiest traffic hold ~36,000 spans.
 EXEMPLAR_MAX_SPANS = 50_000
 
 
@@ -279,7 +278,7 @@ def _exemplar_rows(reader: StoreReader, f: Finding, w: Window) -> list[dict]:
     if f.kind in d.ATTRIBUTE_KINDS:
         # Only the spans describe_from_spans looks at: the finding's own convention key (and
         # service), or for fusion the SERVER/CONSUMER spans without their attributes. Reading
-        # every span with any key and parsing its JSON cost 0.1-0.25 s a finding.
+        # every span with any key and parsing its JSON cost more than the rest of the look-up.
         if f.kind == "fusion_sync_wait":
             # (the encoder and fusion spans only, all the detector looks at: a third of the rows)
             rows = reader.attributes.spans(w.start_ns, w.end_ns, (), kinds=d.KIND_SERVER_CODES,
@@ -298,10 +297,9 @@ def _exemplar_rows(reader: StoreReader, f: Finding, w: Window) -> list[dict]:
 
 
 #: Exemplar look-ups run this many at a time where the database does the work in another
-#: process (PostgreSQL: most of a look-up is the server's and the round trip; 27 findings
-#: over 24 h at 10.4 M spans, 215-284 -> 147-176 ms with 3). SQLite answers inside this
-#: process, under the interpreter lock: there they run one after another (no faster in
-#: threads, measured).
+#: process (PostgreSQL: most of a look-up is the server's and the round trip). SQLite
+#: answers inside this process, under the interpreter lock: there they run one after another
+#: (no faster in threads, measured: docs/benchmarks.md).
 EXEMPLAR_THREADS = 3
 #: Where reads run beside each other (``add_exemplars``, ``load_frames``). (Exemplar look-ups
 #: beside the detectors were tried: the look-ups' own Python work slowed the detectors as much
@@ -397,8 +395,8 @@ def _no_gc():
             gc.enable()
 
 
-#: Longest window the detectors judge: they work minute by minute, so a 400-day window held
-#: a worker for a minute and 1.2 GB. A longer window is judged over its last 7 days.
+#: Longest window the detectors judge: they work minute by minute, so a window of a year
+#: held a worker long and much of its memory. A longer one is judged over its last 7 days.
 MAX_WINDOW_S = 7 * 86400
 
 

@@ -122,9 +122,15 @@ class _Postgres:
 
 @pytest.fixture(scope="module")
 def filled_templates(_postgres, _sqlite_template, tmp_path_factory):
-    """Filled stores a module's tests copy (``FilledTemplates``); its PostgreSQL databases
-    are dropped with the run's others."""
+    """Stores of demo traffic a module's tests copy (``FilledTemplates``); its PostgreSQL
+    databases are dropped with the run's others. Left out of the quick subset."""
     return FilledTemplates(_postgres, _sqlite_template, tmp_path_factory.mktemp("filled"))
+
+
+@pytest.fixture(scope="module")
+def small_templates(_postgres, _sqlite_template, tmp_path_factory):
+    """Like ``filled_templates``, for small hand-made stores the quick subset keeps."""
+    return FilledTemplates(_postgres, _sqlite_template, tmp_path_factory.mktemp("small"))
 
 
 @pytest.fixture(scope="session")

@@ -79,10 +79,17 @@ def cache_spans(seed: int = 3, start: int = T0, minutes: int = MINUTES, per_minu
     return spans
 
 
+def _settled(**spans_args):
+    def build(engine):
+        write_spans(engine, cache_spans(**spans_args))
+        settle(engine, force=True)
+    return build
+
+
 @pytest.fixture
-def store(engine):
-    write_spans(engine, cache_spans())
-    settle(engine, force=True)
+def store(engine, db_url, small_templates):
+    """The settled ``cache_spans()``: built once a backend, copied for each test."""
+    small_templates.fill_like(engine, db_url, "cache-spans", _settled())
     return StoreReader(engine)
 
 
@@ -237,9 +244,9 @@ WHOLE = range(8, 188)
 
 
 @pytest.fixture
-def long_store(engine):
-    write_spans(engine, cache_spans(seed=5, start=H0, minutes=200, per_minute=6))
-    settle(engine, force=True)
+def long_store(engine, db_url, small_templates):
+    small_templates.fill_like(engine, db_url, "long-cache-spans",
+                              _settled(seed=5, start=H0, minutes=200, per_minute=6))
     return StoreReader(engine)
 
 

@@ -8,6 +8,8 @@ from modalscope.core.spans import (
     KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, STATUS_ERROR, STATUS_UNSET, SpanRecord,
 )
 from modalscope.ingest.rules_file import load_rules
+from modalscope.ingest.settle import settle
+from modalscope.ingest.writer import write_spans
 
 MS = 1_000_000
 _RULES = None
@@ -52,3 +54,14 @@ def multimodal_trace(rng: random.Random, start_ns: int, images: int = 1, error: 
     add(root, "gateway", "llm.generate", KIND_INTERNAL, t + (f0 + 30 * scale) * MS, t + (total - 2) * MS)
     rules().tag(spans)
     return spans
+
+
+def settled_copy(templates, engine, db_url: str, key: str, spans: list[SpanRecord]) -> None:
+    """Make ``engine``'s empty store hold ``spans``, settled: written and settled once a
+    backend and ``key`` in a module (``templates`` is a ``FilledTemplates``), copied after."""
+
+    def build(eng) -> None:
+        write_spans(eng, spans)
+        settle(eng, force=True)
+
+    templates.fill_like(engine, db_url, key, build)

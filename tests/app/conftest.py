@@ -11,11 +11,9 @@ import pytest
 from modalscope.app import create_app
 from modalscope.app.params import Window
 from modalscope.core.spans import KIND_CLIENT, KIND_SERVER, SpanRecord
-from modalscope.ingest.settle import settle
-from modalscope.ingest.writer import write_spans
 from modalscope.models.reader import StoreReader
 from modalscope.settings import Settings
-from tests.factories import multimodal_trace, rules
+from tests.factories import multimodal_trace, rules, settled_copy
 
 MIN = 60_000_000_000
 MS = 1_000_000
@@ -58,14 +56,13 @@ class Store:
 
 
 @pytest.fixture
-def store(engine, db_url):
+def store(engine, db_url, small_templates):
     rng = random.Random(7)
     base = (time.time_ns() // MIN - 45) * MIN
     images = [multimodal_trace(rng, base + i * 4_000_000_000, images=1 + i % 2, error=(i % 9 == 0)) for i in range(40)]
     side = [side_calls_trace(rng, base + i * 5_000_000_000 + 1_000_000, db_ms=2 + (i * 7) % 40 + rng.random(),
                              llm_ms=150 + (i * 13) % 200 + rng.random()) for i in range(30)]
-    write_spans(engine, [s for t in images + side for s in t])
-    settle(engine, force=True)
+    settled_copy(small_templates, engine, db_url, f"app-store-{base}", [s for t in images + side for s in t])
     app = create_app(Settings(database_url=db_url))
     reader = app.extensions["modalscope"]["reader"]
     window = Window(base - 5 * MIN, base + 60 * MIN)

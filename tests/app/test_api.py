@@ -13,19 +13,18 @@ from modalscope.app import create_app
 from modalscope.ingest.settle import settle
 from modalscope.ingest.writer import write_spans
 from modalscope.settings import Settings
-from tests.factories import multimodal_trace
+from tests.factories import multimodal_trace, settled_copy
 
 MIN = 60_000_000_000
 
 
 @pytest.fixture
-def stored(engine, db_url):
+def stored(engine, db_url, small_templates):
     rng = random.Random(3)
     base = (time.time_ns() // MIN - 40) * MIN
     traces = [multimodal_trace(rng, base + i * 3_000_000_000, images=1 + i % 2, error=(i % 10 == 0))
               for i in range(60)]
-    write_spans(engine, [s for t in traces for s in t])
-    settle(engine, force=True)
+    settled_copy(small_templates, engine, db_url, f"api-{base}", [s for t in traces for s in t])
     app = create_app(Settings(database_url=db_url))
     yield app.test_client(), traces
     app.extensions["modalscope"]["engine"].dispose()

@@ -19,7 +19,7 @@ from modalscope.ingest.settle import settle
 from modalscope.ingest.writer import write_spans
 from modalscope.models.sketch import Histogram
 from modalscope.settings import Settings
-from tests.factories import rules
+from tests.factories import rules, settled_copy
 from tests.demo_stores import PATTERNS
 
 MIN = 60_000_000_000
@@ -168,7 +168,7 @@ def _encode_trace(rng: random.Random, t: int, pod: int, slow: bool) -> list[Span
 
 
 @pytest.fixture
-def spike(engine, db_url):
+def spike(engine, db_url, small_templates):
     """30 minutes of even traffic over pods 0-7, then 30 minutes where pod-7 turns slow half
     the time (others: 4 %): slow spans in the spike are on pod-7 about 4-5x more often."""
     rng = random.Random(11)
@@ -180,8 +180,7 @@ def spike(engine, db_url):
         in_spike = i >= 30 * 16
         slow = rng.random() < (0.5 if pod == 7 else 0.04) if in_spike else rng.random() < 0.04
         spans += _encode_trace(rng, t, pod, slow)
-    write_spans(engine, spans)
-    settle(engine, force=True)
+    settled_copy(small_templates, engine, db_url, f"spike-{base}", spans)
     app = create_app(Settings(database_url=db_url))
     yield app.test_client(), base
     app.extensions["modalscope"]["engine"].dispose()

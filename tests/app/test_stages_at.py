@@ -14,12 +14,10 @@ from modalscope.app import create_app, queries
 from modalscope.app.queries import stage_time
 from modalscope.app.params import Window
 from modalscope.core.spans import KIND_INTERNAL, KIND_SERVER, SpanRecord
-from modalscope.ingest.settle import settle
-from modalscope.ingest.writer import write_spans
 from modalscope.models import Trace
 from modalscope.models.reader import Filters
 from modalscope.settings import Settings
-from tests.factories import rules
+from tests.factories import rules, settled_copy
 
 MIN = 60_000_000_000
 MS = 1_000_000
@@ -61,14 +59,13 @@ COUNTS = {"image": 200, "text": 100}
 
 
 @pytest.fixture
-def hand(engine, db_url):
+def hand(engine, db_url, small_templates):
     rng = random.Random(11)
     base = (time.time_ns() // MIN - 50) * MIN
     order = [(it, i) for it, n in COUNTS.items() for i in range(n)]
     rng.shuffle(order)  # slow and fast traces spread over the window's minutes
     spans = [s for k, (it, i) in enumerate(order) for s in hand_trace(rng, it, i, base + k * 7_000_000_000)]
-    write_spans(engine, spans)
-    settle(engine, force=True)
+    settled_copy(small_templates, engine, db_url, f"hand-{base}", spans)
     app = create_app(Settings(database_url=db_url))
     yield app, Window(base - 5 * MIN, base + 55 * MIN)
     app.extensions["modalscope"]["engine"].dispose()

@@ -17,6 +17,7 @@ from modalscope.core.spans import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, SpanR
 from modalscope.ingest.settle import settle
 from modalscope.ingest.rules_file import load_rules
 from modalscope.ingest.writer import write_spans
+from tests.factories import settled_copy
 from modalscope.models.reader import Filters, StoreReader
 from modalscope.settings import Settings
 
@@ -177,9 +178,8 @@ def traffic() -> list[SpanRecord]:
 
 
 @pytest.fixture
-def stored(engine, db_url):
-    write_spans(engine, traffic())
-    settle(engine, force=True)
+def stored(engine, db_url, small_templates):
+    settled_copy(small_templates, engine, db_url, "tokens", traffic())
     app = create_app(Settings(database_url=db_url))
     yield app, StoreReader(engine)
     app.extensions["modalscope"]["engine"].dispose()

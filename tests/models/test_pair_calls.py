@@ -272,12 +272,12 @@ def test_pending_calls_through_the_span_index_give_the_raw_span_search_answers(e
     from modalscope.models.reader import calls as reader_module
 
     monkeypatch.setattr(reader_module, "PENDING_WALK_AFTER", 7)  # so a few dozen pending traces walk
-    # (chunks of 60 of the ~1,100 pending traces: many chunks and a partial last one; 7 a
+    # (chunks of 60 of the ~950 pending traces: many chunks and a partial last one; 7 a
     # chunk made this test's statements a third of the module's time)
     monkeypatch.setattr(reader_module, "PENDING_CHUNK", 60)
     monkeypatch.setattr(reader_module, "PENDING_WALK_ENTRIES_PER_TRACE", entries_per_trace)
     reader = StoreReader(engine)
-    demo.fill(engine, demo.DemoConfig(now_ns=demo_store.now_ns, seed=11, hours=0.25, rate=1.2))
+    demo.fill(engine, demo.DemoConfig(now_ns=demo_store.now_ns, seed=11, hours=0.1, rate=1.2))
     rng = random.Random(8)
     mid = (demo_store.start_ns + demo_store.end_ns) // 2
     straggler = side_calls_trace(rng, mid, db_ms=70_000, llm_ms=100)
@@ -355,7 +355,7 @@ def test_the_walk_finds_each_call_that_reading_every_pending_trace_finds(engine,
 
     monkeypatch.setattr(reader_module, "PENDING_WALK_AFTER", 0)
     monkeypatch.setattr(reader_module, "PENDING_STRAGGLER_SHARE", 0)
-    late = demo.DemoConfig(now_ns=demo_store.now_ns, seed=12, hours=0.25, rate=1.2)
+    late = demo.DemoConfig(now_ns=demo_store.now_ns, seed=12, hours=0.1, rate=1.2)
     t0 = late.start_ns - 30 * 1_000_000_000
     first = SpanRecord("cd" * 16, "4" * 16, None, "gateway", "SELECT users", KIND_CLIENT, t0, t0 + 80_000 * MS, 0,
                        attributes={"server.address": "userdb"})

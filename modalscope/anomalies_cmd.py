@@ -46,10 +46,10 @@ def format_finding(f: Finding) -> str:
 
 
 def cmd_anomalies(args) -> int:
+    window, settings, thresholds = catalog_window(args)
     from .app.findings import find
     from .models.reader import StoreReader
 
-    window, settings, thresholds = catalog_window(args)
     engine = open_reading_store(settings)
     try:
         found = find(StoreReader(engine), window, th=thresholds)

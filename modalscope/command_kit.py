@@ -131,8 +131,6 @@ def serve_dashboard(settings, port: int | None = None):
 def catalog_window(args):
     """The window of ``--since``/``--range`` (one of them; default 1 h), checked as the API
     checks ``range``, with the settings and thresholds: what both catalog commands read."""
-    from .app.detectors import Thresholds
-    from .app.findings import MAX_WINDOW_S
     from .app.params import ParamError, parse_window
     from .settings import Settings
 
@@ -143,6 +141,10 @@ def catalog_window(args):
         window = parse_window({"range": args.range or args.since or "1h"})
     except ParamError as exc:
         raise CommandError(f"{flag}: {exc.message.replace('range', flag)}") from None
+    # The catalog (and pandas) once the flags are known good: a typo fails at once.
+    from .app.detectors import Thresholds
+    from .app.findings import MAX_WINDOW_S
+
     if window.seconds > MAX_WINDOW_S:
         raise CommandError(f"{flag}: at most {MAX_WINDOW_S // 86400}d (the detectors judge minute by minute)")
     return window, Settings.from_env(), Thresholds.from_env()

@@ -69,11 +69,11 @@ def format_incidents(incidents: list[Incident]) -> str:
 
 
 def cmd_incidents(args) -> int:
+    window, settings, thresholds = catalog_window(args)
     from .app import incidents as inc
     from .app.findings import find
     from .models.reader import StoreReader
 
-    window, settings, thresholds = catalog_window(args)
     engine = open_reading_store(settings)
     try:
         reader = StoreReader(engine)

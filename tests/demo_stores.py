@@ -2,7 +2,8 @@
 
 Two SQLite stores are filled once per session and shared between xdist workers: a clean one
 with an even input-type mix (~2,000 traces a type, for stable P95s) and the default 3-hour
-run with every pattern injected. Fixtures: ``clean_store``, ``pattern_store``.
+run with every pattern injected. Fixtures: ``clean_store``, ``pattern_store``;
+``shared_file`` builds anything else once a run (the page tests' demo store).
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
+from pathlib import Path
+from typing import Callable
 
 import pytest
 from sqlalchemy import select
@@ -47,24 +51,26 @@ def _build(path, config: demo.DemoConfig) -> None:
         engine.dispose()
 
 
-def _shared_store(tmp_path_factory, worker: str, name: str, config: demo.DemoConfig) -> str:
+def shared_file(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """What ``build(path)`` makes at ``path`` (a file or a folder), made once a test run: the
+    first xdist worker to ask builds it under a lock while any other waits, then all share it."""
     root = tmp_path_factory.getbasetemp()
-    if worker != "master":
+    if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # shared by this pytest run's xdist workers
-    path = root / f"demo-{name}.db"
-    with open(root / f"demo-{name}.lock", "w") as lock:
+    path = root / name
+    with open(root / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker builds, the other waits
         if not path.exists():
-            building = root / f"demo-{name}.building.db"
+            building = root / f"building-{name}"
+            shutil.rmtree(building, ignore_errors=True)
             building.unlink(missing_ok=True)
-            _build(building, config)
+            build(building)
             os.replace(building, path)
-    return f"sqlite:///{path}"
+    return path
 
 
-@pytest.fixture(scope="session")
-def _worker(request) -> str:
-    return getattr(request.config, "workerinput", {}).get("workerid", "master")
+def _shared_store(tmp_path_factory, name: str, config: demo.DemoConfig) -> str:
+    return f"sqlite:///{shared_file(tmp_path_factory, f'demo-{name}.db', lambda path: _build(path, config))}"
 
 
 class Store:
@@ -110,14 +116,14 @@ class Store:
 
 
 @pytest.fixture(scope="session")
-def clean_store(tmp_path_factory, _worker):
-    store = Store(_shared_store(tmp_path_factory, _worker, "clean", CLEAN), CLEAN)
+def clean_store(tmp_path_factory):
+    store = Store(_shared_store(tmp_path_factory, "clean", CLEAN), CLEAN)
     yield store
     store.close()
 
 
 @pytest.fixture(scope="session")
-def pattern_store(tmp_path_factory, _worker):
-    store = Store(_shared_store(tmp_path_factory, _worker, "patterns", PATTERNS), PATTERNS)
+def pattern_store(tmp_path_factory):
+    store = Store(_shared_store(tmp_path_factory, "patterns", PATTERNS), PATTERNS)
     yield store
     store.close()

@@ -2,15 +2,18 @@
 
 :func:`running_site` serves an app (werkzeug in a thread, an ephemeral port) to one browser;
 :func:`demo_store` fills a store with demo traffic plus the hostile traces every page test
-checks. The module-scoped ``site`` and ``clean_log`` fixtures in ``tests/app/conftest.py``
+checks (:func:`shared_demo_store` copies one built once a test run). The module-scoped ``site`` and ``clean_log`` fixtures in ``tests/app/conftest.py``
 put the two together; tests that need another configuration (``tests/app/test_auth.py``,
 with a token) call them with their own settings.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import shutil
+import sqlite3
 import threading
 import time
 from contextlib import contextmanager
@@ -96,6 +99,24 @@ def big_trace(start_ns: int):
     ]
     rules().tag(spans)
     return tid, spans
+
+
+def shared_demo_store(tmp_path_factory, folder) -> "DemoStore":
+    """:func:`demo_store`'s default store, built once a test run and copied into ``folder``:
+    each module's server gets a store of its own to write (its evaluations, its sign-ins)."""
+    from tests.demo_stores import shared_file
+
+    def build(into) -> None:
+        into.mkdir()
+        store = demo_store(into)
+        with contextlib.closing(sqlite3.connect(into / "store.db")) as conn:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # all in the file that is copied
+        (into / "store.json").write_text(json.dumps([store.now_ns, store.xss_trace, store.big_trace]))
+
+    shared = shared_file(tmp_path_factory, "browser-demo", build)
+    shutil.copyfile(shared / "store.db", folder / "store.db")
+    now_ns, xss_id, big_id = json.loads((shared / "store.json").read_text())
+    return DemoStore(f"sqlite:///{folder / 'store.db'}", now_ns, xss_id, big_id)
 
 
 @dataclass

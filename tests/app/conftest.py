@@ -70,12 +70,12 @@ def store(engine, db_url, small_templates):
     app.extensions["modalscope"]["engine"].dispose()
 
 
-# -- the browser (tests/app/browser.py): one demo store, server and Chromium per module -----
+# -- the browser (tests/app/browser.py): a copy of one demo store, a server and Chromium per module
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    from tests.app.browser import demo_store, running_site
+    from tests.app.browser import running_site, shared_demo_store
 
-    demo = demo_store(tmp_path_factory.mktemp("browser"))
+    demo = shared_demo_store(tmp_path_factory, tmp_path_factory.mktemp("browser"))
     app = create_app(Settings(database_url=demo.url))
     try:
         with running_site(app, demo) as s:

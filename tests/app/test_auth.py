@@ -610,9 +610,9 @@ def test_ingest_token_over_grpc(ingest):
 # -- sign-in in headless Chromium --------------------------------------------------------------
 @pytest.fixture(scope="module")
 def auth_site(tmp_path_factory):
-    from tests.app.browser import demo_store, running_site
+    from tests.app.browser import running_site, shared_demo_store
 
-    demo = demo_store(tmp_path_factory.mktemp("auth-browser"), hours=0.5, rate=0.6)
+    demo = shared_demo_store(tmp_path_factory, tmp_path_factory.mktemp("auth-browser"))
     app = create_app(Settings(database_url=demo.url, auth_token=TOKEN, secret_key=SECRET))
     try:
         with running_site(app, demo) as site:

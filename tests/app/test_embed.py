@@ -368,7 +368,7 @@ def wiki_and_site(tmp_path_factory):
     from werkzeug.serving import make_server
     from werkzeug.wrappers import Request, Response
 
-    from tests.app.browser import demo_store, running_site
+    from tests.app.browser import running_site, shared_demo_store
 
     frames: dict[str, str] = {}
 
@@ -379,7 +379,7 @@ def wiki_and_site(tmp_path_factory):
     wiki_server = make_server("127.0.0.1", 0, wiki, threaded=True)
     threading.Thread(target=wiki_server.serve_forever, daemon=True).start()
     allowed = f"http://localhost:{wiki_server.server_port}"
-    demo = demo_store(tmp_path_factory.mktemp("embed-browser"))
+    demo = shared_demo_store(tmp_path_factory, tmp_path_factory.mktemp("embed-browser"))
     app = create_app(Settings(database_url=demo.url, auth_token=TOKEN, secret_key=SECRET, embed_origins=(allowed,)))
     try:
         with running_site(app, demo) as site:

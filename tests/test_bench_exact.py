@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings, strategies as st
 from sqlalchemy import func, select
 
@@ -89,10 +90,21 @@ def test_the_benchs_input_type_rule_agrees_with_the_settlers(root, others, store
     assert BENCH.input_type_from_signals(root_sig, others_in) == input_type_of(spans)
 
 
-def test_exact_input_types_from_raw_spans_count_the_settled_traces(engine):
+@pytest.fixture
+def settled_demo(engine, db_url, filled_templates) -> demo.DemoConfig:
+    """A quarter hour of demo traffic, settled: filled once a backend, copied for each test."""
     config = demo.DemoConfig(now_ns=(time.time_ns() // MIN - 5) * MIN, seed=7, hours=0.25, rate=1.0)
-    demo.fill(engine, config)
-    settle(engine, force=True)
+
+    def build(eng) -> None:
+        demo.fill(eng, config)
+        settle(eng, force=True)
+
+    filled_templates.fill_like(engine, db_url, f"bench-demo-{config.now_ns}", build)
+    return config
+
+
+def test_exact_input_types_from_raw_spans_count_the_settled_traces(engine, settled_demo):
+    config = settled_demo
     window = Window(config.start_ns + 3 * MIN, config.end_ns - 2 * MIN)
     exact = BENCH.exact_input_types(engine, window)
     with engine.connect() as conn:
@@ -102,7 +114,7 @@ def test_exact_input_types_from_raw_spans_count_the_settled_traces(engine):
     assert len(want) >= 3
 
 
-def test_exact_pairs_from_raw_spans_are_the_settled_pairs(engine):
+def test_exact_pairs_from_raw_spans_are_the_settled_pairs(engine, settled_demo):
     """Demo traffic (model calls with and without an instrumented server, transport spans
     under them, uninstrumented databases and object stores named by address and URL, queue
     hand-offs in linked traces): the bench's pairs from the raw spans are the rollups'
@@ -110,9 +122,7 @@ def test_exact_pairs_from_raw_spans_are_the_settled_pairs(engine):
     from modalscope.app import queries
     from modalscope.models.reader import StoreReader
 
-    config = demo.DemoConfig(now_ns=(time.time_ns() // MIN - 5) * MIN, seed=7, hours=0.25, rate=1.0)
-    demo.fill(engine, config)
-    settle(engine, force=True)
+    config = settled_demo
     window = Window(config.start_ns + 3 * MIN, config.end_ns - 2 * MIN)
     exact = BENCH.exact_pairs(engine, window)
     ours = {(r["caller"], r["callee"]): r for r in queries.pairs(StoreReader(engine), window)}

@@ -41,35 +41,6 @@ def test_rows_with_keys_returns_exactly_the_keyed_rows_and_deletes_exactly_them(
         assert len(list(rows_with_keys(conn, table, "minute", keys[399:]))) == 1
 
 
-def test_on_sqlite_the_lookups_search_the_primary_key(tmp_path):
-    """The statements both helpers send, explained by SQLite itself: a primary-key search a
-    key, no scan of the table."""
-    from sqlalchemy import event
-
-    from modalscope.models.engine import make_engine
-    from modalscope.models.migrate import upgrade
-
-    url = f"sqlite:///{tmp_path / 'keys.db'}"
-    upgrade(url)
-    engine = make_engine(url, write=True)
-    _fill(engine, 5, 3)
-    sent: list[tuple[str, object]] = []
-    event.listen(engine, "before_cursor_execute", lambda conn, cur, stmt, params, ctx, many: sent.append((stmt, params)))
-    keys = [(29_000_001, 900_000), (29_000_003, 900_002)]
-    table = Rollup.__table__
-    with engine.begin() as conn:
-        assert len(list(rows_with_keys(conn, table, "minute", keys))) == 2
-        conn.execute(delete(Rollup).where(keys_clause(conn, table, "minute", keys)))
-    lookups = [(stmt, params) for stmt, params in sent if "rollups" in stmt]
-    assert len(lookups) == 2
-    with engine.connect() as conn:
-        for stmt, params in lookups:
-            plan = " | ".join(r[3] for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + stmt, params))
-            assert "INDEX sqlite_autoindex_rollups_1 (minute=? AND series_id=?)" in plan, plan
-            assert "SCAN rollups" not in plan and "SCAN r " not in plan + " ", plan
-    engine.dispose()
-
-
 def test_one_of_matches_exactly_the_listed_values_of_either_type(engine):
     """``one_of`` (PostgreSQL: ``= ANY(array)``, SQLite: ``IN``) keeps exactly the rows whose
     value is listed: integers, strings (also through an expression), none."""

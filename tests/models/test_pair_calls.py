@@ -198,42 +198,6 @@ def test_a_backlog_of_pending_traces_gives_the_raw_span_search_answers(engine, d
     assert any(r["trace_id"] in pending_ids for a in walked for r in a)  # pending calls were found
 
 
-def test_pending_calls_read_each_pending_trace_through_its_index(engine, demo_store):
-    """SQLite must look up each pending trace's spans by trace id, not walk the window's or a
-    service's spans (which took 69 s over 24 h at 10 M spans)."""
-    if engine.dialect.name != "sqlite":
-        return  # the query plan checked here is SQLite's; PostgreSQL plans by its statistics
-    with engine.begin() as conn:
-        conn.execute(Trace.__table__.update().values(pending=True))
-    got, plans = _plans_of_span_reads(engine, "trace_id IN", lambda: StoreReader(engine).calls.pending(
-        demo_store.start_ns, demo_store.end_ns, ["gateway"], min_ns=MS, max_ns=DAY_NS))
-    assert got and plans
-    for plan in plans:
-        assert "sqlite_autoindex_spans_1 (trace_id=?)" in " ".join(plan), plan
-
-
-def _plans_of_span_reads(engine, needle: str, fn) -> tuple:
-    """``fn()``'s result and SQLite's query plan (a list of lines) of each statement it ran
-    that reads spans and contains ``needle``."""
-    from sqlalchemy import event
-
-    seen: list[tuple[str, tuple]] = []
-
-    def capture(conn, cursor, statement, parameters, context, executemany):
-        if "FROM spans" in statement and needle in statement:
-            seen.append((statement, parameters))
-
-    event.listen(engine, "before_cursor_execute", capture)
-    try:
-        got = fn()
-    finally:
-        event.remove(engine, "before_cursor_execute", capture)
-    with engine.connect() as conn:
-        plans = [[str(r[-1]) for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters)]
-                 for statement, parameters in seen]
-    return got, plans
-
-
 def test_retention_deletes_a_spans_call_with_it(engine, demo_store):
     before = _stored_calls(engine)
     assert before
@@ -326,25 +290,6 @@ def test_pending_calls_through_the_span_index_give_the_raw_span_search_answers(e
     _raw_span_search(engine)
     assert walked == answers()
     assert sum(len(a) for a in walked) > 100
-
-
-def test_pending_calls_walk_the_callers_span_index(engine, demo_store, monkeypatch):
-    """SQLite reads the walk through ix_spans_duration_walk (service, bucket and the start
-    range as the index's key), not by scanning spans or a trace's index."""
-    if engine.dialect.name != "sqlite":
-        return  # the query plan checked here is SQLite's; PostgreSQL plans by its statistics
-    from modalscope.models.reader import calls as reader_module
-
-    monkeypatch.setattr(reader_module, "PENDING_WALK_AFTER", 7)
-    with engine.begin() as conn:
-        conn.execute(Trace.__table__.update().values(pending=True))
-    got, plans = _plans_of_span_reads(engine, "duration_bucket IN", lambda: StoreReader(engine).calls.pending(
-        demo_store.start_ns, demo_store.end_ns, ["gateway"], min_ns=MS, max_ns=DAY_NS, may_call="userdb"))
-    assert got and len(plans) >= 2  # the entries counted, the calls read
-    for plan in plans:
-        walk = [p for p in plan if "ix_spans_duration_walk" in p]
-        assert walk and all("start_ns>? AND start_ns<?" in p or "start_ns>?)" in p for p in walk), plan
-        assert not any(p.startswith("SCAN spans") for p in plan), plan
 
 
 def test_the_walk_finds_each_call_that_reading_every_pending_trace_finds(engine, demo_store, monkeypatch):

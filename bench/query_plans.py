@@ -115,26 +115,20 @@ def run_checks(engine, start_ns: int, end_ns: int) -> list[Check]:
     # Every trace pending (as a burst leaves them): the calls read trace by trace, then walked.
     with engine.begin() as conn:
         conn.execute(update(Trace).values(pending=True))
-    one_by_one = Check("pending traces' calls, trace by trace", "trace_id IN",
-                       ["sqlite_autoindex_spans_1 (trace_id=?)"])
-    saved = calls_module.PENDING_WALK_AFTER
-    calls_module.PENDING_WALK_AFTER = 10**9
-    try:
-        with explained(engine, one_by_one):
-            reader.calls.pending(start_ns, end_ns, [caller], min_ns=MS, max_ns=DAY_NS)
-    finally:
-        calls_module.PENDING_WALK_AFTER = saved
-    checks.append(one_by_one)
-
-    walked = Check("pending traces' calls, through the callers' duration index", "duration_bucket IN",
-                   ["ix_spans_duration_walk (service=? AND duration_bucket=? AND start_ns>?"], ["SCAN spans"])
-    calls_module.PENDING_WALK_AFTER = 7
-    try:
-        with explained(engine, walked):
-            reader.calls.pending(start_ns, end_ns, [caller], min_ns=MS, max_ns=DAY_NS)
-    finally:
-        calls_module.PENDING_WALK_AFTER = saved
-    checks.append(walked)
+    # More pending traces than the walk's threshold take the walk; fewer, one trace at a time.
+    for walk_after, check in ((10**9, Check("pending traces' calls, trace by trace", "trace_id IN",
+                                            ["sqlite_autoindex_spans_1 (trace_id=?)"])),
+                              (7, Check("pending traces' calls, through the callers' duration index",
+                                        "duration_bucket IN",
+                                        ["ix_spans_duration_walk (service=? AND duration_bucket=? AND start_ns>?"],
+                                        ["SCAN spans"]))):
+        saved, calls_module.PENDING_WALK_AFTER = calls_module.PENDING_WALK_AFTER, walk_after
+        try:
+            with explained(engine, check):
+                reader.calls.pending(start_ns, end_ns, [caller], min_ns=MS, max_ns=DAY_NS)
+        finally:
+            calls_module.PENDING_WALK_AFTER = saved
+        checks.append(check)
     return checks
 
 

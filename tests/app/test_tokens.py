@@ -17,9 +17,9 @@ from modalscope.core.spans import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, SpanR
 from modalscope.ingest.settle import settle
 from modalscope.ingest.rules_file import load_rules
 from modalscope.ingest.writer import write_spans
-from tests.factories import settled_copy
 from modalscope.models.reader import Filters, StoreReader
 from modalscope.settings import Settings
+from tests.factories import settled_copy
 
 MS = 1_000_000
 MIN = 60_000_000_000

@@ -2,9 +2,10 @@
 
 :func:`running_site` serves an app (werkzeug in a thread, an ephemeral port) to one browser;
 :func:`demo_store` fills a store with demo traffic plus the hostile traces every page test
-checks (:func:`shared_demo_store` copies one built once a test run). The module-scoped ``site`` and ``clean_log`` fixtures in ``tests/app/conftest.py``
-put the two together; tests that need another configuration (``tests/app/test_auth.py``,
-with a token) call them with their own settings.
+checks, and :func:`shared_demo_store` copies one built once a test run. The module-scoped
+``site`` and ``clean_log`` fixtures in ``tests/app/conftest.py`` put the two together; tests
+that need another configuration (``tests/app/test_auth.py``, with a token) call them with
+their own settings.
 """
 
 from __future__ import annotations

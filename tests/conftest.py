@@ -78,15 +78,18 @@ class _Postgres:
 
     def ensure_template(self) -> str:
         if self.template is None and self.error is None:
+            import psycopg
+
+            name = f"modalscope_test_{RUN_ID}_tmpl"
             try:
                 with _pg_connect() as conn:
-                    name = f"modalscope_test_{RUN_ID}_tmpl"
                     conn.execute(f'CREATE DATABASE "{name}"')
-                self.created.append(name)
-                upgrade(_pg_url(name))
-                self.template = name
-            except Exception as exc:  # noqa: BLE001 - reported as the skip reason
+            except psycopg.OperationalError as exc:  # unreachable: the one reason to skip
                 self.error = f"{exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            else:
+                self.created.append(name)
+                upgrade(_pg_url(name))  # a failing migration is a bug: it errors, never skips
+                self.template = name
         if self.error is not None:
             msg = f"PostgreSQL not reachable at {PG_ADMIN_URL} ({self.error})"
             if REQUIRE_PG:

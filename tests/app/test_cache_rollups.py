@@ -15,11 +15,11 @@ from modalscope.app import queries
 from modalscope.app.queries import cache as cache_queries
 from modalscope.app.params import Window
 from modalscope.core.spans import SpanRecord
-from modalscope.ingest.settle import CACHE_TAG_VALUES, settle
+from modalscope.ingest.settle import CACHE_TAG_VALUES
 from modalscope.ingest.settle_fast import CACHE_MAX_TAGS
-from modalscope.ingest.writer import write_spans
 from modalscope.models import MINUTE_BOUNDARY_CURSOR, Cursor, HourlyRollup, QuarterRollup, Rollup, Series
 from modalscope.models.reader import StoreReader
+from tests.factories import settled_copy
 
 MIN = 60_000_000_000
 MS = 1_000_000
@@ -79,17 +79,10 @@ def cache_spans(seed: int = 3, start: int = T0, minutes: int = MINUTES, per_minu
     return spans
 
 
-def _settled(**spans_args):
-    def build(engine):
-        write_spans(engine, cache_spans(**spans_args))
-        settle(engine, force=True)
-    return build
-
-
 @pytest.fixture
 def store(engine, db_url, small_templates):
     """The settled ``cache_spans()``: built once a backend, copied for each test."""
-    small_templates.fill_like(engine, db_url, "cache-spans", _settled())
+    settled_copy(small_templates, engine, db_url, "cache-spans", cache_spans())
     return StoreReader(engine)
 
 
@@ -245,8 +238,8 @@ WHOLE = range(8, 188)
 
 @pytest.fixture
 def long_store(engine, db_url, small_templates):
-    small_templates.fill_like(engine, db_url, "long-cache-spans",
-                              _settled(seed=5, start=H0, minutes=200, per_minute=6))
+    settled_copy(small_templates, engine, db_url, "long-cache-spans",
+                 cache_spans(seed=5, start=H0, minutes=200, per_minute=6))
     return StoreReader(engine)
 
 

@@ -55,7 +55,7 @@ from ..durations import MINUTE_NS as NS_MIN
 from ..models.reader import Filters, StoreReader
 from . import evaluations, links, queries
 from . import state as st
-from .findings import matches
+from .findings import THREADED_DIALECTS, matches
 from .params import Window, rfc3339
 
 log = logging.getLogger(__name__)
@@ -355,10 +355,12 @@ def suspects(reader: StoreReader, members: list[Finding]) -> list[Suspect]:
 
 
 def suspects_of(reader: StoreReader, incidents_: list[list[Finding] | None]) -> list[list[Suspect] | None]:
-    """``suspects`` of each incident's members (None: none wanted), two at a time: each is a
-    Compare whose reads wait on the store, and the app's reader serves threads."""
+    """``suspects`` of each incident's members (None: none wanted); two at a time where the
+    database works in its own process (``findings.THREADED_DIALECTS``): each is a Compare
+    whose reads wait on the store. On SQLite the reads run under this process's interpreter
+    lock, and two Compares side by side each took about four times as long as one alone."""
     wanted = [m for m in incidents_ if m is not None]
-    if len(wanted) < 2:
+    if len(wanted) < 2 or reader.engine.dialect.name not in THREADED_DIALECTS:
         found = iter([suspects(reader, m) for m in wanted])
     else:
         with ThreadPoolExecutor(max_workers=SUSPECT_THREADS) as pool:

@@ -6,7 +6,9 @@ the dialect's spelling of "insert, ignoring duplicates" and "upsert".
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, Table, and_, any_, bindparam, case, cast, func, literal, or_, select, text, tuple_
+import orjson
+from sqlalchemy import (Connection, String, Table, and_, any_, bindparam, case, cast, func, literal, literal_column, or_,
+                        select, text, tuple_)
 from sqlalchemy.dialects import postgresql, sqlite
 
 from . import Span, Trace
@@ -76,9 +78,14 @@ def one_of(conn: Connection, column, values: list, item_type):
     """``column`` equals one of ``values`` (of SQL type ``item_type``). On PostgreSQL ``=
     ANY(array)``, the values bound as one array: a whole-trace Compare's root look-up,
     thousands of start times and as many trace ids, binds, plans and runs much faster as two
-    arrays than as two ``IN`` lists there. Elsewhere ``IN``."""
+    arrays than as two ``IN`` lists there. On SQLite ``IN`` the rows of ``json_each`` of one
+    JSON text: the same plan as an ``IN`` list, without expanding thousands of parameters
+    into the statement on every call."""
     if conn.dialect.name == "postgresql":
         return column == any_(bindparam(None, list(values), type_=postgresql.ARRAY(item_type)))
+    if conn.dialect.name == "sqlite":
+        listed = func.json_each(bindparam(None, orjson.dumps(list(values)).decode(), type_=String))
+        return column.in_(select(literal_column("value")).select_from(listed).scalar_subquery())
     return column.in_(values)
 
 

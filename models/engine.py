@@ -143,6 +143,14 @@ def plain_rows(conn: Connection, stmt, params: dict | None = None) -> list[tuple
         result.close()
 
 
+def dict_rows(result) -> list[dict]:
+    """A result's rows as plain dicts keyed by its column names: ``dict(row)`` of each
+    ``RowMapping`` builds a keys view a row and costs about twice as much (a Compare or an
+    exemplar read turns thousands of rows into dicts)."""
+    keys = list(result.keys())
+    return [dict(zip(keys, r)) for r in result.all()]  # (one fetch: iterating fetches a row at a time)
+
+
 def check_writable(engine: Engine) -> None:
     """Refuse, in one line, a PostgreSQL store that takes no writes (a hot standby, or
     ``default_transaction_read_only``) before a command starts instead of failing every

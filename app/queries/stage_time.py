@@ -13,7 +13,7 @@ from ...core.spans import STAGES
 from ...ingest.rollup_deltas import unpack_contributions
 from ...models import Series, Trace, sketch
 from ...models.dialect import no_sequential_scans, one_of
-from ...models.reader import NS_PER_MINUTE, Filters, RollupQuery, StoreReader, minute_range
+from ...models.reader import NS_PER_MINUTE, Filters, RollupQuery, StoreReader, minute_range, plain_rows
 from ...models.sketch import Histogram
 from ..params import Window, rfc3339
 from .common import INPUT_TYPE_ORDER, _ms
@@ -87,7 +87,7 @@ def _band(conn, lo_ns: int, hi_ns: int, filters: Filters, input_type: str | None
     if filters.service:
         conds.append(Trace.root_service == filters.service)  # the trace series' service
     blob = Trace.contributions if contributions else literal(None)
-    return [(t, int(d), b) for t, d, b in conn.execute(select(Trace.trace_id, Trace.duration_ns, blob).where(*conds))]
+    return [(t, int(d), b) for t, d, b in plain_rows(conn, select(Trace.trace_id, Trace.duration_ns, blob).where(*conds))]
 
 
 def _tail_of(durations: np.ndarray, n: int, q: float) -> tuple[float, np.ndarray] | None:

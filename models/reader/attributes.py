@@ -12,7 +12,7 @@ from sqlalchemy import BigInteger, Connection, String, and_, case, func, literal
 
 from .. import Span, Trace
 from ..dialect import index_by_bitmap, one_of, plan_for_parameters
-from .base import Filters, ReadContext, plain_rows, services_in
+from .base import Filters, ReadContext, dict_rows, plain_rows, services_in
 from .walks import walk_bucket_list, walk_conds, walk_entries
 
 #: Evenly spaced stretches a sampled ``subjects`` read takes from its window.
@@ -166,14 +166,14 @@ class AttributeReader:
                 if wanted <= 0:
                     break
                 if walks is None:
-                    out.extend(dict(r) for r in conn.execute(
-                        stmt.where(Span.start_ns >= lo, Span.start_ns < hi, *narrowing).limit(wanted)).mappings())
+                    out.extend(dict_rows(conn.execute(
+                        stmt.where(Span.start_ns >= lo, Span.start_ns < hi, *narrowing).limit(wanted))))
                     continue
                 # (several services' walks OR-ed in one statement: a statement each cost
                 # PostgreSQL its planning and a round trip, 72 for an hour's encoder Compare)
                 span_range = or_(*(and_(*walk_conds(name, buckets, lo, hi, None, None))
                                    for name, buckets in walks.items()))
-                out.extend(dict(r) for r in conn.execute(stmt.where(span_range, *narrowing).limit(wanted)).mappings())
+                out.extend(dict_rows(conn.execute(stmt.where(span_range, *narrowing).limit(wanted))))
         return out[:limit]
 
     @staticmethod
@@ -218,10 +218,11 @@ class AttributeReader:
             if min_ns is not None:
                 span_conds.append(Span.duration_ns >= min_ns)
             for r in conn.execute(select(Span.trace_id, Span.start_ns, Span.duration_ns, Span.attributes,
-                                         Span.resource, Span.instance).where(*span_conds)).mappings():
-                if (r["trace_id"], r["start_ns"]) in starts:
-                    roots.setdefault(r["trace_id"], []).append(r)
-        return [{**r, "input_type": it} for t, it, _ in traces for r in roots.get(t, ())]
+                                         Span.resource, Span.instance).where(*span_conds)).all():
+                if (r[0], r[1]) in starts:
+                    roots.setdefault(r[0], []).append(r)
+        keys = ("trace_id", "start_ns", "duration_ns", "attributes", "resource", "instance", "input_type")
+        return [dict(zip(keys, (*r, it))) for t, it, _ in traces for r in roots.get(t, ())]
 
     def spans(self, start_ns: int, end_ns: int, keys: Iterable[str],
               kinds: Iterable[int] = (), service: str | None = None,

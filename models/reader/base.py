@@ -9,7 +9,7 @@ from sqlalchemy import Connection, Engine, and_, or_, select
 
 from .. import MINUTE_BOUNDARY_CURSOR, Cursor, Series
 from .. import packs
-from ..engine import plain_rows  # noqa: F401  (re-exported: the readers fetch rows with it)
+from ..engine import dict_rows, plain_rows  # noqa: F401  (re-exported: the readers fetch rows with them)
 from ...durations import MINUTE_NS as NS_PER_MINUTE  # noqa: F401  (for the readers by concern)
 
 

@@ -10,7 +10,7 @@ from sqlalchemy import Connection, or_, select
 from sqlalchemy.orm import aliased
 
 from .. import PAIR_CALLS_CURSOR, Cursor, PairCall, Series, Span, Trace
-from .base import Filters, ReadContext, series_filter
+from .base import Filters, ReadContext, dict_rows, series_filter
 from .walks import (_CANDIDATE_COLUMNS, _TRACE_SUMMARY_COLUMNS, CALLEE_KIND_CODES, KIND_CLIENT_CODE, _stage_is,
                     long_window, named_in_attributes, of_model, walk_bucket_list, walk_conds, walk_entries)
 
@@ -75,8 +75,8 @@ class CallReader:
             by_id: dict[int, dict] = {}
             ids = [r[2] for r in picked]
             for i in range(0, len(ids), 500):
-                for r in conn.execute(select(*cols).where(Span.id.in_(ids[i : i + 500]))).mappings():
-                    by_id[r["_id"]] = dict(r)
+                for r in dict_rows(conn.execute(select(*cols).where(Span.id.in_(ids[i : i + 500])))):
+                    by_id[r["_id"]] = r
         # A row retention deleted between the two reads has no span: skipped.
         return [by_id[r[2]] for r in picked if r[2] in by_id], more
 
@@ -141,7 +141,7 @@ class CallReader:
         if input_type:
             stmt = stmt.join(Trace, Trace.trace_id == Span.trace_id)
             conds = [*conds, Trace.input_type == input_type]
-        return [dict(r) for r in conn.execute(stmt.where(*conds)).mappings()]
+        return dict_rows(conn.execute(stmt.where(*conds)))
 
     def _pending_walk(self, conn: Connection, buckets: dict[str, list[int]], walk_from: int, start_ns: int,
                       end_ns: int, *, input_type: str | None, min_ns: int | None, max_ns: int | None,
@@ -231,4 +231,4 @@ class CallReader:
             conds.append(duration <= max_ns)
         stmt = select(*cols).where(*conds).order_by(Trace.duration_ns.desc(), Trace.start_ns, Trace.trace_id).limit(limit)
         with self._ctx.reads.connect() as conn:
-            return [dict(r) for r in conn.execute(stmt).mappings()]
+            return dict_rows(conn.execute(stmt))

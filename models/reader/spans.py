@@ -13,7 +13,7 @@ from sqlalchemy.orm import aliased
 
 from .. import Series, Span, Trace, sketch
 from ..buckets import MAX_BUCKET, duration_bucket
-from .base import Filters, ReadContext, series_filter
+from .base import Filters, ReadContext, dict_rows, series_filter
 from .tiers import TierPlan, plan_tiers, rows_of_series, series_and_kept_from, tier_plan
 from .walks import (_CANDIDATE_COLUMNS, _TRACE_SUMMARY_COLUMNS, CALLEE_KIND_CODES, _stage_is, long_window,
                     named_in_attributes, of_model)
@@ -90,7 +90,7 @@ class SpanReader:
     def of_trace(self, trace_id: str) -> list[dict]:
         stmt = select(Span.__table__).where(Span.trace_id == trace_id).order_by(Span.start_ns, Span.id)
         with self._ctx.reads.connect() as conn:
-            return [dict(r) for r in conn.execute(stmt).mappings()]
+            return dict_rows(conn.execute(stmt))
 
     def trace_row(self, trace_id: str) -> dict | None:
         with self._ctx.reads.connect() as conn:
@@ -210,16 +210,15 @@ class SpanReader:
                 bucket = conn.execute(_NEXT_BUCKET, {"service": service, "below": below}).scalar()
                 if bucket is None or bucket < floor:
                     break
-                rows.extend(dict(r) for r in conn.execute(
-                    in_bucket, {"walk_service": service, "walk_bucket": bucket, "walk_limit": wanted - len(rows)}
-                ).mappings())
+                rows.extend(dict_rows(conn.execute(
+                    in_bucket, {"walk_service": service, "walk_bucket": bucket, "walk_limit": wanted - len(rows)})))
                 below = bucket
         return rows
 
     def _slowest_in_window(self, q: SpanQuery) -> list[dict]:
         """``slowest`` through the ``start_ns`` index: the window's matching spans sorted."""
         with self._ctx.reads.connect() as conn:
-            return [dict(r) for r in conn.execute(self._window_statement(q)).mappings()]
+            return dict_rows(conn.execute(self._window_statement(q)))
 
     def _window_statement(self, q: SpanQuery, walk: bool = False) -> Select:
         """The spans matching ``q`` in its window, slowest first, ``limit`` from ``offset``; or
@@ -291,9 +290,8 @@ class SpanReader:
                 chunk = tids[i : i + 300]
                 stmt = select(*cols).where(Span.trace_id.in_(chunk), Span.kind.in_(CALLEE_KIND_CODES),
                                            Span.parent_span_id.is_not(None))
-                for r in conn.execute(stmt).mappings():
-                    if r["parent_span_id"] in by_trace.get(r["trace_id"], ()):
-                        out.append(dict(r))
+                out.extend(r for r in dict_rows(conn.execute(stmt))
+                           if r["parent_span_id"] in by_trace.get(r["trace_id"], ()))
         return out
 
     def by_id(self, keys: Iterable[tuple[str, str]]) -> list[dict]:
@@ -312,7 +310,7 @@ class SpanReader:
                 chunk = tids[i : i + 300]
                 sids = sorted({sid for tid in chunk for sid in by_trace[tid]})
                 stmt = select(*cols).where(Span.trace_id.in_(chunk), Span.span_id.in_(sids))
-                out.extend(dict(r) for r in conn.execute(stmt).mappings() if r["span_id"] in by_trace[r["trace_id"]])
+                out.extend(r for r in dict_rows(conn.execute(stmt)) if r["span_id"] in by_trace[r["trace_id"]])
         return out
 
     def trace_rows(self, trace_ids: Iterable[str]) -> dict[str, dict]:
@@ -322,8 +320,8 @@ class SpanReader:
         cols = [Trace.__table__.c[c] for c in _TRACE_SUMMARY_COLUMNS]
         with self._ctx.reads.connect() as conn:
             for i in range(0, len(ids), 500):
-                for r in conn.execute(select(*cols).where(Trace.trace_id.in_(ids[i : i + 500]))).mappings():
-                    out[r["trace_id"]] = dict(r)
+                for r in dict_rows(conn.execute(select(*cols).where(Trace.trace_id.in_(ids[i : i + 500])))):
+                    out[r["trace_id"]] = r
         return out
 
     def long_traces(self, start_ns: int, end_ns: int, min_duration_ns: int) -> list[dict]:
@@ -334,4 +332,4 @@ class SpanReader:
         stmt = select(*cols).where(Trace.start_ns + 0 >= start_ns, Trace.start_ns + 0 < end_ns,
                                    Trace.duration_ns >= min_duration_ns, Trace.settled_ns.is_not(None))
         with self._ctx.reads.connect() as conn:
-            return [dict(r) for r in conn.execute(stmt).mappings()]
+            return dict_rows(conn.execute(stmt))

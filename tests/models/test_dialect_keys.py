@@ -56,6 +56,34 @@ def test_one_of_matches_exactly_the_listed_values_of_either_type(engine):
         assert conn.execute(select(Rollup.minute).where(one_of(conn, Rollup.minute, [], BigInteger))).all() == []
 
 
+def test_one_of_binds_any_text_and_nanosecond_integers_as_they_are(engine):
+    """The values are bound, never spliced into the SQL (SQLite: one JSON text): quotes,
+    backslashes, JSON-looking text and non-ASCII match only themselves, and integers keep
+    every bit up to int64's largest, across thousands of values."""
+    odd = ["o'brien", 'say "hi"', "back\\slash", "[1, 2]", "ünïcødé ✓", "", "null"]
+    big = [1_764_504_030_123_456_789, 2**63 - 1, -(2**63), 0]
+    with engine.begin() as conn:
+        conn.execute(insert(Series.__table__), [
+            {"id": 910_000 + i, "key_hash": f"odd{i:057d}", "kind": "pair", "service": "a", "name": "",
+             "stage": "", "input_type": "", "caller": "odd", "callee": c} for i, c in enumerate(odd)])
+        conn.execute(insert(Rollup.__table__), [
+            {"minute": m, "series_id": 910_000, "count": 1, "error_count": 0, "sum_ns": v, "sketch": b""}
+            for m, v in enumerate(big)])
+    with engine.connect() as conn:
+        def callees(values):
+            return sorted(conn.execute(select(Series.callee).where(
+                Series.caller == "odd", one_of(conn, Series.callee, values, String))).scalars().all())
+
+        assert callees(odd) == sorted(odd)
+        assert callees(["o'brien", "[1, 2]", "1, 2", "o\\'brien"]) == ["[1, 2]", "o'brien"]
+        assert callees(['"null"', "NULL"]) == []
+        many = [f"x{i}" for i in range(5_000)] + ["ünïcødé ✓"]
+        assert callees(many) == ["ünïcødé ✓"]
+        sums = conn.execute(select(Rollup.sum_ns).where(
+            Rollup.series_id == 910_000, one_of(conn, Rollup.sum_ns, [big[0], big[1], big[0] + 1], BigInteger))).scalars()
+        assert sorted(sums) == [big[0], big[1]]
+
+
 def test_planner_settings_last_their_transaction_only(engine):
     """``no_sequential_scans`` and its siblings change PostgreSQL's planning for the rest of
     one transaction: the same pooled connection plans as usual afterwards; on SQLite they

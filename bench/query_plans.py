@@ -81,6 +81,8 @@ def run_checks(engine, start_ns: int, end_ns: int) -> list[Check]:
     from modalscope.models.reader import calls as calls_module
     from modalscope.models.reader.spans import SpanQuery
     from modalscope.models.reader.walks import KIND_CLIENT_CODE
+    from modalscope.app.params import Window
+    from modalscope.app.queries.stage_time import stage_time_at
 
     reader = StoreReader(engine)
     with engine.connect() as conn:
@@ -89,6 +91,8 @@ def run_checks(engine, start_ns: int, end_ns: int) -> list[Check]:
         caller = conn.execute(select(Span.service).where(Span.kind == KIND_CLIENT_CODE)
                               .group_by(Span.service).order_by(func.count().desc()).limit(1)).scalar_one()
         keys = [tuple(r) for r in conn.execute(select(Rollup.minute, Rollup.series_id).limit(2)).all()]
+        input_type = conn.execute(select(Trace.input_type).group_by(Trace.input_type)
+                                  .order_by(func.count().desc()).limit(1)).scalar_one()
     busiest, smallest = counts[0][0], counts[-1][0]
     checks = []
 
@@ -111,6 +115,20 @@ def run_checks(engine, start_ns: int, end_ns: int) -> list[Check]:
         conn.execute(select(func.count()).select_from(Rollup).where(
             keys_clause(conn, Rollup.__table__, "minute", keys))).scalar_one()
     checks.append(by_key)
+
+    # An input type's tail through its partial index; a short window's traces of one input
+    # type through the start index, never drawn to that index by the input type's equality.
+    tails = Check("each input type's P99 tail (the Stages page's time at P99)", "contributions IS NOT NULL",
+                  ["ix_traces_input_type_tail (input_type=? AND duration_ns>?)"])
+    with explained(engine, tails):
+        stage_time_at(reader, Window(start_ns, end_ns))
+    checks.append(tails)
+    minute = Check("a minute's slowest traces of one input type (a regression's exemplars)",
+                   "ORDER BY traces.duration_ns DESC",
+                   ["ix_traces_start_ns (start_ns>? AND start_ns<?)"], ["ix_traces_input_type_tail"])
+    with explained(engine, minute):
+        reader.calls.slowest_traces(end_ns - 3 * MIN, end_ns - 2 * MIN, input_type=input_type, min_ns=MS, limit=5)
+    checks.append(minute)
 
     # Every trace pending (as a burst leaves them): the calls read trace by trace, then walked.
     with engine.begin() as conn:
@@ -162,6 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             url = f"sqlite:///{stack.enter_context(tempfile.TemporaryDirectory()) }/plans.db"
         engine, config = fill(url, args.hours)
+        engine.dispose()
+        # (a reading engine, as the dashboard's: a read may open a second connection)
+        from modalscope.models.engine import make_engine
+
+        engine = make_engine(url)
         stack.callback(engine.dispose)
         checks = run_checks(engine, config.start_ns - MIN, config.end_ns + MIN)
         dialect = engine.dialect.name

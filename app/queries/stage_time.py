@@ -74,16 +74,16 @@ def _band(conn, lo_ns: int, hi_ns: int, filters: Filters, input_type: str | None
     (those holding contributions) starting in [lo_ns, hi_ns), at least ``min_ns`` long (of
     ``input_type`` unless None); ``contributions``: read them too (a band of the tail is
     about the tail: the rows are looked up anyway). ``by_duration``: read through a duration
-    index (the slow tail of every stored trace, of the input type) rather than the
-    ``start_ns`` one (every trace of the window); ``+ 0`` keeps the planner off the other
-    index. (The duration index holds the input type and start: those are checked in it,
-    before the table.)"""
+    index (the slow tail of every stored trace of the input type: ``ix_traces_input_type_tail``,
+    or without an input type ``ix_traces_duration_tail``) rather than the ``start_ns`` one
+    (every trace of the window); ``+ 0`` and ``|| ''`` keep the planner off the other index.
+    (Both duration indexes hold the start: the window is checked in them, before the table.)"""
     start = Trace.start_ns + 0 if by_duration else Trace.start_ns
     conds = [start >= lo_ns, start < hi_ns, Trace.contributions.is_not(None)]
     if min_ns > 0:
         conds.append(Trace.duration_ns >= min_ns if by_duration else Trace.duration_ns + 0 >= min_ns)
     if input_type is not None:
-        conds.append(Trace.input_type == input_type)
+        conds.append(Trace.input_type == input_type if by_duration else Trace.input_type.concat("") == input_type)
     if filters.service:
         conds.append(Trace.root_service == filters.service)  # the trace series' service
     blob = Trace.contributions if contributions else literal(None)
@@ -145,7 +145,9 @@ def stage_time_at(reader: StoreReader, window: Window, filters: Filters = Filter
             k_lo = int(np.searchsorted(cum, math.floor(q * (n - 1)), side="right"))
             # Just below the order statistic's bucket (its lower edge, less float slack).
             min_ns = max(int(sketch.bucket_upper(k_lo - 1) * (1 - 1e-9)) - 1, 0) if k_lo > 1 else 0
-            tail = [Trace.duration_ns >= min_ns] + ([Trace.input_type == it] if it is not None else [])
+            # (counted in an index alone: an input type's in its partial tail index)
+            tail = [Trace.duration_ns >= min_ns] + (
+                [Trace.input_type == it, Trace.contributions.is_not(None)] if it is not None else [])
             stored_tail = (conn.execute(select(func.count()).select_from(Trace).where(*tail)).scalar_one()
                            if min_ns > 0 else None)
             band = _band(conn, lo_ns, hi_ns, filters, it, min_ns,

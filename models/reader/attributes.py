@@ -217,8 +217,8 @@ class AttributeReader:
                           one_of(conn, Span.trace_id.concat(""), [t for t, _, _ in chunk], String)]
             if min_ns is not None:
                 span_conds.append(Span.duration_ns >= min_ns)
-            for r in conn.execute(select(Span.trace_id, Span.start_ns, Span.duration_ns, Span.attributes,
-                                         Span.resource, Span.instance).where(*span_conds)).all():
+            for r in plain_rows(conn, select(Span.trace_id, Span.start_ns, Span.duration_ns, Span.attributes,
+                                             Span.resource, Span.instance).where(*span_conds)):
                 if (r[0], r[1]) in starts:
                     roots.setdefault(r[0], []).append(r)
         keys = ("trace_id", "start_ns", "duration_ns", "attributes", "resource", "instance", "input_type")

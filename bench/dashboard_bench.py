@@ -85,7 +85,8 @@ WINDOWS = (("1h", 1), ("24h", 24), ("7d", 168))
 
 
 # -- the measuring process -----------------------------------------------------------------------
-def measure(url: str, runs: int, baseline_runs: int, no_baseline: bool, groups: tuple[str, ...] = GROUPS) -> dict:
+def measure(url: str, runs: int, baseline_runs: int, no_baseline: bool, groups: tuple[str, ...] = GROUPS,
+            only: tuple[str, ...] = ()) -> dict:
     from sqlalchemy import func, select
 
     from modalscope.app import create_app
@@ -119,7 +120,8 @@ def measure(url: str, runs: int, baseline_runs: int, no_baseline: bool, groups: 
                                  "callee": subject.callee, "band_ms": subject.band, "trace_id": subject.trace_id,
                                  "fast_pair": subject.extra.get("fast_pair"),
                                  "served_pair": subject.extra.get("served_pair")}
-        calls = [c for c in build_calls(app, client, reader, w, subject) if c.group in groups]
+        calls = [c for c in build_calls(app, client, reader, w, subject)
+                 if c.group in groups and (not only or any(o in c.name for o in only))]
         for i, call in enumerate(calls, 1):
             bl.log(f"[{label}] {i}/{len(calls)} {call.group}: {call.name}")
             ms, samples, result, error = bl.timed_call(call.name, call.fn, runs)
@@ -199,6 +201,8 @@ def main() -> int:
     ap.add_argument("--baseline-runs", type=int, default=3, help="timed pandas computations after one warm-up (default 3)")
     ap.add_argument("--no-baseline", action="store_true", default=bool(os.environ.get("BENCH_NO_BASELINE")),
                     help="skip the exact pandas answers (env BENCH_NO_BASELINE=1)")
+    ap.add_argument("--only", action="append", default=[], metavar="TEXT",
+                    help="only the calls whose name contains TEXT (repeatable), e.g. --only 'page stages'")
     ap.add_argument("--json", default=None, metavar="FILE", help="write everything measured here")
     ap.add_argument("--measure-only", default=None, metavar="URL", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -206,7 +210,8 @@ def main() -> int:
     groups = parse_groups(ap, args.groups)
     if args.measure_only:
         try:
-            print(json.dumps(measure(args.measure_only, args.runs, args.baseline_runs, args.no_baseline, groups)))
+            print(json.dumps(measure(args.measure_only, args.runs, args.baseline_runs, args.no_baseline, groups,
+                                     tuple(args.only))))
         except KeyboardInterrupt:
             return 130
         return 0
@@ -234,7 +239,7 @@ def main() -> int:
             pack_store(url)
         cmd = [sys.executable, os.path.abspath(__file__), "--measure-only", url, "--runs", str(args.runs),
                "--baseline-runs", str(args.baseline_runs), "--groups", ",".join(groups)] + \
-            (["--no-baseline"] if args.no_baseline else [])
+            (["--no-baseline"] if args.no_baseline else []) + [a for o in args.only for a in ("--only", o)]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         try:
             stdout, _ = proc.communicate()

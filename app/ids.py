@@ -85,6 +85,9 @@ AN_CHART_SPEC = "anomalies-chart-spec"  # its store: the finding's window and su
 AN_INCIDENTS = "anomalies-incidents"  # the incident sections (each id "incident-<id>")
 AN_KIND_FILTER = "anomalies-kind-filter"  # links: all kinds, then each kind found
 AN_SEVERITY_FILTER = "anomalies-severity-filter"
+# an incident whose cause is unknown, its suspects drawn after the page (Overview, Anomalies)
+INCIDENT_SUSPECTS = "incident-suspects"  # {"type": ..., "incident": id}: its cause line
+INCIDENT_SUSPECTS_ASK = "incident-suspects-ask"  # its store: the incident's span and subject
 
 # compare
 CMP_STATE = "compare-state"

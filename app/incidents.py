@@ -345,9 +345,14 @@ def topology(reader: StoreReader, window: Window) -> Topology:
 def suspects(reader: StoreReader, members: list[Finding]) -> list[Suspect]:
     """What Compare finds for the incident's span against the same length just before it,
     narrowed to the headline's subject."""
-    window = span_window(members)
+    return suspects_in(reader, span_window(members), Filters(**links.finding_filters(members[0])))
+
+
+def suspects_in(reader: StoreReader, window: Window, filters: Filters) -> list[Suspect]:
+    """``suspects`` of an incident spanning ``window`` whose headline's subject is ``filters``
+    (what a page that draws them later sends back)."""
     try:
-        result = queries.compare(reader, window, None, Filters(**links.finding_filters(members[0])))
+        result = queries.compare(reader, window, None, filters)
     except Exception:  # noqa: BLE001 - suspects are a lead; the incident stands without them
         log.exception("the suspects of an incident could not be computed")
         return []
@@ -395,11 +400,12 @@ def judge(members: list[Finding], finder: Finder, topo_of: Callable[[Window], To
 
 
 def incidents(reader: StoreReader, window: Window, finder: Finder, filters: Filters = Filters(),
-              found: list[Finding] | None = None, prefix: str = "") -> list[Incident]:
+              found: list[Finding] | None = None, prefix: str = "", with_suspects: bool = True) -> list[Incident]:
     """The incidents of ``window``, most severe first. ``finder(window)``: the catalog's
     unfiltered findings of a window (cached or not, the caller's choice); ``found``: the
     request window's own, when already at hand. An incident is kept under ``filters`` when
-    one of its findings matches them."""
+    one of its findings matches them. ``with_suspects`` False: no Compare for incidents whose
+    cause is unknown (their ``suspects`` are empty; a page asks ``suspects_in`` later)."""
     cache: dict[Window, Topology] = {}
 
     def topo_of(w: Window) -> Topology:
@@ -419,7 +425,8 @@ def incidents(reader: StoreReader, window: Window, finder: Finder, filters: Filt
             continue
         kept.append(members)
     kept = [m for m in kept if matches_any(m, filters)]
-    found_suspects = suspects_of(reader, [None if is_cause(m[0]) else m for m in kept])
+    found_suspects = (suspects_of(reader, [None if is_cause(m[0]) else m for m in kept]) if with_suspects
+                      else [None] * len(kept))
     return sort_incidents([build(m, s, prefix) for m, s in zip(kept, found_suspects)])
 
 

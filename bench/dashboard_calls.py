@@ -82,23 +82,25 @@ def _dash_body(key: str, store: str, data: dict) -> dict:
             "changedPropIds": [f"{store}.data"], "state": []}
 
 
-def _anomaly_chart_calls(client, ok, key: str, base: dict) -> list["Call"]:
-    """The Anomalies page's charts, as the browser asks for them after the list: one chart
-    (the first finding's), and the list with every chart one after another (what one worker
-    serves for the whole page; a browser sends the charts at once, to as many workers)."""
+def _anomaly_chart_calls(client, ok, key: str, base: dict, suspects_key: str | None = None) -> list["Call"]:
+    """The Anomalies page's charts and incidents' suspects, as the browser asks for them after
+    the list: one chart (the first finding's), one incident's suspects, and the list with every
+    chart and every suspects line one after another (what one worker serves for the whole page;
+    a browser sends them at once, to as many workers)."""
     from modalscope.app import ids
 
     list_body = _dash_body("anomalies-list.children", ids.AN_STATE, base)
 
-    def specs() -> list[tuple[int, dict]]:
-        found: list[tuple[int, dict]] = []
+    def asks() -> dict[str, list[tuple[dict, dict]]]:
+        """The page's chart specs and suspects asks: (pattern id, store data) by store type."""
+        found: dict[str, list[tuple[dict, dict]]] = {ids.AN_CHART_SPEC: [], ids.INCIDENT_SUSPECTS_ASK: []}
 
         def walk(node):
             if isinstance(node, dict):
                 props = node.get("props") or {}
                 cid = props.get("id")
-                if isinstance(cid, dict) and cid.get("type") == ids.AN_CHART_SPEC:
-                    found.append((cid["index"], props["data"]))
+                if isinstance(cid, dict) and cid.get("type") in found:
+                    found[cid["type"]].append((cid, props["data"]))
                 for v in node.values():
                     walk(v)
             elif isinstance(node, list):
@@ -108,26 +110,39 @@ def _anomaly_chart_calls(client, ok, key: str, base: dict) -> list["Call"]:
         walk(ok(client.post("/_dash-update-component", json=list_body)).get_json())
         return found
 
-    def chart_body(index: int, spec: dict) -> dict:
-        return {"output": key, "outputs": {"id": {"index": index, "type": ids.AN_CHART}, "property": "figure"},
-                "inputs": [{"id": {"index": index, "type": ids.AN_CHART_SPEC}, "property": "data", "value": spec}],
-                "changedPropIds": [], "state": []}
+    def chart_body(cid: dict, spec: dict) -> dict:
+        return {"output": key, "outputs": {"id": {**cid, "type": ids.AN_CHART}, "property": "figure"},
+                "inputs": [{"id": cid, "property": "data", "value": spec}], "changedPropIds": [], "state": []}
+
+    def suspects_body(cid: dict, ask: dict) -> dict:
+        return {"output": suspects_key,
+                "outputs": {"id": {**cid, "type": ids.INCIDENT_SUSPECTS}, "property": "children"},
+                "inputs": [{"id": cid, "property": "data", "value": ask}], "changedPropIds": [], "state": []}
 
     def whole_page():
-        for index, spec in specs():
-            ok(client.post("/_dash-update-component", json=chart_body(index, spec)))
+        found = asks()
+        for cid, spec in found[ids.AN_CHART_SPEC]:
+            ok(client.post("/_dash-update-component", json=chart_body(cid, spec)))
+        for cid, ask in found[ids.INCIDENT_SUSPECTS_ASK] if suspects_key else ():
+            ok(client.post("/_dash-update-component", json=suspects_body(cid, ask)))
 
-    first = {}
+    first: dict = {}
 
-    def one_chart_only():
-        if "spec" not in first:  # the list is read once, untimed
-            first["spec"] = specs()[:1]
-        if first["spec"]:
-            return ok(client.post("/_dash-update-component", json=chart_body(*first["spec"][0])))
-        return None
+    def one(kind: str, body):
+        def call():
+            if kind not in first:  # the list is read once, untimed
+                first[kind] = asks()[kind][:1]
+            if first[kind]:
+                return ok(client.post("/_dash-update-component", json=body(*first[kind][0])))
+            return None
+        return call
 
-    return [Call("page", "page anomalies (one finding's chart)", one_chart_only),
-            Call("page", "page anomalies: the list and every chart, one after another", whole_page)]
+    calls = [Call("page", "page anomalies (one finding's chart)", one(ids.AN_CHART_SPEC, chart_body))]
+    if suspects_key:
+        calls.append(Call("page", "page anomalies (one incident's suspects)", one(ids.INCIDENT_SUSPECTS_ASK,
+                                                                                suspects_body)))
+    return calls + [Call("page", "page anomalies: the list, every chart and suspects line, one after another",
+                          whole_page)]
 
 
 def page_callbacks(dash_app) -> list[tuple[str, str, str]]:
@@ -319,8 +334,9 @@ def build_calls(app, client, reader, window, subject: Subject) -> list[Call]:
 
     # The Anomalies page draws each finding's chart in its own request after the list.
     an_key = next((k for k in dash_app.callback_map if '"anomalies-chart"' in k), None)
+    suspects_key = next((k for k in dash_app.callback_map if '"incident-suspects"' in k), None)
     if an_key:
-        calls += _anomaly_chart_calls(client, ok, an_key, base)
+        calls += _anomaly_chart_calls(client, ok, an_key, base, suspects_key)
 
     # The query functions behind them.
     th = Thresholds.from_env()

@@ -22,9 +22,9 @@ constant or helper must patch it in the module that reads it (e.g. ``components.
 from __future__ import annotations
 
 from .callbacks import narrow, register_callbacks, rendering
-from .cards import (MEASURES, SEVERITY_ORDER, evaluation_note, evidence_text, find_findings, finding_links,
-                    finding_measure, finding_title, fmt_pct_safe, incident_card, incident_cause, incident_headline,
-                    kind_text, span_text, subject_text, thresholds, top_findings)
+from .cards import (MEASURES, SEVERITY_ORDER, asked_suspects, evaluation_note, evidence_text, find_findings,
+                    finding_links, finding_measure, finding_title, fmt_pct_safe, incident_card, incident_cause,
+                    incident_headline, kind_text, span_text, subject_text, suspects_line, thresholds, top_findings)
 from .filters import FILTER_OPTIONS, OPTION_LABEL_CHARS, option_label, toolbar, toolbar_options
 from .layout import (EMPTY_HINT, NAV_ITEMS, account_links, banner, empty_state, graph, loading, no_data, panel,
                      reader, shell)
@@ -34,10 +34,11 @@ from .tables import LONG_WORD, cell_text, exemplar_table, is_number_text, numeri
 __all__ = [
     "EMPTY_HINT", "FILTER_OPTIONS", "LONG_WORD", "MEASURES", "NAV_ITEMS", "OPTION_LABEL_CHARS", "SEVERITY_ORDER",
     "SHARE_TTLS",
-    "account_links", "banner", "cell_text", "empty_state", "evaluation_note", "evidence_text", "exemplar_table",
+    "account_links", "asked_suspects", "banner", "cell_text", "empty_state", "evaluation_note", "evidence_text",
+    "exemplar_table",
     "find_findings", "finding_links", "finding_measure", "finding_title", "fmt_pct_safe", "graph",
     "incident_card", "incident_cause", "incident_headline", "is_number_text", "kind_text", "loading", "narrow",
     "no_data", "numeric_columns", "option_label", "panel", "reader", "register_callbacks",
     "register_share_callback", "rendering", "share_control", "share_values", "shell", "span_text",
-    "subject_text", "text_table", "thresholds", "toolbar", "toolbar_options", "top_findings",
+    "subject_text", "suspects_line", "text_table", "thresholds", "toolbar", "toolbar_options", "top_findings",
 ]

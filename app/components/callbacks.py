@@ -1,18 +1,21 @@
 """The shell's callbacks: nav links that keep the window and filters, the toolbar writing
-the URL, the pickers' options, and the Share control's signing."""
+the URL, the pickers' options, the Share control's signing, and the suspects of an incident
+listed without them (Overview, Anomalies)."""
 
 from __future__ import annotations
 
 from urllib.parse import parse_qs
 
 import dash
-from dash import Input, Output, State, ctx, no_update
+from dash import MATCH, Input, Output, State, ctx, no_update
 
 from .. import ids
+from .. import incidents as inc
 from .. import links
 from .. import state as st
+from .cards import asked_suspects, suspects_line
 from .filters import toolbar_options
-from .layout import NAV_ITEMS
+from .layout import NAV_ITEMS, reader
 from .sharing import register_share_callback
 
 
@@ -91,6 +94,14 @@ def register_callbacks() -> None:
         if not rendering() and ctx.triggered_id == ids.PAIR:
             return no_update, opts[1], no_update, no_update
         return opts
+
+    @dash.callback(
+        Output({"type": ids.INCIDENT_SUSPECTS, "incident": MATCH}, "children"),
+        Input({"type": ids.INCIDENT_SUSPECTS_ASK, "incident": MATCH}, "data"),
+    )
+    def _incident_suspects(ask):
+        asked = asked_suspects(ask)
+        return suspects_line(None if asked is None else inc.suspects_in(reader(), *asked))
 
 
 def narrow(path: str, state, selected, relayout):

@@ -4,17 +4,20 @@ links to the pages that explain them, and incident cards."""
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from dash import dcc, html
 from flask import current_app
 
-from ...core.findings import Finding, Incident, StageSuspect
-from .. import evaluations, links, panels
+from ...core.findings import Finding, Incident, StageSuspect, Suspect
+from ...durations import MINUTE_NS
+from ...models.reader import Filters
+from .. import evaluations, ids, links, panels
 from ..detectors import Thresholds
 from .. import state as st
-from ..incidents import is_cause
-from ..params import rfc3339
+from ..findings import MAX_WINDOW_S
+from ..incidents import is_cause, span_window
+from ..params import Window, rfc3339
 from ..units import evidence_measure, fmt_ms, fmt_pct
 from .layout import empty_state, reader
 
@@ -159,27 +162,62 @@ def span_text(start: Any, end: Any) -> str:
     return f"{s[:16].replace('T', ' ')} → {e_short} UTC"
 
 
-def incident_cause(i: Incident) -> html.Div:
-    """"Cause: <headline kind>" when a mechanism was found, else Compare's suspects."""
+def incident_cause(i: Incident, later: bool = False) -> html.Div:
+    """"Cause: <headline kind>" when a mechanism was found, else Compare's suspects. ``later``:
+    an incident listed without its suspects gets a cause line that its own request fills
+    (``callbacks``: a Compare per incident cost most of a page that waited for them all)."""
     if i.cause_known:
         head = i.headline
         return html.Div(["Likely cause: ", html.Strong(kind_text(head.kind)), " on ",
                          subject_text(head.subject.to_json())], className="ms-incident-cause")
+    if later and not i.suspects:
+        w = span_window(i.findings)
+        ask = {"start_ns": w.start_ns, "end_ns": w.end_ns, "subject": i.headline.subject.filters()}
+        return html.Div([html.Div(suspects_line(()), className="ms-incident-cause",
+                                  id={"type": ids.INCIDENT_SUSPECTS, "incident": i.id}),
+                         dcc.Store(id={"type": ids.INCIDENT_SUSPECTS_ASK, "incident": i.id}, data=ask)])
+    return html.Div(suspects_line(i.suspects), className="ms-incident-cause")
+
+
+def suspects_line(suspects: Sequence[Suspect] | None) -> list:
+    """The cause line of an incident whose cause is unknown: its three strongest suspects;
+    ``()`` while they are being looked up, None when they could not be."""
+    if suspects is None:
+        return ["Cause unknown — suspects: ", "not available for this incident"]
+    if suspects == ():
+        return ["Cause unknown — suspects: ", "comparing with the time before …"]
     parts = []
-    for s in i.suspects:
+    for s in suspects:
         if isinstance(s, StageSuspect):
             parts.append(f"stage {s.stage} ({fmt_pct_safe(s.added_share)} of the added time)")
         else:
             parts.append(f"{s.key}={s.value} (×{float(s.lift or 0):.2g})")
-    text = "; ".join(str(p) for p in parts[:3]) or "none found"
-    return html.Div(["Cause unknown — suspects: ", text], className="ms-incident-cause")
+    return ["Cause unknown — suspects: ", "; ".join(str(p) for p in parts[:3]) or "none found"]
+
+
+def asked_suspects(ask: Any) -> tuple[Window, Filters] | None:
+    """An incident's span and subject from its cause line's store (``incident_cause``), which
+    the browser sends back, so checked like a query: None unless whole minutes of at most
+    the detectors' longest window and subject filters of text."""
+    if not isinstance(ask, dict):
+        return None
+    start, end = ask.get("start_ns"), ask.get("end_ns")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end)):
+        return None
+    if not (0 <= start < end) or start % MINUTE_NS or end % MINUTE_NS or end - start > MAX_WINDOW_S * 10**9:
+        return None
+    subject = ask.get("subject")
+    if not isinstance(subject, dict) or not all(k in links.SUBJECT_FILTERS and isinstance(v, str) and len(v) <= 512
+                                                for k, v in subject.items()):
+        return None
+    return Window(start, end), Filters(**subject)
 
 
 def fmt_pct_safe(v: Any) -> str:
     return fmt_pct(float(v), 0) if isinstance(v, (int, float)) and not isinstance(v, bool) else "—"
 
 
-def incident_card(i: Incident, href: str) -> html.Li:
+def incident_card(i: Incident, href: str, later: bool = False) -> html.Li:
     """The overview's card of one incident: badge, headline, span, "+N related findings",
     cause or suspects, and ``href`` (the incident on the Anomalies page)."""
     related = max(len(i.findings) - 1, 0)
@@ -190,7 +228,7 @@ def incident_card(i: Incident, href: str) -> html.Li:
         html.Div([span_text(i.start, i.end),
                   f" · +{related} related finding{'' if related == 1 else 's'}" if related else ""],
                  className="ms-note"),
-        incident_cause(i),
+        incident_cause(i, later),
         html.Div(dcc.Link("open incident →", href=href, className="ms-finding-link ms-incident-link"),
                  className="ms-finding-links"),
     ])

@@ -132,7 +132,7 @@ def incident_section(i: Incident, members: list[tuple[int, Finding]], state: dic
                       f" · +{related} related finding{'' if related == 1 else 's'}" if related else "",
                       " · ", dcc.Link("link to this incident", href=href, className="ms-finding-link")],
                      className="ms-note"),
-            c.incident_cause(i),
+            c.incident_cause(i, later=True),
             html.Div([dcc.Link("compare", href=i.links.compare, className="ms-finding-link"),
                       dcc.Link("drilldown", href=i.links.drilldown, className="ms-finding-link")],
                      className="ms-finding-links"),

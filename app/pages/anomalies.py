@@ -87,7 +87,8 @@ def page_incidents(res, state: dict) -> tuple[evaluations.Evaluation, list[Incid
     def finder(w):  # an incident's own span: an absolute window, stored once evaluated
         return evaluations.find_for(reader, w, Filters(), th, relative=False).findings
 
-    return ev, inc.incidents(reader, res.window, finder, res.filters, found=ev.findings)
+    # (suspects: each incident's own request, ``components.incident_cause``)
+    return ev, inc.incidents(reader, res.window, finder, res.filters, found=ev.findings, with_suspects=False)
 
 
 @dash.callback(

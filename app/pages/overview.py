@@ -185,9 +185,10 @@ def incidents_for(res, state) -> tuple[list, bool]:
     reader, th = c.reader(), c.thresholds()
     ev = evaluations.find_for(reader, res.window, Filters(), th, relative=evaluations.ends_now(state))
     try:
-        return inc.incidents(reader, res.window, inc.cached_finder(reader, th), res.filters, found=ev.findings), True
+        return inc.incidents(reader, res.window, inc.cached_finder(reader, th), res.filters, found=ev.findings,
+                             with_suspects=False), True
     except inc.NotJudged:
-        return inc.window_incidents(reader, res.window, ev.findings, res.filters, suspects_for=TOP_INCIDENTS), False
+        return inc.window_incidents(reader, res.window, ev.findings, res.filters, suspects_for=0), False
 
 
 TOP_INCIDENTS = 3
@@ -199,7 +200,8 @@ def top_incidents(found: list, state, judged: bool, n: int = TOP_INCIDENTS) -> h
     if not found:
         return c.empty_state("No incidents in this window.",
                              "The anomaly catalog found nothing that needs attention.")
-    cards = [c.incident_card(i, inc.incident_page_href(i.id, state)) for i in found[:n]]
+    # (suspects: each card's own request, ``components.incident_cause``)
+    cards = [c.incident_card(i, inc.incident_page_href(i.id, state), later=True) for i in found[:n]]
     note = [] if judged else [html.Div("Judged over this window only; the Anomalies page judges each incident "
                                        "over its own span.", className="ms-note", id="overview-incidents-note")]
     more = dcc.Link(f"all {len(found)} incidents →", href=inc.page_href(state), id="overview-all-incidents")

@@ -1,15 +1,22 @@
 """The Anomalies page grouped by incident and the overview's top incidents in headless
 Chromium (the module-scoped ``site`` fixture of tests/app/conftest.py: demo traffic plus
-the hostile traces, one server and one browser for this module)."""
+the hostile traces, one server and one browser for this module; and the shared store of
+every injected pattern, served the same way, for incidents whose cause is unknown)."""
 
 from __future__ import annotations
 
 from urllib.parse import parse_qs, urlparse
 
+import pytest
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
 
 from modalscope.app import ids
-from tests.app.browser import no_injection
+from modalscope.app.params import rfc3339
+from tests.app.browser import DemoStore, no_injection, running_site
+from tests.demo_stores import PATTERNS, pattern_store  # noqa: F401 - a fixture
+
+MIN = 60_000_000_000
 
 SECTIONS = f"#{ids.AN_INCIDENTS} section.ms-incident-section[id^='incident-']"
 
@@ -63,3 +70,27 @@ def test_overview_links_to_the_incident(site, clean_log):
     first = site.driver.find_elements(By.CSS_SELECTOR, SECTIONS)[0]
     assert "ms-incident-selected" in first.get_attribute("class")
     no_injection(site)
+
+
+@pytest.fixture(scope="module")
+def pattern_site(pattern_store):  # noqa: F811
+    """The shared store of every injected pattern, served: its incidents include some whose
+    cause is unknown (the page tests' hour of demo traffic has none)."""
+    with running_site(pattern_store.app, DemoStore(pattern_store.url, PATTERNS.end_ns // MIN * MIN, "", "")) as s:
+        yield s
+
+
+def test_incidents_whose_cause_is_unknown_get_their_suspects_after_the_list(pattern_site):
+    """The Anomalies page lists incidents at once; each one whose cause is unknown says it is
+    comparing, and its suspects arrive in a request of its own and replace that line."""
+    window = f"start={rfc3339(PATTERNS.start_ns // MIN * MIN)}&end={rfc3339(PATTERNS.end_ns // MIN * MIN + 2 * MIN)}"
+    pattern_site.driver.get_log("browser")
+    pattern_site.open(f"/anomalies?{window}")
+    assert pattern_site.wait(SECTIONS, timeout=90)
+    lines = f"{SECTIONS} .ms-incident-cause[id*='{ids.INCIDENT_SUSPECTS}']"
+    assert pattern_site.driver.find_elements(By.CSS_SELECTOR, lines), "no incident with its cause unknown"
+    WebDriverWait(pattern_site.driver, 90).until(
+        lambda d: all("comparing" not in e.text for e in d.find_elements(By.CSS_SELECTOR, lines)))
+    texts = [e.text for e in pattern_site.driver.find_elements(By.CSS_SELECTOR, lines)]
+    assert all(t.startswith("Cause unknown — suspects: ") and "not available" not in t for t in texts), texts
+    assert pattern_site.severe() == []

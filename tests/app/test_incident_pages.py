@@ -148,6 +148,46 @@ def test_window_incident_ids_open_the_judged_incident(pattern_store, whole_windo
 
 
 # -- the Anomalies page ----------------------------------------------------------------
+def _suspects_answer(store, cid: dict, data) -> str:
+    """The cause line an incident's own suspects request answers, as the browser asks it."""
+    key = next(k for k in store.app.extensions["modalscope"]["dash"].callback_map if '"incident-suspects"' in k)
+    body = {"output": key, "outputs": {"id": {**cid, "type": ids.INCIDENT_SUSPECTS}, "property": "children"},
+            "inputs": [{"id": cid, "property": "data", "value": data}], "changedPropIds": [], "state": []}
+    r = store.client.post("/_dash-update-component", json=body)
+    assert r.status_code == 200, r.get_data(as_text=True)
+    (answer,) = r.get_json()["response"].values()
+    return _text(answer["children"])
+
+
+def test_incidents_listed_without_suspects_get_the_apis_suspects_in_a_request_each(pattern_store, whole_window):
+    """The Anomalies page lists incidents without waiting for their Compares: each incident
+    whose cause is unknown says it is comparing, and its own request answers the suspects
+    ``/api/v1/incidents`` gives it. A store the browser tampered with gets "not available"."""
+    from modalscope.app.pages import anomalies
+
+    with pattern_store.app.test_request_context():
+        tree = _tree(anomalies._fill(whole_window))
+    api = {i["id"]: i for i in pattern_store.get("incidents", **whole_window)}
+    asks = _nodes(tree, lambda n: isinstance(n["props"].get("id"), dict)
+                  and n["props"]["id"].get("type") == ids.INCIDENT_SUSPECTS_ASK)
+    unknown = {i for i, v in api.items() if not v["cause_known"]}
+    assert unknown and {n["props"]["id"]["incident"] for n in asks} == unknown
+    lines = _nodes(tree, lambda n: isinstance(n["props"].get("id"), dict)
+                   and n["props"]["id"].get("type") == ids.INCIDENT_SUSPECTS)
+    assert lines and all("comparing" in _text(n) for n in lines)
+    for n in asks:
+        cid, data = n["props"]["id"], n["props"]["data"]
+        want = [StageSuspect(s["stage"], s["added_share"]) if "stage" in s else
+                AttributeSuspect(s["key"], s["value"], s["lift"]) for s in api[cid["incident"]]["suspects"]]
+        assert want, cid  # the demo's unknown-cause incidents each have suspects
+        assert _suspects_answer(pattern_store, cid, data) == _text(c.suspects_line(want))
+    cid, data = asks[0]["props"]["id"], asks[0]["props"]["data"]
+    for bad in (None, "x", {**data, "start_ns": str(data["start_ns"])}, {**data, "end_ns": data["start_ns"]},
+                {**data, "start_ns": data["start_ns"] + 1}, {**data, "end_ns": data["start_ns"] + 8 * 86_400 * 10**9},
+                {**data, "subject": {"attribute": "x"}}, {**data, "subject": {"service": ["a"]}}):
+        assert "not available" in _suspects_answer(pattern_store, cid, bad), bad
+
+
 def test_anomalies_page_is_grouped_by_incident(pattern_store, whole_window):  # noqa: F811
     from modalscope.app.pages import anomalies
 

@@ -363,7 +363,7 @@ def suspects_of(reader: StoreReader, incidents_: list[list[Finding] | None]) -> 
     """``suspects`` of each incident's members (None: none wanted); two at a time where the
     database works in its own process (``findings.THREADED_DIALECTS``): each is a Compare
     whose reads wait on the store. On SQLite the reads run under this process's interpreter
-    lock, and two Compares side by side each took about four times as long as one alone."""
+    lock: two Compares side by side were slower than one after another (docs/benchmarks.md)."""
     wanted = [m for m in incidents_ if m is not None]
     if len(wanted) < 2 or reader.engine.dialect.name not in THREADED_DIALECTS:
         found = iter([suspects(reader, m) for m in wanted])

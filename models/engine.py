@@ -145,8 +145,8 @@ def plain_rows(conn: Connection, stmt, params: dict | None = None) -> list[tuple
 
 def dict_rows(result) -> list[dict]:
     """A result's rows as plain dicts keyed by its column names: ``dict(row)`` of each
-    ``RowMapping`` builds a keys view a row and costs about twice as much (a Compare or an
-    exemplar read turns thousands of rows into dicts)."""
+    ``RowMapping`` builds a keys view a row, a cost a Compare or an exemplar read pays
+    thousands of times."""
     keys = list(result.keys())
     return [dict(zip(keys, r)) for r in result.all()]  # (one fetch: iterating fetches a row at a time)
 

@@ -173,19 +173,19 @@ def incident_cause(i: Incident, later: bool = False) -> html.Div:
     if later and not i.suspects:
         w = span_window(i.findings)
         ask = {"start_ns": w.start_ns, "end_ns": w.end_ns, "subject": i.headline.subject.filters()}
-        return html.Div([html.Div(suspects_line(()), className="ms-incident-cause",
+        return html.Div([html.Div(suspects_line((), pending=True), className="ms-incident-cause",
                                   id={"type": ids.INCIDENT_SUSPECTS, "incident": i.id}),
                          dcc.Store(id={"type": ids.INCIDENT_SUSPECTS_ASK, "incident": i.id}, data=ask)])
     return html.Div(suspects_line(i.suspects), className="ms-incident-cause")
 
 
-def suspects_line(suspects: Sequence[Suspect] | None) -> list:
+def suspects_line(suspects: Sequence[Suspect] | None, pending: bool = False) -> list:
     """The cause line of an incident whose cause is unknown: its three strongest suspects;
-    ``()`` while they are being looked up, None when they could not be."""
+    ``pending`` while they are being looked up, None when they could not be."""
+    if pending:
+        return ["Cause unknown — suspects: ", "comparing with the time before …"]
     if suspects is None:
         return ["Cause unknown — suspects: ", "not available for this incident"]
-    if suspects == ():
-        return ["Cause unknown — suspects: ", "comparing with the time before …"]
     parts = []
     for s in suspects:
         if isinstance(s, StageSuspect):

@@ -2,8 +2,8 @@
 
 The Stages page finds each input type's P99 tail through ``ix_traces_duration_tail``
 (duration first): for a fast input type among slow ones that read nearly every stored
-trace's entry (a day's ``unknown`` tail at 11.4 M spans: 3,815 rows wanted, ~750,000
-entries read). ``(input_type, duration_ns, start_ns)`` reads that type's tail alone. It
+trace's entry to keep a few thousand. ``(input_type, duration_ns, start_ns)`` reads that
+type's tail alone (docs/benchmarks.md). It
 is partial (``contributions IS NOT NULL``, which the tail reads state) so that other reads
 of one input type's traces, whose window the start index serves, cannot take it.
 

@@ -4,6 +4,7 @@ browser would receive), and the incident cards on hand-built incidents."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -306,6 +307,11 @@ def test_card_pieces():
     text = _text(_tree(c.incident_cause(unknown)))
     assert text.startswith("Cause unknown") and "stage preprocessing (56 % of the added time)" in text
     assert "input_type=multi_image (×2.8)" in text
+    # A Compare that found nothing says so, on a card drawn at once or later.
+    assert _text(_tree(c.incident_cause(dataclasses.replace(unknown, suspects=())))).endswith("none found")
+    assert _text(_tree(c.incident_cause(dataclasses.replace(unknown, suspects=()), later=True))).startswith(
+        "Cause unknown — suspects: comparing")
+    assert _text(c.suspects_line([])).endswith("none found") and "not available" in _text(c.suspects_line(None))
     assert inc.page_href({"range": "1h", "min_ms": "3"}, kind="cold_start", incident=None) == \
         "/anomalies?range=1h&kind=cold_start"
     assert inc.incident_page_href("ab" * 8, {}) == f"/anomalies?incident={'ab' * 8}#incident-{'ab' * 8}"

@@ -204,7 +204,8 @@ def asked_suspects(ask: Any) -> tuple[Window, Filters] | None:
     start, end = ask.get("start_ns"), ask.get("end_ns")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end)):
         return None
-    if not (0 <= start < end) or start % MINUTE_NS or end % MINUTE_NS or end - start > MAX_WINDOW_S * 10**9:
+    if not (0 <= start < end < 2**63) or start % MINUTE_NS or end % MINUTE_NS \
+            or end - start > MAX_WINDOW_S * 10**9:
         return None
     subject = ask.get("subject")
     if not isinstance(subject, dict) or not all(k in links.SUBJECT_FILTERS and isinstance(v, str) and len(v) <= 512

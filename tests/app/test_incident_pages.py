@@ -185,6 +185,7 @@ def test_incidents_listed_without_suspects_get_the_apis_suspects_in_a_request_ea
     cid, data = asks[0]["props"]["id"], asks[0]["props"]["data"]
     for bad in (None, "x", {**data, "start_ns": str(data["start_ns"])}, {**data, "end_ns": data["start_ns"]},
                 {**data, "start_ns": data["start_ns"] + 1}, {**data, "end_ns": data["start_ns"] + 8 * 86_400 * 10**9},
+                {**data, "start_ns": 2**70, "end_ns": 2**70 + MIN},
                 {**data, "subject": {"attribute": "x"}}, {**data, "subject": {"service": ["a"]}}):
         assert "not available" in _suspects_answer(pattern_store, cid, bad), bad
 

@@ -342,10 +342,17 @@ def topology(reader: StoreReader, window: Window) -> Topology:
                     {k: frozenset(v) for k, v in caches.items()})
 
 
+def suspects_subject(members: list[Finding]) -> tuple[Window, dict[str, str]]:
+    """What an incident's suspects compare: its span (``span_window``) and the filters naming
+    its headline's subject."""
+    return span_window(members), links.finding_filters(members[0])
+
+
 def suspects(reader: StoreReader, members: list[Finding]) -> list[Suspect]:
     """What Compare finds for the incident's span against the same length just before it,
     narrowed to the headline's subject."""
-    return suspects_in(reader, span_window(members), Filters(**links.finding_filters(members[0])))
+    window, filters = suspects_subject(members)
+    return suspects_in(reader, window, Filters(**filters))
 
 
 def suspects_in(reader: StoreReader, window: Window, filters: Filters) -> list[Suspect]:

@@ -172,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--database-url", default=None,
                         help="a PostgreSQL server (a database is created and dropped); default a temporary SQLite file")
     args = parser.parse_args(argv)
+    from modalscope.models.engine import make_engine
+
     benchlib.sigterm_as_interrupt()
     print(benchlib.machine_line(benchlib.machine_info(args.database_url)))
     with contextlib.ExitStack() as stack:
@@ -181,10 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             url = f"sqlite:///{stack.enter_context(tempfile.TemporaryDirectory()) }/plans.db"
         engine, config = fill(url, args.hours)
         engine.dispose()
-        # (a reading engine, as the dashboard's: a read may open a second connection)
-        from modalscope.models.engine import make_engine
-
-        engine = make_engine(url)
+        engine = make_engine(url)  # (a reading engine, as the dashboard's: a read may open a second)
         stack.callback(engine.dispose)
         checks = run_checks(engine, config.start_ns - MIN, config.end_ns + MIN)
         dialect = engine.dialect.name

@@ -16,7 +16,7 @@ from .. import evaluations, ids, links, panels
 from ..detectors import Thresholds
 from .. import state as st
 from ..findings import MAX_WINDOW_S
-from ..incidents import is_cause, span_window
+from ..incidents import is_cause, suspects_subject
 from ..params import Window, rfc3339
 from ..units import evidence_measure, fmt_ms, fmt_pct
 from .layout import empty_state, reader
@@ -171,8 +171,8 @@ def incident_cause(i: Incident, later: bool = False) -> html.Div:
         return html.Div(["Likely cause: ", html.Strong(kind_text(head.kind)), " on ",
                          subject_text(head.subject.to_json())], className="ms-incident-cause")
     if later and not i.suspects:
-        w = span_window(i.findings)
-        ask = {"start_ns": w.start_ns, "end_ns": w.end_ns, "subject": i.headline.subject.filters()}
+        w, subject = suspects_subject(list(i.findings))
+        ask = {"start_ns": w.start_ns, "end_ns": w.end_ns, "subject": subject}
         return html.Div([html.Div(suspects_line((), pending=True), className="ms-incident-cause",
                                   id={"type": ids.INCIDENT_SUSPECTS, "incident": i.id}),
                          dcc.Store(id={"type": ids.INCIDENT_SUSPECTS_ASK, "incident": i.id}, data=ask)])

@@ -97,11 +97,14 @@ def test_tables_keep_words_whole_at_1280_and_1440(site, clean_log):
     }
     folder = screenshot_dir()
     try:
-        for width in WIDTHS:
-            _viewport(site, width)
-            for name, (path, css) in pages.items():
-                site.open(path)
-                site.wait(css, timeout=30)
+        for name, (path, css) in pages.items():
+            # One load a page, read at each width: tables reflow when the viewport changes.
+            _viewport(site, WIDTHS[0])
+            site.open(path)
+            site.wait(css, timeout=30)
+            for width in WIDTHS:
+                _viewport(site, width)
+                site.settle()
                 assert site.driver.execute_script("return window.innerWidth") == width
                 _full_page(site, folder / f"{name}-{width}.png")
                 split = site.driver.execute_script(SPLIT_WORDS_JS)

@@ -147,9 +147,10 @@ class Renderer:
                 out = future.result(timeout=self.render_timeout + GIVE_BACK_S)
             except Exception as exc:  # noqa: BLE001 - reported as RenderError below
                 crashed = not self._alive()
-                # kaleido gave up on its own and gave its tab back: the browser is fine.
-                given_back = future.done() and not crashed and isinstance(exc, TimeoutError)
                 timed_out = isinstance(exc, TimeoutError) or time.monotonic() - started >= self.render_timeout
+                # kaleido gave up on its own and gave its tab back: the browser is fine. (When its
+                # timeout cancels a message in flight, that surfaces as the channel's error instead.)
+                given_back = future.done() and not crashed and timed_out
                 log.warning("render failed (%s: %s; browser %s)", type(exc).__name__, _one_line(exc),
                             "gone" if crashed else "kept" if given_back else "wedged, restarting it")
                 if not given_back:

@@ -289,6 +289,44 @@ def test_a_render_timeout_is_a_504_and_the_renderer_recovers(big, monkeypatch):
         slow.close()
 
 
+def test_a_timeout_that_cuts_a_message_in_flight_keeps_the_browser(big, monkeypatch):
+    """On a busy machine kaleido's timeout can cancel a message to the browser mid-write,
+    and choreographer reports that as a closed channel, not as a timeout: kaleido has still
+    given its tab back, so the picture is a 504 and the same browser draws the next one."""
+    import asyncio
+
+    from choreographer.channels import ChannelClosedError
+
+    from modalscope.app import render
+
+    slow = render.Renderer(render_timeout=0.05, start_timeout=30)
+    monkeypatch.setattr(render, "_renderer", slow)
+    url = f"/render/trace.png?trace_id={big.ids[5]}&{big.window}"
+    try:
+        slow.warm()
+        kept = slow.browser_pid()
+        real = slow._kaleido.calc_fig
+
+        async def cut_mid_write(*args, **kwargs):
+            await asyncio.sleep(2 * slow.render_timeout)  # past kaleido's own limit
+            try:
+                raise asyncio.CancelledError
+            except asyncio.CancelledError as exc:
+                raise ChannelClosedError("Executor is closed.") from exc  # what choreographer raises
+
+        monkeypatch.setattr(slow._kaleido, "calc_fig", cut_mid_write)
+        resp = big.app.test_client().get(url)
+        assert resp.status_code == 504 and "longer than 0.05 s" in resp.get_json()["error"]
+        assert slow.browser_pid() == kept is not None
+        monkeypatch.setattr(slow._kaleido, "calc_fig", real)
+        slow.render_timeout = 60
+        again = big.app.test_client().get(url + "&scale=1")
+        assert again.status_code == 200 and again.mimetype == "image/png"
+        assert slow.starts == 1 and slow.browser_pid() == kept
+    finally:
+        slow.close()
+
+
 def test_a_renderer_busy_past_the_timeout_is_a_504(big, monkeypatch):
     from modalscope.app import render
 

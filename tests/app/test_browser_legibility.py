@@ -99,7 +99,6 @@ def test_tables_keep_words_whole_at_1280_and_1440(site, clean_log):
     try:
         for name, (path, css) in pages.items():
             # One load a page, read at each width: tables reflow when the viewport changes.
-            _viewport(site, WIDTHS[0])
             site.open(path)
             site.wait(css, timeout=30)
             for width in WIDTHS:

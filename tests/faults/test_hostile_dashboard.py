@@ -4,7 +4,8 @@
 Slow-header clients hold no worker thread and are closed after the head timeout; a body
 larger than the limit is a 413 before it is read and the worker's memory does not grow; a
 stalled body is a 408; a signed-out session cookie is refused by every worker. Throughout,
-a well-behaved client gets its answer in normal time.
+a well-behaved client is answered while the hostile ones are still connected. The checks are
+orders of events, not latencies, so a busy machine slows them without failing them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "hostile-dashboard-token"
 SECRET = "hostile-dashboard-secret"
 HEAD_TIMEOUT_S = 4
-#: A well-behaved request's answer, at most (it takes ~20 ms alone; the CPU is shared).
-NORMAL_S = 2.0
+#: The wait for an answer that should come at once: a bound on a hang, not a latency.
+ANSWER_S = 30
 SLOW_CLIENTS = 64
 
 
@@ -85,7 +85,7 @@ def well_behaved(d) -> float:
     """One authenticated API request on a new connection: its latency, after checking the answer."""
     started = time.monotonic()
     resp = requests.get(f"{d.base}/api/v1/pairs?range=1h", headers={"Authorization": f"Bearer {TOKEN}"},
-                        timeout=30)
+                        timeout=ANSWER_S)
     took = time.monotonic() - started
     assert resp.status_code == 200 and resp.json() == [], resp.text[:200]
     return took
@@ -115,6 +115,21 @@ def _closed_by_server(sock: socket.socket, timeout: float) -> bool:
         return True
     except socket.timeout:
         return False
+
+
+def _unanswered(sock: socket.socket) -> bool:
+    """Whether the server has neither answered on ``sock`` nor closed it yet."""
+    timeout = sock.gettimeout()
+    sock.setblocking(False)
+    try:
+        sock.recv(1, socket.MSG_PEEK)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.settimeout(timeout)
 
 
 def _status(sock: socket.socket, timeout: float) -> int:
@@ -151,15 +166,17 @@ def test_slow_header_clients_hold_no_thread(dashboard):
     dripper = threading.Thread(target=drip, daemon=True)
     dripper.start()
     try:
-        latencies = [well_behaved(dashboard) for _ in range(12)]
+        # Were the slow clients holding the threads, this answer would wait for the head
+        # timeout to close them; answered with all of them still connected, it did not.
+        latencies = [well_behaved(dashboard)]
         held = sum(_open(s) for s in slow)
+        latencies += [well_behaved(dashboard) for _ in range(11)]
     finally:
         stop.set()
         dripper.join(5)
     print(f"well-behaved latency under {SLOW_CLIENTS} slow-header clients: max {max(latencies) * 1000:.0f} ms, "
           f"median {sorted(latencies)[6] * 1000:.0f} ms (alone {baseline * 1000:.0f} ms)")
     assert held == SLOW_CLIENTS, "the slow clients were not all still connected while the others were served"
-    assert max(latencies) < NORMAL_S, latencies
     closed = [_closed_by_server(s, HEAD_TIMEOUT_S + 5) for s in slow]
     for s in slow:
         s.close()
@@ -167,7 +184,7 @@ def test_slow_header_clients_hold_no_thread(dashboard):
     log = dashboard.proc.stderr
     assert len(re.findall(r"request head not complete within", log)) >= SLOW_CLIENTS
     assert "Traceback" not in log
-    assert well_behaved(dashboard) < NORMAL_S
+    well_behaved(dashboard)
 
 
 def test_a_huge_body_is_refused_before_it_is_read(dashboard):
@@ -179,8 +196,9 @@ def test_a_huge_body_is_refused_before_it_is_read(dashboard):
     s = socket.create_connection(("127.0.0.1", dashboard.port), timeout=10)
     s.sendall(b"POST /login HTTP/1.1\r\nHost: dashboard\r\nContent-Type: application/x-www-form-urlencoded\r\n"
               b"Content-Length: " + str(declared).encode() + b"\r\n\r\ntoken=" + b"a" * 65536)
-    assert _status(s, NORMAL_S + 3) == 413
-    assert well_behaved(dashboard) < NORMAL_S
+    # 64 KiB of the 400 MiB sent and no more until the answer: a 413 at all is one before the body.
+    assert _status(s, ANSWER_S) == 413
+    well_behaved(dashboard)
     # The client keeps sending: the server has closed the connection, it cannot deliver the rest.
     sent, cut_off = 65536, False
     chunk = b"a" * (1 << 20)
@@ -211,12 +229,12 @@ def test_a_chunked_body_past_the_limit_is_a_413(dashboard):
     except OSError:
         pass  # refused and closed while we were still sending
     try:
-        assert _status(s, NORMAL_S + 3) == 413
+        assert _status(s, ANSWER_S) == 413
     except (ConnectionResetError, BrokenPipeError):
         pytest.fail("the connection was reset before the 413 arrived")
     finally:
         s.close()
-    assert well_behaved(dashboard) < NORMAL_S
+    well_behaved(dashboard)
 
 
 def test_a_stalled_body_is_a_408(dashboard):
@@ -225,12 +243,14 @@ def test_a_stalled_body_is_a_408(dashboard):
     s.sendall(b"POST /login HTTP/1.1\r\nHost: dashboard\r\nContent-Type: application/x-www-form-urlencoded\r\n"
               b"Content-Length: 1000\r\n\r\ntoken=abc")
     started = time.monotonic()
-    latencies = [well_behaved(dashboard) for _ in range(4)]
-    assert _status(s, HEAD_TIMEOUT_S + 5) == 408
+    well_behaved(dashboard)
+    answered_first = _unanswered(s)  # the other client was served while this one was waited for
+    # The upper bound tells the head timeout from gunicorn's own worker timeout (120 s).
+    assert _status(s, HEAD_TIMEOUT_S + ANSWER_S) == 408
     waited = time.monotonic() - started
     s.close()
-    assert HEAD_TIMEOUT_S - 1 <= waited <= HEAD_TIMEOUT_S + 4, waited
-    assert max(latencies) < NORMAL_S, latencies
+    assert answered_first
+    assert waited >= HEAD_TIMEOUT_S - 1, waited
     assert "Traceback" not in dashboard.proc.stderr
 
 
@@ -288,12 +308,13 @@ def test_one_address_cannot_fill_the_workers_with_unfinished_heads(dashboard):
     finally:
         for s in slow:
             s.close()
-    wait_until(lambda: _quick(dashboard), HEAD_TIMEOUT_S + 5, "the address to be served again")
+    wait_until(lambda: _answered(dashboard), HEAD_TIMEOUT_S + ANSWER_S, "the address to be served again")
     assert "already sending a head" in dashboard.proc.stderr
 
 
-def _quick(d) -> bool:
+def _answered(d) -> bool:
     try:
-        return well_behaved(d) < NORMAL_S
+        well_behaved(d)
+        return True
     except (requests.RequestException, AssertionError):
         return False

@@ -399,7 +399,7 @@ def _bench(sizes: list[int], wait_s: float = 180) -> None:
     from pathlib import Path
 
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
+    from tests.app.browser import waiter
 
     from modalscope.app import create_app, render
     from modalscope.app.params import rfc3339
@@ -425,7 +425,7 @@ def _bench(sizes: list[int], wait_s: float = 180) -> None:
                     t = time.monotonic()
                     try:
                         site.open(f"/trace/{tid}?{window}")
-                        WebDriverWait(site.driver, wait_s, poll_frequency=0.05).until(
+                        waiter(site.driver, wait_s).until(
                             lambda d: d.find_elements(By.CSS_SELECTOR, "#trace-waterfall .barlayer path")
                             and d.find_elements(By.CSS_SELECTOR, "#trace-span-table tbody tr"))
                         print(f"{n:>5} spans: page open, {cache} (waterfall and table drawn) in "

@@ -14,10 +14,9 @@ from urllib.parse import parse_qs, quote, urlparse
 from selenium.webdriver.common.actions.action_builder import ActionBuilder
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
-from selenium.webdriver.support.ui import WebDriverWait
 
 from modalscope.app import ids
-from tests.app.browser import BIG_VALUE_CHARS, XSS_ATTRIBUTES, XSS_CALLEE, XSS_NAME, XSS_PEER_ATTRIBUTES, XSS_SERVICE, Site
+from tests.app.browser import BIG_VALUE_CHARS, XSS_ATTRIBUTES, XSS_CALLEE, XSS_NAME, XSS_PEER_ATTRIBUTES, XSS_SERVICE, Site, waiter
 from tests.app.browser import no_injection as _no_injection
 
 # The ``site`` and ``clean_log`` fixtures live in tests/app/conftest.py, the helpers in
@@ -59,7 +58,7 @@ def test_every_page_loads_without_console_errors(site, clean_log):
     box = site.driver.find_element(By.ID, ids.TR_OPEN_INPUT)
     box.send_keys("not-a-trace")
     site.driver.find_element(By.ID, ids.TR_OPEN_BUTTON).click()
-    WebDriverWait(site.driver, 10).until(lambda d: "32 hexadecimal" in d.find_element(By.ID, ids.TR_OPEN_ERROR).text)
+    waiter(site.driver, 10).until(lambda d: "32 hexadecimal" in d.find_element(By.ID, ids.TR_OPEN_ERROR).text)
     box.send_keys(Keys.CONTROL, "a")  # (clear() bypasses React's onChange)
     box.send_keys(site.xss_trace.upper() + Keys.ENTER)
     site.wait_url(lambda u: f"/trace/{site.xss_trace}?" in u)

@@ -10,9 +10,9 @@ import re
 from pathlib import Path
 
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
 
 from modalscope.app import ids
+from tests.app.browser import waiter
 
 SCIENTIFIC = re.compile(r"\d[eE][+-]\d")
 REFERENCE = re.compile(r"threshold|ceiling|baseline|floor|median P99 of the pairs|steady median")
@@ -42,7 +42,7 @@ def test_anomalies_evidence_reads_in_units_with_legends(site, clean_log):
     cards = site.wait(CARDS, timeout=60)
     assert cards, "no finding card"
     # Each chart is its own request: wait until every one is drawn.
-    WebDriverWait(site.driver, 60).until(
+    waiter(site.driver, 60).until(
         lambda d: (lambda cs: cs and all(c["drawn"] for c in cs))(d.execute_script(CHARTS_JS)))
     site.settle()
     charts = site.driver.execute_script(CHARTS_JS)

@@ -9,11 +9,10 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
 
 from modalscope.app import ids
 from modalscope.app.params import rfc3339
-from tests.app.browser import DemoStore, no_injection, running_site
+from tests.app.browser import DemoStore, no_injection, running_site, waiter
 from tests.demo_stores import PATTERNS, pattern_store  # noqa: F401 - a fixture
 
 MIN = 60_000_000_000
@@ -89,7 +88,7 @@ def test_incidents_whose_cause_is_unknown_get_their_suspects_after_the_list(patt
     assert pattern_site.wait(SECTIONS, timeout=90)
     lines = f"{SECTIONS} .ms-incident-cause[id*='{ids.INCIDENT_SUSPECTS}']"
     assert pattern_site.driver.find_elements(By.CSS_SELECTOR, lines), "no incident with its cause unknown"
-    WebDriverWait(pattern_site.driver, 90).until(
+    waiter(pattern_site.driver, 90).until(
         lambda d: all("comparing" not in e.text for e in d.find_elements(By.CSS_SELECTOR, lines)))
     texts = [e.text for e in pattern_site.driver.find_elements(By.CSS_SELECTOR, lines)]
     assert all(t.startswith("Cause unknown — suspects: ") and "not available" not in t for t in texts), texts

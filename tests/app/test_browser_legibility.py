@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
 
 from modalscope.app import ids
+from tests.app.browser import waiter
 
 WIDTHS = (1280, 1440)
 
@@ -161,18 +161,18 @@ return {type: gd.layout.yaxis.type || 'linear',
 def test_drilldown_histogram_log_counts_and_band_in_the_url(site, clean_log):
     site.open(f"/drilldown?{site.window}&input_type=image&min_ms=1000&max_ms=4000")
     site.wait(f"#{ids.DD_HIST} .js-plotly-plot")
-    hist = WebDriverWait(site.driver, 20).until(lambda d: d.execute_script(HIST_JS))
+    hist = waiter(site.driver, 20).until(lambda d: d.execute_script(HIST_JS))
     assert hist["type"] == "linear" and hist["bands"] == [[3.0, pytest.approx(3.60206)]], hist
     site.driver.find_element(By.XPATH, "//div[@id='drilldown-counts']//label[normalize-space()='log counts']").click()
     url = site.wait_url(lambda u: "counts=log" in u)
     assert "min_ms=1000" in url and "input_type=image" in url
-    WebDriverWait(site.driver, 20).until(lambda d: (d.execute_script(HIST_JS) or {}).get("type") == "log")
+    waiter(site.driver, 20).until(lambda d: (d.execute_script(HIST_JS) or {}).get("type") == "log")
     site.settle()
     assert site.driver.execute_script(HIST_JS)["bands"], "the band stays shaded on the log axis"
     # A reload keeps it: the state is the URL.
     site.driver.get(url)
     site.wait(f"#{ids.DD_HIST} .js-plotly-plot")
-    WebDriverWait(site.driver, 20).until(lambda d: (d.execute_script(HIST_JS) or {}).get("type") == "log")
+    waiter(site.driver, 20).until(lambda d: (d.execute_script(HIST_JS) or {}).get("type") == "log")
     checked = site.driver.find_element(By.CSS_SELECTOR, "#drilldown-counts input:checked")
     assert checked.get_attribute("value") == "log"
     site.settle()

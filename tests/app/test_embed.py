@@ -391,7 +391,7 @@ def wiki_and_site(tmp_path_factory):
 
 def test_signed_embed_renders_in_an_allowed_origins_iframe(wiki_and_site):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
+    from tests.app.browser import waiter
 
     site, frames, allowed, refused = wiki_and_site
     d = site.driver
@@ -401,7 +401,7 @@ def test_signed_embed_renders_in_an_allowed_origins_iframe(wiki_and_site):
     d.get(f"{allowed}/wiki")  # no session anywhere: the signature is the only credential
     d.switch_to.frame(d.find_element(By.ID, "panel"))
     try:
-        WebDriverWait(d, 30).until(lambda drv: drv.find_elements(By.CSS_SELECTOR, "#ms-embed-figure .main-svg"))
+        waiter(d, 30).until(lambda drv: drv.find_elements(By.CSS_SELECTOR, "#ms-embed-figure .main-svg"))
         assert d.find_elements(By.CSS_SELECTOR, "nav") == []
         bars = d.find_elements(By.CSS_SELECTOR, "#ms-embed-figure .barlayer .point")
         assert len(bars) > 10
@@ -427,7 +427,7 @@ def test_signed_embed_renders_in_an_allowed_origins_iframe(wiki_and_site):
 
 def test_share_control_link_reopens_the_view_and_signs_the_embed(wiki_and_site):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
+    from tests.app.browser import waiter
 
     from modalscope.app import ids
 
@@ -453,7 +453,7 @@ def test_share_control_link_reopens_the_view_and_signs_the_embed(wiki_and_site):
     assert "sig=" not in field(ids.SHARE_EMBED).get_attribute("value")
     # Signed, 7 days: the server signs (the callback), the fields change.
     d.find_element(By.CSS_SELECTOR, _css_id(ids.share_id(ids.SHARE_TTL, "stages")) + " input[value='604800']").click()
-    WebDriverWait(d, 20).until(lambda _: "sig=" in field(ids.SHARE_EMBED).get_attribute("value"))
+    waiter(d, 20).until(lambda _: "sig=" in field(ids.SHARE_EMBED).get_attribute("value"))
     embed = field(ids.SHARE_EMBED).get_attribute("value")
     params = dict(parse_qsl(urlsplit(embed).query))
     assert abs(int(params["exp"]) - (time.time() + 7 * 86400)) < 120
@@ -468,7 +468,7 @@ def test_share_control_link_reopens_the_view_and_signs_the_embed(wiki_and_site):
     assert "image" in site.text(f"#{ids.INPUT_TYPE}")
     # The signed embed opens the panel (in this browser, signed in or not, it must verify).
     d.get(embed)
-    WebDriverWait(d, 30).until(lambda drv: drv.find_elements(By.CSS_SELECTOR, "#ms-embed-figure .main-svg"))
+    waiter(d, 30).until(lambda drv: drv.find_elements(By.CSS_SELECTOR, "#ms-embed-figure .main-svg"))
     assert site.severe() == []
 
 

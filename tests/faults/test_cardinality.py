@@ -148,10 +148,9 @@ def test_retention_deletes_series_whose_data_it_deleted(db_url):
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_stages_page_with_20000_services_loads_and_searches(db_url):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     from modalscope.app import ids
-    from tests.app.browser import DemoStore, running_site
+    from tests.app.browser import DemoStore, running_site, waiter
 
     engine = make_engine(db_url, write=True)
     now = time.time_ns() // MIN * MIN - 10 * MIN
@@ -175,12 +174,12 @@ def test_stages_page_with_20000_services_loads_and_searches(db_url):
             loaded_s = time.monotonic() - t0
             d = site.driver
             d.find_element(By.ID, ids.SERVICE).click()
-            search = WebDriverWait(d, 10).until(
+            search = waiter(d, 10).until(
                 lambda d: d.find_elements(By.CSS_SELECTOR, ".dash-dropdown-search input, input[type=search]"))[0]
             assert "svc-00001-" in d.find_element(By.TAG_NAME, "body").text  # the first options show
             assert "svc-12345-" not in d.find_element(By.TAG_NAME, "body").text  # not among them
             search.send_keys("svc-12345")
-            WebDriverWait(d, 10).until(lambda d: "svc-12345-" in d.find_element(By.TAG_NAME, "body").text)
+            waiter(d, 10).until(lambda d: "svc-12345-" in d.find_element(By.TAG_NAME, "body").text)
             assert site.severe() == []
             assert loaded_s < 30
     finally:

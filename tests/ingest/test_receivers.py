@@ -643,8 +643,8 @@ def test_a_settler_behind_is_answered_with_retry_hints_until_it_catches_up(engin
     """A trace pending longer than settle_seconds + MODALSCOPE_MAX_SETTLE_LAG_S: 429 /
     UNAVAILABLE with a retry delay and the reason, nothing stored; once settled, spans are
     taken again. A trace pending for less does not stop anything."""
-    write_spans(engine, _filler(), now_ns=time.time_ns() - 3_000_000_000)  # pending for 3 s
     stack = start_stack(Settings(settle_seconds=1, max_settle_lag_s=5), with_grpc=True, limit_lag=True)
+    write_spans(engine, _filler(), now_ns=time.time_ns() - 3_000_000_000)  # pending for 3 s
     assert post(stack.url, good_json_body(2)[0]).status_code == 200  # 3 s < 1 + 5 s: not behind
     write_spans(engine, _filler(), now_ns=time.time_ns() - 7_000_000_000)  # pending for 7 s
     time.sleep(stack.pipeline.writer.lag.every + 0.1)  # the look-up is at most this old

@@ -183,7 +183,7 @@ class Site:
         return self.driver.find_elements(By.CSS_SELECTOR, css)
 
     def settle(self, timeout: float = 20) -> None:
-        """Until Dash has no request in flight and nothing is loading."""
+        """Until Dash has no request in flight and nothing is loading, three looks in a row."""
         js = ("return document.readyState === 'complete' && !document.querySelector('[data-dash-is-loading]')"
               " && !document.querySelector('._dash-loading') && !document.querySelector('.dash-spinner')")
         end = time.monotonic() + timeout
@@ -192,7 +192,7 @@ class Site:
             quiet = quiet + 1 if self.driver.execute_script(js) else 0
             if quiet >= 3:
                 return
-            time.sleep(0.1)
+            time.sleep(POLL_S)
         raise TimeoutException("the page kept loading")
 
     def wait_url(self, predicate, timeout: float = 20) -> str:

@@ -195,6 +195,17 @@ class Site:
             time.sleep(POLL_S)
         raise TimeoutException("the page kept loading")
 
+    def resize(self, width: int, height: int = 1000, timeout: float = 10) -> int:
+        """Set the window's size, settle, and return the page's sideways overflow (0 or less:
+        nothing to scroll) once it stops shrinking. Plotly redraws a graph for its new width
+        a moment after the window changes, so the first look can still see the old width."""
+        self.driver.set_window_size(width, height)
+        self.settle()
+        js = "return document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        with contextlib.suppress(TimeoutException):
+            waiter(self.driver, timeout).until(lambda d: d.execute_script(js) <= 0)
+        return self.driver.execute_script(js)
+
     def wait_url(self, predicate, timeout: float = 20) -> str:
         waiter(self.driver, timeout).until(lambda d: predicate(d.current_url))
         return self.driver.current_url

@@ -56,13 +56,10 @@ def test_anomalies_evidence_reads_in_units_with_legends(site, clean_log):
     assert re.search(r"\d (ms|s)\b", evidence) and "samples" in evidence, evidence
     folder = screenshot_dir()
     for width in (1280, 1440):
-        site.driver.set_window_size(width, 1000)
-        site.settle()
+        overflow = site.resize(width)
+        assert overflow <= 0, (width, overflow)
         text = site.driver.execute_script("return document.body.textContent")  # (SVG text too)
         assert not SCIENTIFIC.search(text), SCIENTIFIC.search(text)
-        overflow = site.driver.execute_script(
-            "return document.documentElement.scrollWidth - document.documentElement.clientWidth")
-        assert overflow <= 0, (width, overflow)
         page = folder / f"anomalies-evidence-{width}.png"
         assert site.driver.save_screenshot(str(page)) and page.stat().st_size > 0
         card = next(c for c in site.driver.find_elements(By.CSS_SELECTOR, CARDS)

@@ -29,10 +29,7 @@ def test_anomalies_incident_sections_and_links(site, clean_log, tmp_path):
     assert first.find_elements(By.CSS_SELECTOR, ".ms-incident-findings .ms-finding-card")
     no_injection(site)
     for width in (1280, 1440):
-        site.driver.set_window_size(width, 1000)
-        site.settle()
-        overflow = site.driver.execute_script(
-            "return document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        overflow = site.resize(width)
         assert overflow <= 0, (width, overflow)
         path = tmp_path / f"anomalies-incidents-{width}.png"
         assert site.driver.save_screenshot(str(path)) and path.stat().st_size > 0

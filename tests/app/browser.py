@@ -197,8 +197,9 @@ class Site:
 
     def resize(self, width: int, height: int = 1000, timeout: float = 10) -> int:
         """Set the window's size, settle, and return the page's sideways overflow (0 or less:
-        nothing to scroll) once it stops shrinking. Plotly redraws a graph for its new width
-        a moment after the window changes, so the first look can still see the old width."""
+        nothing to scroll) once there is none, or what is left after ``timeout``. Plotly
+        redraws a graph for its new width a moment after the window changes, so the first
+        look can still see the old width."""
         self.driver.set_window_size(width, height)
         self.settle()
         js = "return document.documentElement.scrollWidth - document.documentElement.clientWidth"

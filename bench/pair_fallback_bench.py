@@ -1,0 +1,97 @@
+"""A pair's exemplars from raw spans (the search ``pair_calls`` replaces), pair by pair.
+
+    .venv/bin/python bench/pair_fallback_bench.py --db sqlite:////tmp/modalscope-bench/store-10000000.db \
+        1:gateway:userdb 24:gateway:vision-encoder
+    .venv/bin/python bench/pair_fallback_bench.py --db postgresql://postgres@127.0.0.1:5432/msbench10m \
+        1:gateway:preprocessor
+
+``queries.exemplar_traces`` reads a pair's slowest calls from ``pair_calls``; it searches the
+raw spans instead where that table is not complete: windows before ``pair_calls`` held every
+call (a store upgraded to it) and backlogs of more pending traces than it reads one by one.
+This times that search: the reader is told ``pair_calls`` is complete from no time at all
+(nothing in the store is changed). Each SUBJECT is ``HOURS:CALLER:CALLEE``, the window the
+last HOURS ending at the newest span's minute; the slowest 20, as the drilldown's table asks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib
+
+import benchlib as bl  # noqa: E402
+
+
+def parse_subject(spec: str) -> tuple[float, str, str]:
+    parts = spec.split(":")
+    try:
+        hours, caller, callee = float(parts[0]), parts[1], parts[2]
+    except (ValueError, IndexError):
+        raise SystemExit(f"pair_fallback_bench: bad subject {spec!r}: HOURS:CALLER:CALLEE") from None
+    if len(parts) != 3 or not caller or not callee:
+        raise SystemExit(f"pair_fallback_bench: bad subject {spec!r}: HOURS:CALLER:CALLEE")
+    return hours, caller, callee
+
+
+def main() -> int:
+    bl.sigterm_as_interrupt()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--db", required=True, help="database URL (sqlite:///PATH or postgresql://...)")
+    ap.add_argument("--runs", type=int, default=2, help="timed calls after the first (default 2)")
+    ap.add_argument("--json", default=None, metavar="FILE", help="also write everything measured here")
+    ap.add_argument("subjects", nargs="+", metavar="SUBJECT")
+    args = ap.parse_args()
+    subjects = [(spec, *parse_subject(spec)) for spec in args.subjects]
+
+    from sqlalchemy import func, select
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from modalscope.app import queries
+    from modalscope.app.params import Window
+    from modalscope.models import Span
+    from modalscope.models.engine import DatabaseURLError, make_engine
+    from modalscope.models.reader import Filters, StoreReader
+
+    machine = bl.machine_info(args.db)
+    print(bl.machine_line(machine))
+    try:
+        engine = make_engine(args.db)
+        with engine.connect() as conn:
+            last = conn.execute(select(func.max(Span.start_ns))).scalar()
+    except (DatabaseURLError, SQLAlchemyError) as exc:
+        raise SystemExit(f"pair_fallback_bench: cannot read the spans of {args.db}: "
+                         f"{str(exc).splitlines()[0]}") from None
+    if last is None:
+        raise SystemExit("pair_fallback_bench: the store holds no spans")
+    reader = StoreReader(engine)
+    reader.calls.complete_from = lambda: 2**62  # every window before it: the raw-span search
+    end = last // 60_000_000_000 * 60_000_000_000
+    rows, out = [], []
+    for spec, hours, caller, callee in subjects:
+        window = Window(end - int(hours * 3600e9), end)
+        filters = Filters(caller=caller, callee=callee)
+        times, found = [], []
+        for _ in range(args.runs + 1):
+            t = time.perf_counter()
+            found = queries.exemplar_traces(reader, window, filters, limit=20)
+            times.append((time.perf_counter() - t) * 1000)
+        rest = statistics.median(times[1:]) if len(times) > 1 else None
+        rows.append((spec, bl.fmt_ms(times[0]), bl.fmt_ms(rest), len(found)))
+        out.append({"subject": spec, "first_ms": times[0], "median_ms": rest, "samples_ms": times,
+                    "rows": len(found)})
+        print(f"{spec}: first {times[0]:.0f} ms, median of the next {args.runs} {bl.fmt_ms(rest)} ms, "
+              f"{len(found)} rows", flush=True)
+    print(bl.md_table(("subject", "first call ms", f"median of {args.runs} ms", "rows"), rows))
+    engine.dispose()
+    bl.write_json(args.json, {"machine": machine, "args": vars(args), "subjects": out})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

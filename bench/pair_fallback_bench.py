@@ -28,7 +28,7 @@ import benchlib as bl  # noqa: E402
 
 
 def parse_subject(spec: str) -> tuple[float, str, str]:
-    parts = spec.split(":")
+    parts = spec.split(":", 2)  # (a callee may be host:port)
     try:
         hours, caller, callee = float(parts[0]), parts[1], parts[2]
     except (ValueError, IndexError):

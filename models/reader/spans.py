@@ -81,6 +81,12 @@ def _row_minutes(plan: TierPlan, minute: int) -> int:
     return 15 if any(q0 * 15 <= minute < q1 * 15 for q0, q1 in plan.quarter_ranges) else 60
 
 
+def _callee_window(q: SpanQuery) -> tuple[int, int]:
+    """When the spans of ``q.may_call`` that ``q``'s spans may have called can start."""
+    return (q.start_ns - CALLEE_SKEW_NS,
+            q.end_ns + (q.max_ns if q.max_ns is not None else CALLEE_LATE_NS) + CALLEE_SKEW_NS)
+
+
 class SpanReader:
     """Raw spans and trace rows (``StoreReader.spans``)."""
 
@@ -125,7 +131,7 @@ class SpanReader:
         bounds = self._stage_bounds(q, services) if q.stage else None
         # (built once for every service and bucket of the walk: building a statement cost
         # more than running it)
-        in_bucket = self._window_statement(q, walk=True)
+        in_bucket = self._window_statement(q, walk=True, callee_spans=self._callee_has_spans(q))
         rows: list[dict] = []
         for service in services:
             if bounds is None:
@@ -138,6 +144,19 @@ class SpanReader:
         for r in out:
             del r["_id"]
         return out
+
+    def _callee_has_spans(self, q: SpanQuery) -> bool:
+        """False when ``q.may_call`` has no SERVER/CONSUMER span around the window for the
+        walk to look up. A database or an outside API, named only in its callers' attributes,
+        has none: the walk then leaves out that look-up, which it would repeat for every
+        bucket (PostgreSQL's generic plan of it read a day of every service's spans each time)."""
+        if q.may_call is None or q.min_ns is not None:
+            return True  # (nothing to look up; a band's walk looks up each span's children)
+        lo, hi = _callee_window(q)
+        with self._ctx.reads.connect() as conn:
+            return conn.execute(select(Span.id).where(
+                Span.service == q.may_call, Span.kind.in_(CALLEE_KIND_CODES), Span.start_ns >= lo,
+                Span.start_ns < hi).limit(1)).first() is not None
 
     def _stage_bounds(self, q: SpanQuery, services: list[str]) -> tuple[dict[str, int], int] | None:
         """Where the slowest spans of ``q.stage`` lie: per service, the duration bucket of its
@@ -220,10 +239,11 @@ class SpanReader:
         with self._ctx.reads.connect() as conn:
             return dict_rows(conn.execute(self._window_statement(q)))
 
-    def _window_statement(self, q: SpanQuery, walk: bool = False) -> Select:
+    def _window_statement(self, q: SpanQuery, walk: bool = False, callee_spans: bool = True) -> Select:
         """The spans matching ``q`` in its window, slowest first, ``limit`` from ``offset``; or
         (``walk``) one duration bucket of one service, read through the walk index, with
-        the bind parameters ``walk_service``, ``walk_bucket`` and ``walk_limit``."""
+        the bind parameters ``walk_service``, ``walk_bucket`` and ``walk_limit``.
+        ``callee_spans=False``: ``q.may_call`` has no span around the window to look up."""
         cols = [Span.__table__.c[c] for c in _CANDIDATE_COLUMNS]
         if walk:
             conds = [Span.service == bindparam("walk_service"), Span.duration_bucket == bindparam("walk_bucket"),
@@ -239,15 +259,16 @@ class SpanReader:
             conds.append(Span.service.concat("") == q.service)
         if q.stage:
             conds.append(_stage_is(q.stage))
-        if q.may_call is not None:
+        if q.may_call is not None and not callee_spans:
+            conds.append(named_in_attributes(self._ctx.engine.dialect.name, q.may_call))
+        elif q.may_call is not None:
             child = aliased(Span)
             # The callee's SERVER/CONSUMER spans starting around the window, read once (not
             # one look-up per walked span): their parent ids, matched by span id only (64
             # random bits; the caller checks each row exactly). A short window reads them
             # through start_ns ("|| ''" keeps the planner off the service index, which would
             # visit every span the callee ever had), a long one through the service index.
-            lo = q.start_ns - CALLEE_SKEW_NS
-            hi = q.end_ns + (q.max_ns if q.max_ns is not None else CALLEE_LATE_NS) + CALLEE_SKEW_NS
+            lo, hi = _callee_window(q)
             callee = child.service if walk else child.service.concat("")
             if q.min_ns is None:
                 calls = Span.span_id.in_(select(child.parent_span_id).where(

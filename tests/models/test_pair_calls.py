@@ -420,3 +420,21 @@ def test_exemplars_of_every_naming_rule_equal_the_raw_span_search(engine):
     assert [len(a) for a in walked] == [4, 2, 0, 4, 4, 4, 3, 3]
     tagged = {t[4].span_id for i, t in enumerate(traces) if i % 3 != 2}
     assert not tagged & {sid for a in walked for _, sid, _ in a}  # the model call's own HTTP request
+
+
+def test_the_raw_span_walk_finds_calls_known_by_their_child_or_only_by_name(engine):
+    """Searching raw spans, a call is found whether its callee shows only as its child's
+    service (a wrong peer.service) or has no spans at all (a database named by address)."""
+    rng = random.Random(11)
+    base = (time.time_ns() // MIN - 30) * MIN
+    traces = [side_calls_trace(rng, base + i * 20_000 * MS, db_ms=5 + 7 * (i % 5) + i, llm_ms=200 + 13 * i)
+              for i in range(30)]
+    write_spans(engine, [s for t in traces for s in t])
+    settle(engine, force=True)
+    _raw_span_search(engine)
+    window = Window(base - MIN, base + 15 * MIN)  # the whole store: the walk, not a sort
+    for callee, name in (("llm", "llm.Generate"), ("userdb", "SELECT users")):
+        calls = sorted((s for t in traces for s in t if s.name == name),
+                       key=lambda s: (s.start_ns - s.end_ns, s.start_ns))[:5]
+        rows = queries.exemplar_traces(StoreReader(engine), window, Filters(caller="gateway", callee=callee), limit=5)
+        assert [(r["trace_id"], r["span_id"]) for r in rows] == [(s.trace_id, s.span_id) for s in calls], callee

@@ -8,6 +8,7 @@ SIGTERM is turned into KeyboardInterrupt so those blocks run then too.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import contextlib
 import datetime as _dt
@@ -308,6 +309,38 @@ def temp_postgres_database(server_url: str, prefix: str = "msbench") -> Iterator
             drop_database(server_url, name)
         except Exception as exc:  # noqa: BLE001 - say so, do not mask the original error
             log(f"could not drop database {name}: {exc}")
+
+
+def subject_args(doc: str, runs: int) -> argparse.ArgumentParser:
+    """The arguments of the scripts that time one subject at a time on any store: ``--db``,
+    ``--runs``, ``--json`` and the SUBJECTs (the script's docstring says their form)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc)
+    ap.add_argument("--db", required=True, help="database URL (sqlite:///PATH or postgresql://...)")
+    ap.add_argument("--runs", type=int, default=runs, help=f"timed calls after the first (default {runs})")
+    ap.add_argument("--json", default=None, metavar="FILE", help="also write everything measured here")
+    ap.add_argument("subjects", nargs="+", metavar="SUBJECT")
+    return ap
+
+
+def open_store(url: str, prog: str):
+    """``(engine, newest span start ns)`` of the store at ``url``; a one-line exit when it
+    cannot be read or holds no spans."""
+    from sqlalchemy import func, select
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from modalscope.models import Span
+    from modalscope.models.engine import DatabaseURLError, make_engine
+
+    try:
+        engine = make_engine(url)
+        with engine.connect() as conn:
+            last = conn.execute(select(func.max(Span.start_ns))).scalar()
+    except (DatabaseURLError, SQLAlchemyError) as exc:
+        raise SystemExit(f"{prog}: cannot read the spans of {url}: {str(exc).splitlines()[0]}") from None
+    if last is None:
+        raise SystemExit(f"{prog}: the store holds no spans")
+    return engine, last
 
 
 def count_rows(url: str, sql: str) -> int:

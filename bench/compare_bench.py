@@ -14,7 +14,6 @@ script is for one subject at a time, on any store (``dashboard_bench.py``'s incl
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -40,35 +39,17 @@ def parse_subject(spec: str):
 
 def main() -> int:
     bl.sigterm_as_interrupt()
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--db", required=True, help="database URL (sqlite:///PATH or postgresql://...)")
-    ap.add_argument("--runs", type=int, default=3, help="timed calls after the first (default 3)")
-    ap.add_argument("--json", default=None, metavar="FILE", help="also write everything measured here")
-    ap.add_argument("subjects", nargs="+", metavar="SUBJECT")
-    args = ap.parse_args()
+    args = bl.subject_args(__doc__, runs=3).parse_args()
     subjects = [(spec, *parse_subject(spec)) for spec in args.subjects]
-
-    from sqlalchemy import func, select
-    from sqlalchemy.exc import SQLAlchemyError
 
     from modalscope.app import queries
     from modalscope.app.params import Window
-    from modalscope.models import Span
-    from modalscope.models.engine import make_engine
     from modalscope.models.reader import StoreReader
 
     machine = bl.machine_info(args.db)
     print(bl.machine_line(machine))
-    engine = make_engine(args.db)
+    engine, last = bl.open_store(args.db, "compare_bench")
     reader = StoreReader(engine)
-    try:
-        with engine.connect() as conn:
-            last = conn.execute(select(func.max(Span.start_ns))).scalar()
-    except SQLAlchemyError as exc:
-        raise SystemExit(f"compare_bench: cannot read the spans of {args.db}: {str(exc).splitlines()[0]}") from None
-    if last is None:
-        raise SystemExit("compare_bench: the store holds no spans")
     end = (last // 60_000_000_000 + 1) * 60_000_000_000
     rows, out = [], []
     for spec, hours, filters in subjects:

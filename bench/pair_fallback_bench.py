@@ -15,7 +15,6 @@ last HOURS ending at the newest span's minute; the slowest 20, as the drilldown'
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -40,35 +39,16 @@ def parse_subject(spec: str) -> tuple[float, str, str]:
 
 def main() -> int:
     bl.sigterm_as_interrupt()
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--db", required=True, help="database URL (sqlite:///PATH or postgresql://...)")
-    ap.add_argument("--runs", type=int, default=2, help="timed calls after the first (default 2)")
-    ap.add_argument("--json", default=None, metavar="FILE", help="also write everything measured here")
-    ap.add_argument("subjects", nargs="+", metavar="SUBJECT")
-    args = ap.parse_args()
+    args = bl.subject_args(__doc__, runs=2).parse_args()
     subjects = [(spec, *parse_subject(spec)) for spec in args.subjects]
-
-    from sqlalchemy import func, select
-    from sqlalchemy.exc import SQLAlchemyError
 
     from modalscope.app import queries
     from modalscope.app.params import Window
-    from modalscope.models import Span
-    from modalscope.models.engine import DatabaseURLError, make_engine
     from modalscope.models.reader import Filters, StoreReader
 
     machine = bl.machine_info(args.db)
     print(bl.machine_line(machine))
-    try:
-        engine = make_engine(args.db)
-        with engine.connect() as conn:
-            last = conn.execute(select(func.max(Span.start_ns))).scalar()
-    except (DatabaseURLError, SQLAlchemyError) as exc:
-        raise SystemExit(f"pair_fallback_bench: cannot read the spans of {args.db}: "
-                         f"{str(exc).splitlines()[0]}") from None
-    if last is None:
-        raise SystemExit("pair_fallback_bench: the store holds no spans")
+    engine, last = bl.open_store(args.db, "pair_fallback_bench")
     reader = StoreReader(engine)
     reader.calls.complete_from = lambda: 2**62  # every window before it: the raw-span search
     end = last // 60_000_000_000 * 60_000_000_000

@@ -148,16 +148,16 @@ class SpanReader:
     def _callee_has_spans(self, q: SpanQuery) -> bool:
         """False when ``q.may_call`` has no SERVER/CONSUMER span around the window for the
         walk to look up. A database or an outside API, named only in its callers' attributes,
-        has none: the walk then leaves out that look-up, which it would repeat for every
-        bucket (and which PostgreSQL's generic plan of the prepared statement ran far slower
-        than a plan for its values)."""
-        if q.may_call is None or q.min_ns is not None:
-            return True  # (nothing to look up; a band's walk looks up each span's children)
+        has none: the walk then leaves out the look-up it would make for every walked span."""
+        if q.may_call is None:
+            return True  # (nothing to look up)
         lo, hi = _callee_window(q)
         with self._ctx.reads.connect() as conn:
+            # From the slowest down: a service's SERVER spans enclose its other spans, so the
+            # first is found at once rather than past all of its quick INTERNAL ones.
             return conn.execute(select(Span.id).where(
                 Span.service == q.may_call, Span.kind.in_(CALLEE_KIND_CODES), Span.start_ns >= lo,
-                Span.start_ns < hi).limit(1)).first() is not None
+                Span.start_ns < hi).order_by(Span.duration_bucket.desc()).limit(1)).first() is not None
 
     def _stage_bounds(self, q: SpanQuery, services: list[str]) -> tuple[dict[str, int], int] | None:
         """Where the slowest spans of ``q.stage`` lie: per service, the duration bucket of its
@@ -264,23 +264,22 @@ class SpanReader:
             conds.append(named_in_attributes(self._ctx.engine.dialect.name, q.may_call))
         elif q.may_call is not None:
             child = aliased(Span)
-            # The callee's SERVER/CONSUMER spans starting around the window, read once (not
-            # one look-up per walked span): their parent ids, matched by span id only (64
-            # random bits; the caller checks each row exactly). A short window reads them
-            # through start_ns ("|| ''" keeps the planner off the service index, which would
-            # visit every span the callee ever had), a long one through the service index.
-            lo, hi = _callee_window(q)
-            callee = child.service if walk else child.service.concat("")
-            if q.min_ns is None:
-                calls = Span.span_id.in_(select(child.parent_span_id).where(
-                    callee == q.may_call, child.kind.in_(CALLEE_KIND_CODES), child.start_ns >= lo,
-                    child.start_ns < hi))
-            else:
-                # A latency band already bounds the walk to the calls above it: one look-up a
-                # walked span, through its trace, costs less than reading all of the callee's.
+            if walk or q.min_ns is not None:
+                # One look-up a walked span, through its trace's spans (the (trace_id, span_id)
+                # index). A walk runs this statement once a bucket, and would read all of the
+                # callee's spans in the window again each time; a band bounds the spans read.
                 calls = select(child.id).where(
                     child.trace_id == Span.trace_id, child.parent_span_id == Span.span_id,
                     child.service.concat("") == q.may_call, child.kind.in_(CALLEE_KIND_CODES)).exists()
+            else:
+                # A window sorted once: the callee's SERVER/CONSUMER spans starting around it,
+                # read once through start_ns ("|| ''" keeps the planner off the service index,
+                # which would visit every span the callee ever had), their parent ids matched
+                # by span id only (64 random bits; the caller checks each row exactly).
+                lo, hi = _callee_window(q)
+                calls = Span.span_id.in_(select(child.parent_span_id).where(
+                    child.service.concat("") == q.may_call, child.kind.in_(CALLEE_KIND_CODES),
+                    child.start_ns >= lo, child.start_ns < hi))
             conds.append(or_(named_in_attributes(self._ctx.engine.dialect.name, q.may_call), calls))
         if q.model:
             conds.append(of_model(self._ctx.engine.dialect.name, q.model))

@@ -9,11 +9,13 @@ server, so ``gunicorn 'modalscope.app:create_app()'`` serves everything.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
-from flask import Flask
+from flask import Flask, Request, jsonify, request
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from ..settings import Settings
+from ..settings import Settings, SettingsError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 log = logging.getLogger(__name__)
@@ -67,10 +69,6 @@ def create_app(settings: Settings | None = None) -> Flask:
 
 def _public_url(settings: Settings) -> str:
     """``MODALSCOPE_PUBLIC_URL`` without its trailing slash, checked: ``http(s)://host[:port][/path]``."""
-    import re
-
-    from ..settings import SettingsError
-
     url = settings.public_url.strip().rstrip("/")
     if url and not re.fullmatch(r"https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~!$&'()*+,;=:@%/\-]*)?", url):
         raise SettingsError(f"MODALSCOPE_PUBLIC_URL={settings.public_url!r} must be http(s)://host[:port][/path]")
@@ -82,7 +80,6 @@ def _public_request_class(public_url: str):
     control, ``/api/v1/share`` and incident links build absolute URLs from them, and the
     request's ``Host`` header is the client's to choose. The origin checks of the sign-in
     form still read the request's own ``Host``."""
-    from flask import Request
 
     class PublicURLRequest(Request):
         @property
@@ -101,9 +98,6 @@ def _limit_bodies(server: Flask, settings: Settings) -> None:
     declared ``Content-Length`` over the limit is a 413 before a byte of the body is read
     (and the connection closes, so the server does not drain it); a chunked body is cut off
     at the limit as it is read (werkzeug's limited stream, the same 413)."""
-    from flask import request
-    from werkzeug.exceptions import RequestEntityTooLarge
-
     from .auth import LOGIN_PATH, MAX_LOGIN_BYTES
 
     server.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
@@ -137,8 +131,6 @@ def _too_large(message: str):
 
 
 def _json_response(body: dict, status: int):
-    from flask import jsonify
-
     resp = jsonify(body)
     resp.status_code = status
     resp.headers["Cache-Control"] = "no-store"
@@ -185,9 +177,7 @@ def _guard_dash_routes(server: Flask, dash_app) -> None:
     page of this app sends (a number where a dropdown sends a string). A failing store is
     still a 500: that is the server's trouble, not the request's."""
     from dash.exceptions import DependencyException, InvalidResourceError, PreventUpdate
-    from flask import request
     from sqlalchemy.exc import SQLAlchemyError
-    from werkzeug.exceptions import HTTPException
 
     prefix = dash_app.config.routes_pathname_prefix
     suites = f"{prefix}_dash-component-suites/<string:package_name>/<path:fingerprinted_path>"
@@ -226,8 +216,6 @@ def _guard_dash_routes(server: Flask, dash_app) -> None:
 
 
 def _guarded_suites(view, *not_found):
-    from flask import request
-
     def guarded(package_name: str, fingerprinted_path: str):
         try:
             return view(package_name, fingerprinted_path)

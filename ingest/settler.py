@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, event
 
 from .helper_process import end_process
 
@@ -103,6 +103,7 @@ def _until_due(engine: Engine, settle_seconds: float, interval: float) -> float:
     """Seconds until the oldest pending trace is due, within ``[interval / 5, interval]``: the
     last traces of a burst settle as soon as they have been idle long enough, not up to a
     whole interval later."""
+    # (here: the module-level ``select`` is the system call's)
     from sqlalchemy import func, select
 
     from ..models import Trace
@@ -204,7 +205,6 @@ def _small_page_cache(engine: Engine) -> None:
     leaves the ingest tree's memory to the receivers."""
     if engine.dialect.name != "sqlite":
         return
-    from sqlalchemy import event
 
     @event.listens_for(engine, "connect")
     def _cache(dbapi_conn, _record):

@@ -8,6 +8,7 @@ functions that need them, so `modalscope --help` and a mistyped flag answer at o
 from __future__ import annotations
 
 import functools
+import random
 import signal
 import sys
 import threading
@@ -84,8 +85,6 @@ def settler_evaluations(settings):
 
 
 def _evaluation_schedule(settings, engine):
-    import random
-
     from .ingest.helper_process import PeriodicProcess
 
     every_s = float(settings.findings_every_s)

@@ -103,7 +103,7 @@ def _until_due(engine: Engine, settle_seconds: float, interval: float) -> float:
     """Seconds until the oldest pending trace is due, within ``[interval / 5, interval]``: the
     last traces of a burst settle as soon as they have been idle long enough, not up to a
     whole interval later."""
-    # (here: the module-level ``select`` is the system call's)
+    # (not at the top, where ``select`` is the standard library's module)
     from sqlalchemy import func, select
 
     from ..models import Trace

@@ -25,7 +25,7 @@ from collections import deque
 from functools import partial
 
 from gunicorn.http.errors import NoMoreData
-from gunicorn.workers.gthread import ThreadWorker
+from gunicorn.workers.gthread import TConn, ThreadWorker
 from werkzeug.exceptions import RequestTimeout
 
 from .settings import setting_from_env
@@ -98,8 +98,6 @@ class HeadFirstWorker(ThreadWorker):
 
     # -- connections waiting for their head, in the main loop ---------------------------
     def accept(self, listener) -> None:
-        from gunicorn.workers.gthread import TConn
-
         try:
             client_sock, client_addr = listener.accept()
         except OSError as e:

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 from ...core.findings import Finding
 from .. import figures
 from .. import state as st
-from ..units import fmt_count, fmt_ms, fmt_num, fmt_pct
+from ..units import evidence_items, fmt_count, fmt_ms, fmt_num, fmt_pct
 
 
 MAX_TEXT = 200  # characters of span text a table cell shows
@@ -92,8 +92,6 @@ def subject_text(subject: Mapping[str, Any]) -> str:
 
 
 def _evidence_text(evidence: Mapping[str, Any], limit: int = 4) -> str:
-    from ..units import evidence_items  # (in units, as the Anomalies page shows them)
-
     return " · ".join(f"{label} {value}" for _, label, value in evidence_items(dict(evidence), limit))
 
 

@@ -323,6 +323,17 @@ def subject_args(doc: str, runs: int) -> argparse.ArgumentParser:
     return ap
 
 
+def first_and_rest(call, runs: int):
+    """``(result, samples_ms, median_ms)``: ``call()`` timed once and then ``runs`` more times;
+    the median of those after the first (None with ``runs`` 0), the first being the cold one."""
+    times, result = [], None
+    for _ in range(runs + 1):
+        t = time.perf_counter()
+        result = call()
+        times.append((time.perf_counter() - t) * 1000)
+    return result, times, (statistics.median(times[1:]) if len(times) > 1 else None)
+
+
 def open_store(url: str, prog: str):
     """``(engine, newest span start ns)`` of the store at ``url``; a one-line exit when it
     cannot be read or holds no spans."""

@@ -15,9 +15,7 @@ script is for one subject at a time, on any store (``dashboard_bench.py``'s incl
 from __future__ import annotations
 
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib
@@ -54,19 +52,14 @@ def main() -> int:
     rows, out = [], []
     for spec, hours, filters in subjects:
         window = Window(end - int(hours * 3600e9), end)
-        times, result = [], None
-        for _ in range(args.runs + 1):
-            t = time.perf_counter()
-            result = queries.compare(reader, window, None, filters)
-            times.append((time.perf_counter() - t) * 1000)
+        result, times, rest = bl.first_and_rest(lambda: queries.compare(reader, window, None, filters), args.runs)
         top = ", ".join(f"{a['key']}={a['value']}" for a in result["attributes"][:3])
-        rest = statistics.median(times[1:]) if len(times) > 1 else None
         rows.append((spec, bl.fmt_ms(times[0]), bl.fmt_ms(rest), bl.fmt_int(result["selection"]["count"]),
                      bl.fmt_int(result["baseline"]["count"]), top or "—"))
         out.append({"subject": spec, "first_ms": times[0], "median_ms": rest, "samples_ms": times,
                     "selection": result["selection"], "baseline": result["baseline"],
                     "attributes": result["attributes"]})
-        print(f"{spec}: first {times[0]:.0f} ms, median of the next {args.runs} {rest:.0f} ms", flush=True)
+        print(f"{spec}: first {times[0]:.0f} ms, median of the next {args.runs} {bl.fmt_ms(rest)} ms", flush=True)
     print(bl.md_table(("subject", "first call ms", f"median of {args.runs} ms", "selection", "baseline", "ranked first"),
                       rows))
     engine.dispose()

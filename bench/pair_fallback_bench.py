@@ -16,9 +16,7 @@ last HOURS ending at the newest span's minute; the slowest 20, as the drilldown'
 from __future__ import annotations
 
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib
@@ -56,12 +54,8 @@ def main() -> int:
     for spec, hours, caller, callee in subjects:
         window = Window(end - int(hours * 3600e9), end)
         filters = Filters(caller=caller, callee=callee)
-        times, found = [], []
-        for _ in range(args.runs + 1):
-            t = time.perf_counter()
-            found = queries.exemplar_traces(reader, window, filters, limit=20)
-            times.append((time.perf_counter() - t) * 1000)
-        rest = statistics.median(times[1:]) if len(times) > 1 else None
+        found, times, rest = bl.first_and_rest(
+            lambda: queries.exemplar_traces(reader, window, filters, limit=20), args.runs)
         rows.append((spec, bl.fmt_ms(times[0]), bl.fmt_ms(rest), len(found)))
         out.append({"subject": spec, "first_ms": times[0], "median_ms": rest, "samples_ms": times,
                     "rows": len(found)})

@@ -438,3 +438,8 @@ def test_the_raw_span_walk_finds_calls_known_by_their_child_or_only_by_name(engi
                        key=lambda s: (s.start_ns - s.end_ns, s.start_ns))[:5]
         rows = queries.exemplar_traces(StoreReader(engine), window, Filters(caller="gateway", callee=callee), limit=5)
         assert [(r["trace_id"], r["span_id"]) for r in rows] == [(s.trace_id, s.span_id) for s in calls], callee
+        # A latency band's walk: only the calls at or above its floor.
+        floor_ms = (calls[2].end_ns - calls[2].start_ns) / 1e6
+        rows = queries.exemplar_traces(StoreReader(engine), window, Filters(caller="gateway", callee=callee),
+                                       min_ms=floor_ms, limit=5)
+        assert [(r["trace_id"], r["span_id"]) for r in rows] == [(s.trace_id, s.span_id) for s in calls[:3]], callee

@@ -428,19 +428,21 @@ def find(reader: StoreReader, window: Window, filters: Filters = Filters(), th: 
     th = th or d.Thresholds()
     window = judged_window(window)  # every caller (pages, CLI, API) is bounded here
     t0 = time.perf_counter()
-    with _no_gc():
-        frames = load_frames(reader, window, th, known)
-        t1 = time.perf_counter()
-        out = []
-        per: dict[str, float] = {}
-        for kind, fn in d.DETECTORS.items():
-            a = time.perf_counter()
-            out.extend(fn(frames, th))
-            per[kind] = time.perf_counter() - a
-        t2 = time.perf_counter()
-    out = [f for f in out if matches(f, filters)]
-    if exemplars:
-        add_exemplars(reader, out, known)
+    # (one connection for this thread's few hundred reads: ReadContext.pinned)
+    with reader.context.pinned():
+        with _no_gc():
+            frames = load_frames(reader, window, th, known)
+            t1 = time.perf_counter()
+            out = []
+            per: dict[str, float] = {}
+            for kind, fn in d.DETECTORS.items():
+                a = time.perf_counter()
+                out.extend(fn(frames, th))
+                per[kind] = time.perf_counter() - a
+            t2 = time.perf_counter()
+        out = [f for f in out if matches(f, filters)]
+        if exemplars:
+            add_exemplars(reader, out, known)
     t3 = time.perf_counter()
     if timings is not None:
         timings.update({"read_s": t1 - t0, "detect_s": t2 - t1, "exemplars_s": t3 - t2, "total_s": t3 - t0,

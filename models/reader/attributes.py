@@ -73,7 +73,7 @@ class AttributeReader:
         stmt = select(inner.c.service, inner.c.name, inner.c.attributes).where(
             inner.c.attributes.contains(needle, autoescape=True))
         found: dict[tuple[str, str], object] = {}
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             for service, name, attrs in conn.execute(stmt):
                 if (service, name) in found:
                     continue
@@ -97,7 +97,7 @@ class AttributeReader:
             .order_by(Span.start_ns.desc())
             .limit(limit)
         )
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             return [tuple(r) for r in conn.execute(stmt)]
 
     def subjects(self, start_ns: int, end_ns: int, *, kind: int | None = None, service: str | None = None,
@@ -134,7 +134,7 @@ class AttributeReader:
                                        Span.stage == stage if stage else None,
                                        Trace.input_type == input_type if input_type else None) if cond is not None]
         out: list[dict] = []
-        with self._ctx.engine.connect() as conn:  # (a transaction: plan_for_parameters' SET LOCAL)
+        with self._ctx.transaction() as conn:  # (a transaction: plan_for_parameters' SET LOCAL)
             plan_for_parameters(conn)
             if service:
                 walks = {service: walk_bucket_list(conn, service, min_ns, None)}
@@ -249,7 +249,7 @@ class AttributeReader:
         wanted = or_(*needles) if needles else literal(False)
         window = [Span.start_ns >= start_ns, Span.start_ns < end_ns]
         attrs = case((wanted, Span.attributes), else_=literal(""))
-        with self._ctx.engine.connect() as conn:  # (a transaction: index_by_bitmap's SET LOCAL)
+        with self._ctx.transaction() as conn:  # (a transaction: index_by_bitmap's SET LOCAL)
             by_service = decided = None
             if service is not None:
                 # The service's spans of the window through its (service, duration_bucket,

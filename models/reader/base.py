@@ -3,9 +3,13 @@ retention boundary and the series filters (plain functions over a connection).""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import threading
 from dataclasses import dataclass
+from typing import Iterator
 
-from sqlalchemy import Connection, Engine, and_, or_, select
+from sqlalchemy import Connection, Engine, and_, func, or_, select
 
 from .. import MINUTE_BOUNDARY_CURSOR, Cursor, Series
 from .. import packs
@@ -41,9 +45,60 @@ class ReadContext:
         # own snapshot anyway, and a transaction costs two more round trips a checkout (its
         # BEGIN and the pool's ROLLBACK, as much as a short read's own time).
         # The same pool; ``engine`` itself is untouched for the callers that write through it.
+        # On SQLite reads begin deferred, also through a write engine (the settler's
+        # evaluations): a read takes no write lock.
         self.reads = (engine.execution_options(isolation_level="AUTOCOMMIT")
-                      if engine.dialect.name == "postgresql" else engine)
+                      if engine.dialect.name == "postgresql" else engine.execution_options(modalscope_deferred=True))
         self.pack_cache = packs.PackCache()  # decoded hour packs kept between reads
+        self._pinned = threading.local()
+
+    def connect(self):
+        """A connection for one read: the one ``pinned`` holds on this thread, else one from
+        the pool (closed at the end of the ``with`` block)."""
+        conn = getattr(self._pinned, "conn", None)
+        return contextlib.nullcontext(conn) if conn is not None else self.reads.connect()
+
+    def transaction(self):
+        """A connection for a read that sets ``SET LOCAL`` options (a transaction of its own on
+        PostgreSQL); on SQLite, the pinned one when there is one."""
+        if self.engine.dialect.name == "sqlite":
+            return self.connect()
+        return self.engine.connect()
+
+    @contextlib.contextmanager
+    def pinned(self) -> Iterator[None]:
+        """Every read on this thread inside the block goes through one connection: an
+        evaluation's few hundred reads pay one checkout (and on SQLite one ``BEGIN``) instead
+        of one each, and on SQLite they read one snapshot. Nested blocks share the outer one."""
+        if getattr(self._pinned, "conn", None) is not None:
+            yield
+            return
+        with self.reads.connect() as conn:
+            self._pinned.conn, self._pinned.ranges = conn, {}
+            try:
+                yield
+            finally:
+                self._pinned.conn = self._pinned.ranges = None
+
+    def time_range(self, model) -> tuple[int | None, int | None]:
+        """The first and last ``start_ns`` ``model``'s table holds (a trace row written before
+        its trace settles starts at 0 and is left out); looked up once per pinned block."""
+        ranges = getattr(self._pinned, "ranges", None)
+        if ranges is not None and model in ranges:
+            return ranges[model]
+        with self.connect() as conn:
+            # Two scalar subqueries: SQLite answers a lone min() or max() from the index's ends,
+            # but min() and max() in one SELECT scan the whole index (slow on a large store).
+            found = tuple(conn.execute(_time_range_statement(model)).one())
+        if ranges is not None:
+            ranges[model] = found
+        return found
+
+
+@functools.cache
+def _time_range_statement(model):
+    return select(select(func.min(model.start_ns)).where(model.start_ns > 0).scalar_subquery(),
+                  select(func.max(model.start_ns)).scalar_subquery())
 
 
 def minutes_kept_from(conn) -> int | None:

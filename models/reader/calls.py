@@ -41,7 +41,7 @@ class CallReader:
     def complete_from(self) -> int:
         """The span start (ns) from which ``pair_calls`` holds every settled call: 0 for a
         store created with it, later for one upgraded to it (see migration 0005)."""
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             return int(conn.execute(select(Cursor.position).where(Cursor.name == PAIR_CALLS_CURSOR)).scalar() or 0)
 
     def slowest(self, filters: Filters, start_ns: int, end_ns: int, *, min_ns: int | None = None,
@@ -51,7 +51,7 @@ class CallReader:
         (candidate columns and ``_id``), at most ``limit``. Each series walks the
         ``(series_id, duration_ns, start_ns)`` index slowest first; the walks are merged.
         The flag says whether more rows may exist beyond ``limit``."""
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             series_ids = conn.execute(select(Series.id).where(series_filter("pair", filters))).scalars().all()
             picked: list[tuple[int, int, int]] = []
             more = False
@@ -99,7 +99,7 @@ class CallReader:
         trace; the earliest-starting few (stragglers whose spans would widen the walk) and
         traces whose first start is not known are read one by one."""
         services = list(services)
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             rows = conn.execute(select(Trace.trace_id, Trace.first_start_ns).where(
                 Trace.pending.is_(True), or_(Trace.first_start_ns.is_(None), Trace.first_start_ns < end_ns))).all()
             known = sorted((first, tid) for tid, first in rows if first is not None)
@@ -211,7 +211,7 @@ class CallReader:
                        limit: int = 20) -> list[dict]:
         """Settled traces starting in the window, slowest first (the ``traces.start_ns`` index)."""
         cols = [Trace.__table__.c[c] for c in _TRACE_SUMMARY_COLUMNS]
-        walk = long_window(self._ctx.reads, Trace, start_ns, end_ns, TRACE_WALK_SHARE)
+        walk = long_window(self._ctx, Trace, start_ns, end_ns, TRACE_WALK_SHARE)
         if walk:
             # A long window: walk the duration index slowest first ("+ 0": not the start index).
             # The duration bound (always true) is what makes SQLite's planner take that index.
@@ -230,5 +230,5 @@ class CallReader:
         if max_ns is not None:
             conds.append(duration <= max_ns)
         stmt = select(*cols).where(*conds).order_by(Trace.duration_ns.desc(), Trace.start_ns, Trace.trace_id).limit(limit)
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             return dict_rows(conn.execute(stmt))

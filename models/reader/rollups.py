@@ -38,7 +38,7 @@ class RollupReader:
     def _minute_rows(self, q: RollupQuery) -> tuple[int, list[tuple]]:
         """(first minute, minute rows of the query's series) for its window."""
         first, last = minute_range(q.start_ns, q.end_ns)
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             return first, series_rows(conn, series_filter(q.kind, q.filters),
                                       [getattr(Series, d) for d in q.group_by],
                                       [(Rollup, first, last)])
@@ -48,7 +48,7 @@ class RollupReader:
         quarter's first) for its whole quarters, minute rows at its edges; None when the
         window reaches before the minutes retention keeps (quarters go with them)."""
         first, _ = minute_range(q.start_ns, q.end_ns)
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             series, kept = series_and_kept_from(conn, series_filter(q.kind, q.filters),
                                                 [getattr(Series, d) for d in q.group_by])
             if kept is not None and first < kept:
@@ -59,7 +59,7 @@ class RollupReader:
     def minutes_kept_from(self) -> int | None:
         """The oldest minute whose minute (and quarter-hour) rollups retention keeps; None
         when nothing was ever pruned."""
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             return minutes_kept_from(conn)
 
     def rows_of_plan(self, kind: str, plan: TierPlan, dims: tuple[str, ...], filters: Filters | None = None,
@@ -67,7 +67,7 @@ class RollupReader:
         """``(minute, count, error_count, sum_ns, sketch, *dims)`` rows of a ``tier_plan``:
         minute, quarter-hour and hourly rows, each row's minute the first of its minute,
         quarter or hour (``sketches`` False: None for the blob)."""
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             return series_rows(conn, series_filter(kind, filters or Filters()),
                                [getattr(Series, d) for d in dims], plan_tiers(plan), sketches=sketches)
 
@@ -81,7 +81,7 @@ class RollupReader:
         most of an hour's answer."""
         cols = sorted({d for dims in kinds.values() for d in dims})
         at = {d: i for i, d in enumerate(cols)}
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             series, kept = series_and_kept_from(conn, Series.kind.in_(list(kinds)),
                                                 [Series.kind, *[getattr(Series, d) for d in cols]])
             plan = plan_for(kept)
@@ -98,7 +98,7 @@ class RollupReader:
         """``(minute, count, error_count, sum_ns, sketch, *cols)`` rows covering the window:
         minute and quarter-hour rows at the edges, hourly rows (minute = the hour's first) in
         between."""
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             series, kept = series_and_kept_from(conn, series_filter(kind, filters), cols)
             plan = tier_plan(start_ns, end_ns, kept)
             return rows_of_series(conn, series, plan_tiers(plan))
@@ -145,7 +145,7 @@ class RollupReader:
         pairs: set[tuple[str, str]] = set()
         stages: set[str] = set()
         input_types: set[str] = set()
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             for kind, service, stage, input_type, caller, callee in conn.execute(stmt):
                 if kind == "pair":
                     pairs.add((caller, callee))
@@ -168,7 +168,7 @@ class RollupReader:
         if not wanted:
             return out
         rows: list[tuple] = []
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             plan = tier_plan(start_ns, end_ns, minutes_kept_from(conn))
             for table, t0, t1 in plan_tiers(plan):
                 time_col = _TIER_TIME[table][0]
@@ -190,7 +190,7 @@ class RollupReader:
     def services_of(self, kind: str, filters: Filters) -> list[str]:
         """Services that have ``kind`` series matching ``filters`` (for a pair: the callers):
         the candidates an exemplar search walks when no service is named."""
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             return services_in(conn, kind, filters)
 
     # -- findings readers ----------------------------------------------------
@@ -203,7 +203,7 @@ class RollupReader:
         Detectors keep minutes apart (trailing baselines, blocks), so nothing is merged here.
         """
         first, last = minute_range(start_ns, end_ns)
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             return series_rows(conn, series_filter(kind, filters or Filters()),
                                [getattr(Series, d) for d in dims],
                                [(Rollup, first, last)], sketches=sketches)
@@ -216,7 +216,7 @@ class RollupReader:
         entries (and then ``packs.SKETCHLESS_KINDS`` are read from packs too)."""
         first, last = minute_range(start_ns, end_ns)
         where = series_filter(kind, filters or Filters())
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             dims_of = {r[0]: tuple(r[1:]) for r in conn.execute(
                 select(Series.id, *[getattr(Series, d) for d in dims]).where(where))}
             if not dims_of:
@@ -250,7 +250,7 @@ class RollupReader:
         """``series_in_window`` of several kinds (kind -> its dims) in one statement."""
         out: dict[str, set[tuple]] = {kind: set() for kind in dims_of}
         columns = sorted({d for dims in dims_of.values() for d in dims})
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             tiers = plan_tiers(tier_plan(start_ns, end_ns, minutes_kept_from(conn)))
             if not tiers:
                 return out
@@ -274,13 +274,13 @@ class RollupReader:
         earliest = (select(func.min(r.c.minute)).where(r.c.series_id == Series.id, r.c.minute >= first,
                                                       r.c.minute < last).scalar_subquery())
         stmt = select(Series.service, Series.name, earliest).where(Series.kind == kind)
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             return [(svc, name, m) for svc, name, m in conn.execute(stmt) if m is not None]
 
     def series_ids(self, kind: str) -> dict[str, list[int]]:
         """service -> ids of its ``kind`` series (one query for callers that read many services)."""
         out: dict[str, list[int]] = {}
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             for sid, service in conn.execute(select(Series.id, Series.service).where(Series.kind == kind)):
                 out.setdefault(service, []).append(sid)
         return out
@@ -293,7 +293,7 @@ class RollupReader:
         order, by service; ``series_ids``: the services' ids when the caller has them
         (``series_ids``). One connection for all (on PostgreSQL a connection's check-out and
         return cost more than a short read)."""
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             return {service: self._service_rollup_rows(conn, kind, service, r, dims,
                                                        None if series_ids is None else series_ids.get(service, []))
                     for service, r in ranges.items()}

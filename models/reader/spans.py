@@ -95,17 +95,17 @@ class SpanReader:
 
     def of_trace(self, trace_id: str) -> list[dict]:
         stmt = select(Span.__table__).where(Span.trace_id == trace_id).order_by(Span.start_ns, Span.id)
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             return dict_rows(conn.execute(stmt))
 
     def trace_row(self, trace_id: str) -> dict | None:
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             cols = [Trace.__table__.c[c] for c in _TRACE_COLUMNS]
             row = conn.execute(select(*cols).where(Trace.trace_id == trace_id)).mappings().first()
             return None if row is None else dict(row)
 
     def counts(self) -> dict[str, int]:
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             return {
                 "spans": conn.execute(select(func.count()).select_from(Span)).scalar_one(),
                 "traces": conn.execute(select(func.count()).select_from(Trace)).scalar_one(),
@@ -125,7 +125,7 @@ class SpanReader:
         is joined.
         """
         services = [q.service] if q.service else list(q.services)
-        if not services or not long_window(self._ctx.reads, Span, q.start_ns, q.end_ns, SPAN_WALK_SHARE):
+        if not services or not long_window(self._ctx, Span, q.start_ns, q.end_ns, SPAN_WALK_SHARE):
             return self._slowest_in_window(q)
         wanted = q.offset + q.limit
         bounds = self._stage_bounds(q, services) if q.stage else None
@@ -152,7 +152,7 @@ class SpanReader:
         if q.may_call is None:
             return True  # (nothing to look up)
         lo, hi = _callee_window(q)
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             # From the slowest down: a service's SERVER spans enclose its other spans, so the
             # first is found at once rather than past all of its quick INTERNAL ones.
             return conn.execute(select(Span.id).where(
@@ -172,7 +172,7 @@ class SpanReader:
         None when too many traces are pending to read."""
         outer = (q.start_ns // MINUTE_NS, -(-q.end_ns // MINUTE_NS))
         inner = (-(-q.start_ns // MINUTE_NS), q.end_ns // MINUTE_NS)
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             pending = conn.execute(select(Trace.trace_id).where(
                 Trace.pending.is_(True), or_(Trace.first_start_ns.is_(None), Trace.first_start_ns < q.end_ns))
                 .limit(STAGE_CEILING_PENDING_AT_MOST + 1)).scalars().all()
@@ -225,7 +225,7 @@ class SpanReader:
         floor = max(duration_bucket(q.min_ns) if q.min_ns is not None else 0, bottom)
         below = min(duration_bucket(q.max_ns) if q.max_ns is not None else MAX_BUCKET, top) + 1
         rows: list[dict] = []
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             while len(rows) < wanted:
                 bucket = conn.execute(_NEXT_BUCKET, {"service": service, "below": below}).scalar()
                 if bucket is None or bucket < floor:
@@ -237,7 +237,7 @@ class SpanReader:
 
     def _slowest_in_window(self, q: SpanQuery) -> list[dict]:
         """``slowest`` through the ``start_ns`` index: the window's matching spans sorted."""
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             return dict_rows(conn.execute(self._window_statement(q)))
 
     def _window_statement(self, q: SpanQuery, walk: bool = False, callee_spans: bool = True) -> Select:
@@ -306,7 +306,7 @@ class SpanReader:
             by_trace.setdefault(tid, set()).add(sid)
         tids = sorted(by_trace)
         cols = [Span.__table__.c[c] for c in _CANDIDATE_COLUMNS]
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             for i in range(0, len(tids), 300):
                 chunk = tids[i : i + 300]
                 stmt = select(*cols).where(Span.trace_id.in_(chunk), Span.kind.in_(CALLEE_KIND_CODES),
@@ -326,7 +326,7 @@ class SpanReader:
             return out
         cols = [Span.__table__.c[c] for c in _CANDIDATE_COLUMNS]
         tids = sorted(by_trace)
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             for i in range(0, len(tids), 300):
                 chunk = tids[i : i + 300]
                 sids = sorted({sid for tid in chunk for sid in by_trace[tid]})
@@ -339,7 +339,7 @@ class SpanReader:
         ids = sorted(set(trace_ids))
         out: dict[str, dict] = {}
         cols = [Trace.__table__.c[c] for c in _TRACE_SUMMARY_COLUMNS]
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             for i in range(0, len(ids), 500):
                 for r in dict_rows(conn.execute(select(*cols).where(Trace.trace_id.in_(ids[i : i + 500])))):
                     out[r["trace_id"]] = r
@@ -352,5 +352,5 @@ class SpanReader:
         # up) instead of reading every trace of the window through start_ns.
         stmt = select(*cols).where(Trace.start_ns + 0 >= start_ns, Trace.start_ns + 0 < end_ns,
                                    Trace.duration_ns >= min_duration_ns, Trace.settled_ns.is_not(None))
-        with self._ctx.reads.connect() as conn:
+        with self._ctx.connect() as conn:
             return dict_rows(conn.execute(stmt))

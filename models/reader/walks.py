@@ -11,11 +11,12 @@ import re
 
 import orjson
 
-from sqlalchemy import Connection, Engine, String, and_, func, literal, or_, select
+from sqlalchemy import Connection, String, and_, func, literal, or_, select
 
 from .. import Span
 from ..buckets import duration_bucket
 from ..dialect import contains_text_in
+from .base import ReadContext
 
 KIND_CLIENT_CODE = 3
 CALLEE_KIND_CODES = (2, 5)  # SERVER, CONSUMER
@@ -41,25 +42,15 @@ _URL_KEYS = ("url.full", "http.url")
 _PROVIDER_KEY_PREFIXES = ("gen_ai.", "llm.")
 
 
-def long_window(reads: Engine, model, start_ns: int, end_ns: int, share: int) -> bool:
+def long_window(ctx: ReadContext, model, start_ns: int, end_ns: int, share: int) -> bool:
     """Is the window long enough, against what the table holds, that walking a duration
     index slowest first beats sorting the window? Yes when it covers at least 1/``share``
-    of the stored time range (two index look-ups): the walk then visits about ``share``
-    index entries per row it keeps. ``reads``: the engine the reads go through."""
-    lo, hi = _time_range(reads, model)
+    of the stored time range (``ReadContext.time_range``): the walk then visits about
+    ``share`` index entries per row it keeps."""
+    lo, hi = ctx.time_range(model)
     if lo is None:
         return False
     return (end_ns - start_ns) * share >= (hi - lo)
-
-
-def _time_range(reads: Engine, model) -> tuple[int | None, int | None]:
-    with reads.connect() as conn:
-        # Two scalar subqueries: SQLite answers a lone min() or max() from the index's ends,
-        # but min() and max() in one SELECT scan the whole index (slow on a large store).
-        # A trace row written before its trace settles starts at 0: not part of the range
-        # (with ingest running, every day-long window looked short and was sorted, slowly).
-        return tuple(conn.execute(select(select(func.min(model.start_ns)).where(model.start_ns > 0).scalar_subquery(),
-                                         select(func.max(model.start_ns)).scalar_subquery())).one())
 
 
 def walk_bucket_list(conn: Connection, service: str, min_ns: int | None, max_ns: int | None) -> list[int]:

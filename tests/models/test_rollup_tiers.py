@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import sqlite3
 import time
 
 import numpy as np
@@ -270,14 +271,23 @@ def test_several_kinds_read_over_one_connection_give_each_kinds_own_rows(engine)
     assert seen == [end // MIN + 60] * 2
 
 
-def test_postgresql_reads_open_no_transaction(engine):
+def test_reads_open_no_transaction_on_postgresql_and_take_no_write_lock_on_sqlite(engine):
     """On PostgreSQL the reader's connections are in autocommit (a transaction costs a BEGIN
     and a ROLLBACK round trip a checkout; READ COMMITTED gives each statement its own
-    snapshot either way), while the engine it was given still writes in transactions."""
+    snapshot either way), while the engine it was given still writes in transactions. On
+    SQLite its reads through a write engine (the settler's evaluations) take no write lock."""
     reader = StoreReader(engine)
     with reader.context.reads.connect() as conn:
         if engine.dialect.name != "postgresql":
-            assert reader.context.reads is engine
+            # A write engine's reads begin deferred: a read in progress holds no write lock
+            # (a connection that waits for none gets it at once).
+            assert conn.exec_driver_sql("SELECT count(*) FROM spans").scalar() == 0
+            other = sqlite3.connect(engine.url.database, timeout=0, isolation_level=None)
+            try:
+                other.execute("BEGIN IMMEDIATE")
+                other.execute("ROLLBACK")
+            finally:
+                other.close()
             return
         assert conn.exec_driver_sql("SELECT 1").scalar() == 1
         assert conn.connection.dbapi_connection.info.transaction_status.name == "IDLE"

@@ -38,7 +38,7 @@ def test_long_window_pages_equal_the_sorted_window(engine):
     reader = StoreReader(engine)
     # The last 5 hours of 6: long against the store, so the duration index path runs.
     w0 = end - 5 * HOUR
-    assert walks.long_window(reader.context.reads, Span, w0, end, SPAN_WALK_SHARE)
+    assert walks.long_window(reader.context, Span, w0, end, SPAN_WALK_SHARE)
     services = tuple(sorted({s.service for s in spans}))
     for kind, band in ((None, (None, None)), (3, (None, None)), (None, (20_000_000, 400_000_000))):
         expected = sorted((s for s in spans if w0 <= s.start_ns < end and (kind is None or s.kind == kind)
@@ -67,13 +67,13 @@ def test_traces_waiting_to_settle_do_not_make_long_windows_look_short(engine):
 
     start, end, _ = _store(engine)
     reader = StoreReader(engine)
-    assert walks.long_window(reader.context.reads, Trace, end - 5 * HOUR, end, TRACE_WALK_SHARE)
+    assert walks.long_window(reader.context, Trace, end - 5 * HOUR, end, TRACE_WALK_SHARE)
     rng = random.Random(3)
     write_spans(engine, multimodal_trace(rng, end + HOUR // 2, images=1))  # not settled
     with engine.connect() as conn:
         assert conn.execute(Trace.__table__.select().where(Trace.pending.is_(True), Trace.start_ns == 0)).first()
-    assert walks.long_window(reader.context.reads, Trace, end - 5 * HOUR, end, TRACE_WALK_SHARE)
-    assert not walks.long_window(reader.context.reads, Trace, end - HOUR // 40, end, TRACE_WALK_SHARE)
+    assert walks.long_window(reader.context, Trace, end - 5 * HOUR, end, TRACE_WALK_SHARE)
+    assert not walks.long_window(reader.context, Trace, end - HOUR // 40, end, TRACE_WALK_SHARE)
 
 
 def test_exemplar_traces_agree_between_short_and_long_windows(engine):
@@ -89,7 +89,7 @@ def test_exemplar_traces_agree_between_short_and_long_windows(engine):
         t = long_window.start_ns
         while t < long_window.end_ns:
             piece = Window(t, min(t + HOUR // 40, long_window.end_ns))
-            assert not walks.long_window(reader.context.reads, Span, piece.start_ns, piece.end_ns,
+            assert not walks.long_window(reader.context, Span, piece.start_ns, piece.end_ns,
                                          SPAN_WALK_SHARE)
             pieces += queries.exemplar_traces(reader, piece, filters, limit=15)
             t += HOUR // 40
@@ -160,7 +160,7 @@ def test_the_bucket_walk_equals_a_sort_for_ties_band_edges_and_filters(engine):
     settle(engine, force=True)
     reader = StoreReader(engine)
     w0, end = base + HOUR, base + 6 * HOUR
-    assert walks.long_window(reader.context.reads, Span, w0, end, SPAN_WALK_SHARE)
+    assert walks.long_window(reader.context, Span, w0, end, SPAN_WALK_SHARE)
     services = tuple(sorted({s.service for s in spans}))
     inner = bucket_floor_ns(duration_bucket(1_050_000)) + 1  # inside a bucket, not on its edge
     for stage, kind, band in ((None, None, (None, None)), ("encoder", None, (None, None)),
@@ -237,10 +237,10 @@ def test_the_walk_or_sort_choice_follows_the_stored_time_range(engine):
     start, end, spans = _store(engine)
     reader = StoreReader(engine)
     short = (end - HOUR, end)
-    assert not walks.long_window(reader.context.reads, Span, *short, 4)
+    assert not walks.long_window(reader.context, Span, *short, 4)
     with engine.begin() as conn:
         conn.execute(Span.__table__.delete().where(Span.start_ns < end - HOUR))
-    assert walks.long_window(reader.context.reads, Span, *short, 4)
+    assert walks.long_window(reader.context, Span, *short, 4)
 
 
 def test_raw_reads_come_in_postgresqls_binary_format_with_the_same_rows(engine):

@@ -55,7 +55,7 @@ def _keys(rows):
 def test_a_stages_slowest_spans_walked_within_rollup_bounds_equal_the_sorted_window(engine):
     w0, w1 = _store(engine)
     reader = StoreReader(engine)
-    assert walks.long_window(reader.context.reads, Span, w0, w1, SPAN_WALK_SHARE)
+    assert walks.long_window(reader.context, Span, w0, w1, SPAN_WALK_SHARE)
     with engine.connect() as conn:
         stored = conn.execute(Span.__table__.select().where(Span.start_ns >= w0, Span.start_ns < w1)).mappings().all()
     services = tuple(sorted({r["service"] for r in stored}))

@@ -1,0 +1,67 @@
+"""``ReadContext.pinned``: the reads of one block (an evaluation's) share one connection."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+from modalscope.ingest.writer import write_spans
+from modalscope.models import Span
+from modalscope.models.reader import StoreReader
+from tests.factories import multimodal_trace
+
+HOUR = 3600 * 10**9
+BASE = 1_764_000_000 * 10**9
+
+
+def test_a_pinned_block_reads_through_one_connection_on_its_own_thread_only(engine):
+    ctx = StoreReader(engine).context
+    with ctx.pinned():
+        with ctx.connect() as first, ctx.connect() as second:
+            assert first is second
+        with ctx.pinned(), ctx.connect() as nested:  # a nested block keeps the outer connection
+            assert nested is first
+        seen = []
+
+        def other_thread():
+            with ctx.connect() as conn:
+                seen.append(conn)
+
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join(timeout=60)
+        assert seen and seen[0] is not first
+    with ctx.connect() as after:  # the block is over: each read checks out its own again
+        assert after is not first
+
+
+def test_a_pinned_block_looks_the_time_range_up_once(engine):
+    """Inside one block the time range is the one its first look-up saw (a read's plan
+    choice, made once an evaluation); outside, each look-up reads the table again."""
+    rng = random.Random(3)
+    write_spans(engine, multimodal_trace(rng, BASE))
+    ctx = StoreReader(engine).context
+    first = ctx.time_range(Span)
+    assert first[0] == first[1] or first[0] < first[1]
+    with ctx.pinned():
+        assert ctx.time_range(Span) == first
+        write_spans(engine, multimodal_trace(rng, BASE + HOUR))
+        assert ctx.time_range(Span) == first
+    later = ctx.time_range(Span)
+    assert later[0] == first[0] and later[1] >= BASE + HOUR
+
+
+def test_a_pinned_block_reads_one_snapshot_on_sqlite(engine):
+    """On SQLite the block is one read transaction: spans written after its first read
+    are not seen by its later ones (on PostgreSQL each read sees what has committed)."""
+    rng = random.Random(4)
+    write_spans(engine, multimodal_trace(rng, BASE))
+    reader = StoreReader(engine)
+    stats = reader.spans.counts
+    with reader.context.pinned():
+        before = stats()["spans"]
+        write_spans(engine, multimodal_trace(rng, BASE + HOUR))
+        during = stats()["spans"]
+    after = stats()["spans"]
+    assert after > before
+    assert during == (before if engine.dialect.name == "sqlite" else after)

@@ -28,7 +28,8 @@ REQUIRE_PG = os.environ.get("MODALSCOPE_REQUIRE_POSTGRES") == "1"
 RUN_ID = uuid.uuid4().hex[:10]
 
 # The inner-loop subset (`scripts/test.sh -m quick`): SQLite only, no browser, no child
-# processes, no shared demo stores. Everything else still runs in the whole suite.
+# processes, no shared demo stores, nothing marked slow (a test that takes seconds).
+# Everything else still runs in the whole suite.
 SLOW_FIXTURES = {"clean_store", "pattern_store", "filled_templates", "site", "procs", "empty_db_url",
                  "auth_site", "wiki_and_site", "live_store", "hostile_app"}
 SLOW_MODULE_WORDS = ("browser", "e2e", "bench", "scale_out", "faults", "instrumented", "big_traces",

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from sqlalchemy import func, select
 
 from modalscope.models import Span, Trace
@@ -32,6 +33,7 @@ def _traces(n, seed=11):
     return [multimodal_trace(rng, base + i * 1_000_000_000) for i in range(n)]
 
 
+@pytest.mark.slow
 def test_import_json_lines_and_protobuf_skipping_bad_lines(db_url, tmp_path):
     traces = _traces(5)
     jsonl = tmp_path / "spans.jsonl"
@@ -84,6 +86,7 @@ def test_missing_database_directory_is_one_line(tmp_path):
     assert not (tmp_path / "no").exists()
 
 
+@pytest.mark.slow
 def test_unusable_database_urls(tmp_path):
     for url in ("mysql://x@localhost/db", "not a url at all", "postgresql://nobody@127.0.0.1:1/nodb"):
         r = run(["db", "upgrade"], {"MODALSCOPE_DATABASE_URL": url})
@@ -91,6 +94,7 @@ def test_unusable_database_urls(tmp_path):
         assert "Traceback" not in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
 
 
+@pytest.mark.slow
 def test_invalid_rules_file_names_file_and_line_and_retags_nothing(db_url, tmp_path):
     traces = _traces(2)
     f = tmp_path / "a.jsonl"
@@ -103,6 +107,7 @@ def test_invalid_rules_file_names_file_and_line_and_retags_nothing(db_url, tmp_p
     assert r.stderr.strip().count("\n") == 0
 
 
+@pytest.mark.slow
 def test_retag_applies_new_rules_and_rebuilds_rollups(db_url, tmp_path):
     traces = _traces(3)
     f = tmp_path / "a.jsonl"

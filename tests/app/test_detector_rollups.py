@@ -401,6 +401,7 @@ def test_the_pair_sketches_the_reader_hands_on_are_the_frames_rows(engine):
             assert np.array_equal(got.counts, d._pair_rows_histogram(frames, rows, sel).counts)
 
 
+@pytest.mark.slow
 def test_reads_in_threads_find_what_they_find_one_after_another(engine, monkeypatch):
     """On PostgreSQL the exemplar look-ups run a few at a time, and the pair rollups are read
     beside the other frames: each finding gets the same exemplars (and attribute findings the
@@ -451,6 +452,7 @@ def test_reads_in_threads_find_what_they_find_one_after_another(engine, monkeypa
     assert len(pair_reads) == 1 and pair_reads[0].startswith("frames")
 
 
+@pytest.mark.slow
 def test_the_pair_detectors_find_the_same_with_shared_minute_matrices_as_without(engine, monkeypatch):
     """The hot-spot and band-break detectors share each pair's minute matrix when all fit in
     ``SHARED_MATRICES_BYTES`` (hot spot sums it into blocks), else build their own a pair at a

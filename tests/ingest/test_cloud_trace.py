@@ -309,6 +309,7 @@ def _run(args, env_extra, timeout=120):
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
 
+@pytest.mark.slow
 def test_cli_once_exits_zero_after_a_complete_pass(db_url, fake):
     fake.add(*_traces(120, time.time_ns() - 30 * NS))
     env = {"MODALSCOPE_DATABASE_URL": db_url, "MODALSCOPE_CLOUD_TRACE_ENDPOINT": fake.endpoint,

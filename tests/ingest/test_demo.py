@@ -164,6 +164,7 @@ def _calls(traces):
     return [(tid, c) for tid, spans in traces.items() for c in trace_calls(spans, linked).values()]
 
 
+@pytest.mark.slow
 def test_spans_land_in_their_stages_and_pairs():
     traces = _decoded(demo.DemoConfig(now_ns=NOW, hours=0.25, rate=3.0))
     seen_stages = collections.defaultdict(set)
@@ -199,6 +200,7 @@ def _strip_mm(span):
                                                  if not k.startswith("mm.")}, signals=None)
 
 
+@pytest.mark.slow
 def test_model_calls_follow_the_genai_conventions_and_carry_the_input_type():
     traces = _decoded(demo.DemoConfig(now_ns=NOW, hours=0.25, rate=3.0))
     model_calls = hosted = text_requests = 0
@@ -293,6 +295,7 @@ def test_usage_events_cross_a_queue_into_linked_traces():
     assert np.median([c.duration_ns / 1e6 for c in handoffs]) > np.median(delays)
 
 
+@pytest.mark.slow
 def test_clean_run_injects_nothing():
     cfg = demo.DemoConfig(now_ns=NOW, hours=3.0, rate=0.3, clean=True)
     assert demo.injected_patterns(cfg) == []

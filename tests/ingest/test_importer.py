@@ -336,6 +336,7 @@ def _cli(args, env_extra):
                           env=env, timeout=120, stdin=subprocess.DEVNULL)
 
 
+@pytest.mark.slow
 def test_cli_refuses_old_spans_in_one_line_and_creates_nothing(tmp_path):
     paths, total = _old_and_new_files(tmp_path, days_old=29.5)
     db = tmp_path / "store.db"
@@ -350,6 +351,7 @@ def test_cli_refuses_old_spans_in_one_line_and_creates_nothing(tmp_path):
     assert f"imported {total} spans ({total} new)" in r.stdout
 
 
+@pytest.mark.slow
 def test_cli_reports_files_that_are_not_traces(tmp_path):
     spans = multimodal_trace(random.Random(12), (time.time_ns() // MIN - 30) * MIN)
     mixed = tmp_path / "mixed.jsonl"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import time
 
+import pytest
 from modalscope.app import queries
 from modalscope.app.params import Window
 from modalscope.ingest.settle import settle
@@ -76,6 +77,7 @@ def test_traces_waiting_to_settle_do_not_make_long_windows_look_short(engine):
     assert not walks.long_window(reader.context, Trace, end - HOUR // 40, end, TRACE_WALK_SHARE)
 
 
+@pytest.mark.slow
 def test_exemplar_traces_agree_between_short_and_long_windows(engine):
     start, end, _ = _store(engine)
     reader = StoreReader(engine)

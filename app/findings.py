@@ -202,12 +202,14 @@ def load_frames(reader: StoreReader, window: Window, th: d.Thresholds, known: Kn
     def read_pairs():
         # (read whole: mostly hour packs, models/packs.py; the sketches as flat arrays only,
         # ``Frames.pair_sketches``: a view a row cost more than the few findings that use them)
-        cols, dims_of = reader.rollups.columns("pair", data_start, window.end_ns, ("caller", "callee"))
+        with reader.context.pinned():
+            cols, dims_of = reader.rollups.columns("pair", data_start, window.end_ns, ("caller", "callee"))
         frame = _columns_frame(cols, dims_of, ("caller", "callee"), with_sum=False, sketches=False)
         return frame, (cols.lengths, cols.keys, cols.counts)
 
     def read_births():
-        new_instances, span_rows, cold_starts_known = _new_instances(reader, data_start, window, th, known)
+        with reader.context.pinned():
+            new_instances, span_rows, cold_starts_known = _new_instances(reader, data_start, window, th, known)
         return dict(new_instances=new_instances, spans=_spans_frame(span_rows), cold_starts_known=cold_starts_known)
 
     if reader.engine.dialect.name in THREADED_DIALECTS:
@@ -339,11 +341,15 @@ def add_exemplars(reader: StoreReader, findings: list[Finding], known: Known | N
             else:
                 findings[i] = findings[i].replace(exemplar_trace_ids=same.exemplar_trace_ids, hint=same.hint)
         todo = left
+    def look_up(i: int) -> Finding:
+        with reader.context.pinned():  # (a finding's few reads on one connection, on any thread)
+            return _with_exemplars(reader, findings[i])
+
     if len(todo) > 1 and EXEMPLAR_THREADS > 1 and reader.engine.dialect.name in THREADED_DIALECTS:
         with ThreadPoolExecutor(min(EXEMPLAR_THREADS, len(todo)), thread_name_prefix="exemplars") as pool:
-            done = list(pool.map(lambda i: _with_exemplars(reader, findings[i]), todo))
+            done = list(pool.map(look_up, todo))
     else:
-        done = [_with_exemplars(reader, findings[i]) for i in todo]
+        done = [look_up(i) for i in todo]
     for i, f in zip(todo, done):
         findings[i] = f
 

@@ -14,9 +14,10 @@ settle batches (two a second) was logged since the evaluation (a scratch SQLite 
 scratch PostgreSQL database when ``--postgres`` names a server).
 
 ``--windows 1,3,6,12,24,168`` instead times ``find`` over the last N hours of the store
-(``--db``: any store, e.g. ``dashboard_bench.py``'s of ten million spans), shortest first,
-with the process's peak RSS after each: what an absolute window's first request costs by
-its length, and each detector's median time.
+(``--db``: any store, e.g. ``dashboard_bench.py``'s of ten million spans, a SQLite file or a
+database URL), shortest first, with the process's peak RSS after each: what an absolute
+window's first request costs by its length, each phase's and each detector's median time,
+and a digest of the findings (the same digest: the same answers, byte for byte).
 
     .venv/bin/python bench/detectors_bench.py --db /tmp/modalscope-bench/store-10000000.db \
         --windows 1,3,6,12,24,168
@@ -58,8 +59,8 @@ def main() -> int:
                     help="comma-separated window lengths: time find over the last N hours of --db")
     args = ap.parse_args()
     if args.windows:
-        if not args.db or not os.path.exists(args.db):
-            ap.error("--windows needs --db naming an existing store")
+        if not args.db or ("://" not in args.db and not os.path.exists(args.db)):
+            ap.error("--windows needs --db naming an existing store (a SQLite file or a database URL)")
         try:
             hours = [float(h) for h in args.windows.split(",")]
         except ValueError:
@@ -119,7 +120,10 @@ def _pack(url: str) -> None:
 
 def window_lengths(path: str, hours: list[float], repeat: int) -> int:
     """``find`` over the last N hours of the store for each N, shortest first."""
+    import hashlib
     import resource
+
+    import orjson
 
     from sqlalchemy import func, select
 
@@ -131,8 +135,9 @@ def window_lengths(path: str, hours: list[float], repeat: int) -> int:
     from modalscope.models.engine import make_engine
     from modalscope.models.reader import StoreReader
 
-    _pack(f"sqlite:///{path}")
-    engine = make_engine(f"sqlite:///{path}")
+    url = path if "://" in path else f"sqlite:///{path}"
+    _pack(url)
+    engine = make_engine(url)
     reader = StoreReader(engine)
     with engine.connect() as conn:
         last = conn.execute(select(func.max(Span.start_ns))).scalar_one()
@@ -144,6 +149,7 @@ def window_lengths(path: str, hours: list[float], repeat: int) -> int:
     print("| window | total ms | read | detectors | exemplars | findings | peak RSS MB |")
     print("|---|---|---|---|---|---|---|")
     per_detector: dict[str, dict[float, float]] = {}  # detector -> window -> median ms
+    medians: list[str] = []
     for h in sorted(hours):
         window = Window(end - int(h * 3600e9), end)
         runs = []
@@ -159,8 +165,14 @@ def window_lengths(path: str, hours: list[float], repeat: int) -> int:
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(f"| {h:g} h | {span('total_s')} | {span('read_s')} | {span('detect_s')} | {span('exemplars_s')} "
               f"| {len(found)} | {rss:,.0f} |", flush=True)
+        digest = hashlib.sha256(orjson.dumps([f.to_json() for f in found], option=orjson.OPT_SORT_KEYS)).hexdigest()
+        medians.append(f"{h:g} h: " + ", ".join(f"{key[:-2]} {statistics.median(r[key] for r in runs) * 1000:,.1f}"
+                                                for key in ("total_s", "read_s", "detect_s", "exemplars_s"))
+                       + f" ms (medians); findings digest {digest[:16]}")
         for kind in runs[0]["per_detector_s"]:
             per_detector.setdefault(kind, {})[h] = statistics.median(r["per_detector_s"][kind] * 1000 for r in runs)
+    print()
+    print("\n".join(medians))
     print()
     print("| detector (median ms) | " + " | ".join(f"{h:g} h" for h in sorted(hours)) + " |")
     print("|---|" + "---|" * len(hours))

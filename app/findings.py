@@ -341,6 +341,7 @@ def add_exemplars(reader: StoreReader, findings: list[Finding], known: Known | N
             else:
                 findings[i] = findings[i].replace(exemplar_trace_ids=same.exemplar_trace_ids, hint=same.hint)
         todo = left
+
     def look_up(i: int) -> Finding:
         with reader.context.pinned():  # (a finding's few reads on one connection, on any thread)
             return _with_exemplars(reader, findings[i])

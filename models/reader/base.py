@@ -74,25 +74,31 @@ class ReadContext:
             yield
             return
         with self.reads.connect() as conn:
-            self._pinned.conn, self._pinned.ranges = conn, {}
+            self._pinned.conn, self._pinned.memo = conn, {}
             try:
                 yield
             finally:
-                self._pinned.conn = self._pinned.ranges = None
+                self._pinned.conn = self._pinned.memo = None
+
+    def once_per_block(self, key, read):
+        """``read(conn)``, looked up once per pinned block under ``key`` (every time outside
+        one): for the small facts an evaluation's look-ups each ask again."""
+        memo = getattr(self._pinned, "memo", None)
+        if memo is not None and key in memo:
+            return memo[key]
+        with self.connect() as conn:
+            found = read(conn)
+        if memo is not None:
+            memo[key] = found
+        return found
 
     def time_range(self, model) -> tuple[int | None, int | None]:
         """The first and last ``start_ns`` ``model``'s table holds (a trace row written before
         its trace settles starts at 0 and is left out); looked up once per pinned block."""
-        ranges = getattr(self._pinned, "ranges", None)
-        if ranges is not None and model in ranges:
-            return ranges[model]
-        with self.connect() as conn:
-            # Two scalar subqueries: SQLite answers a lone min() or max() from the index's ends,
-            # but min() and max() in one SELECT scan the whole index (slow on a large store).
-            found = tuple(conn.execute(_time_range_statement(model)).one())
-        if ranges is not None:
-            ranges[model] = found
-        return found
+        # Two scalar subqueries: SQLite answers a lone min() or max() from the index's ends,
+        # but min() and max() in one SELECT scan the whole index (slow on a large store).
+        return self.once_per_block(("time_range", model),
+                                   lambda conn: tuple(conn.execute(_time_range_statement(model)).one()))
 
 
 @functools.cache

@@ -4,9 +4,10 @@ the callers' span indexes) and the slowest settled traces (``slowest_traces``)."
 
 from __future__ import annotations
 
+import functools
 from typing import Iterable
 
-from sqlalchemy import Connection, or_, select
+from sqlalchemy import Connection, bindparam, or_, select
 from sqlalchemy.orm import aliased
 
 from .. import PAIR_CALLS_CURSOR, Cursor, PairCall, Series, Span, Trace
@@ -25,6 +26,8 @@ PENDING_WALK_AFTER = 300
 PENDING_STRAGGLER_SHARE = 0.02
 PENDING_WALK_ENTRIES_PER_TRACE = 25
 
+_COMPLETE_FROM = select(Cursor.position).where(Cursor.name == PAIR_CALLS_CURSOR)
+
 # Windows covering at least 1/N of the stored time range find their slowest traces through
 # the duration index instead of sorting the window; the traces index does not hold start_ns,
 # so its walk reads out-of-window traces too (worth it from an hour of a day).
@@ -40,9 +43,10 @@ class CallReader:
 
     def complete_from(self) -> int:
         """The span start (ns) from which ``pair_calls`` holds every settled call: 0 for a
-        store created with it, later for one upgraded to it (see migration 0005)."""
-        with self._ctx.connect() as conn:
-            return int(conn.execute(select(Cursor.position).where(Cursor.name == PAIR_CALLS_CURSOR)).scalar() or 0)
+        store created with it, later for one upgraded to it (see migration 0005); looked up
+        once per pinned block."""
+        return self._ctx.once_per_block("pair_calls_complete_from", lambda conn: int(
+            conn.execute(_COMPLETE_FROM).scalar() or 0))
 
     def slowest(self, filters: Filters, start_ns: int, end_ns: int, *, min_ns: int | None = None,
                 max_ns: int | None = None, limit: int = 20) -> tuple[list[dict], bool]:
@@ -53,20 +57,25 @@ class CallReader:
         The flag says whether more rows may exist beyond ``limit``."""
         with self._ctx.connect() as conn:
             series_ids = conn.execute(select(Series.id).where(series_filter("pair", filters))).scalars().all()
+            # One statement for every series, a limited branch each (each walks the index on its
+            # own), as SQL text with the integers inline: a statement built a series cost more
+            # in Python than the index walks.
+            bounds = f"start_ns >= {int(start_ns)} AND start_ns < {int(end_ns)}"
+            if min_ns is not None:
+                bounds += f" AND duration_ns >= {int(min_ns)}"
+            if max_ns is not None:
+                bounds += f" AND duration_ns <= {int(max_ns)}"
+            arms = [f"SELECT * FROM (SELECT duration_ns, start_ns, span_row, series_id FROM {PairCall.__tablename__} "
+                    f"WHERE series_id = {int(sid)} AND {bounds} "
+                    f"ORDER BY duration_ns DESC, start_ns, span_row LIMIT {int(limit)}) AS s{k}"
+                    for k, sid in enumerate(series_ids)]
             picked: list[tuple[int, int, int]] = []
-            more = False
-            for sid in series_ids:
-                conds = [PairCall.series_id == sid, PairCall.start_ns >= start_ns, PairCall.start_ns < end_ns]
-                if min_ns is not None:
-                    conds.append(PairCall.duration_ns >= min_ns)
-                if max_ns is not None:
-                    conds.append(PairCall.duration_ns <= max_ns)
-                got = conn.execute(
-                    select(PairCall.duration_ns, PairCall.start_ns, PairCall.span_row).where(*conds)
-                    .order_by(PairCall.duration_ns.desc(), PairCall.start_ns, PairCall.span_row).limit(limit)
-                ).all()
-                more = more or len(got) == limit  # that series may have more
-                picked.extend(tuple(r) for r in got)
+            per_series: dict[int, int] = {}
+            for i in range(0, len(arms), 100):
+                for duration, start, row, sid in conn.exec_driver_sql(" UNION ALL ".join(arms[i:i + 100])).all():
+                    picked.append((duration, start, row))
+                    per_series[sid] = per_series.get(sid, 0) + 1
+            more = any(n == limit for n in per_series.values())  # that series may have more
             # The slowest `limit` of all are among each series' slowest `limit`: exact.
             picked.sort(key=lambda r: (-r[0], r[1], r[2]))
             more = more or len(picked) > limit
@@ -210,25 +219,37 @@ class CallReader:
                        root_service: str | None = None, min_ns: int | None = None, max_ns: int | None = None,
                        limit: int = 20) -> list[dict]:
         """Settled traces starting in the window, slowest first (the ``traces.start_ns`` index)."""
-        cols = [Trace.__table__.c[c] for c in _TRACE_SUMMARY_COLUMNS]
         walk = long_window(self._ctx, Trace, start_ns, end_ns, TRACE_WALK_SHARE)
-        if walk:
-            # A long window: walk the duration index slowest first ("+ 0": not the start index).
-            # The duration bound (always true) is what makes SQLite's planner take that index.
-            conds = [Trace.start_ns + 0 >= start_ns, Trace.start_ns + 0 < end_ns, Trace.settled_ns.is_not(None),
-                     Trace.duration_ns >= 0]
-        else:
-            conds = [Trace.start_ns >= start_ns, Trace.start_ns < end_ns, Trace.settled_ns.is_not(None)]
-        if input_type:
-            conds.append(Trace.input_type == input_type)
-        if root_service:
-            conds.append(Trace.root_service == root_service)
-        # A short window stays on the start index: "+ 0" keeps a band off the duration index.
-        duration = Trace.duration_ns if walk else Trace.duration_ns + 0
-        if min_ns is not None:
-            conds.append(duration >= min_ns)
-        if max_ns is not None:
-            conds.append(duration <= max_ns)
-        stmt = select(*cols).where(*conds).order_by(Trace.duration_ns.desc(), Trace.start_ns, Trace.trace_id).limit(limit)
+        stmt = _slowest_traces_statement(walk, input_type is not None, root_service is not None, min_ns is not None,
+                                         max_ns is not None)
+        params = {"start": start_ns, "end": end_ns, "input_type": input_type, "root_service": root_service,
+                  "min_ns": min_ns, "max_ns": max_ns, "limit": limit}
         with self._ctx.connect() as conn:
-            return dict_rows(conn.execute(stmt))
+            return dict_rows(conn.execute(stmt, params))
+
+
+@functools.cache
+def _slowest_traces_statement(walk: bool, by_input: bool, by_root: bool, has_min: bool, has_max: bool):
+    """``CallReader.slowest_traces``' statement for one shape of its arguments, built once (an
+    evaluation runs it for every regression finding: building it cost more than running it)."""
+    cols = [Trace.__table__.c[c] for c in _TRACE_SUMMARY_COLUMNS]
+    start, end = bindparam("start"), bindparam("end")
+    if walk:
+        # A long window: walk the duration index slowest first ("+ 0": not the start index).
+        # The duration bound (always true) is what makes SQLite's planner take that index.
+        conds = [Trace.start_ns + 0 >= start, Trace.start_ns + 0 < end, Trace.settled_ns.is_not(None),
+                 Trace.duration_ns >= 0]
+    else:
+        conds = [Trace.start_ns >= start, Trace.start_ns < end, Trace.settled_ns.is_not(None)]
+    if by_input:
+        conds.append(Trace.input_type == bindparam("input_type"))
+    if by_root:
+        conds.append(Trace.root_service == bindparam("root_service"))
+    # A short window stays on the start index: "+ 0" keeps a band off the duration index.
+    duration = Trace.duration_ns if walk else Trace.duration_ns + 0
+    if has_min:
+        conds.append(duration >= bindparam("min_ns"))
+    if has_max:
+        conds.append(duration <= bindparam("max_ns"))
+    return (select(*cols).where(*conds).order_by(Trace.duration_ns.desc(), Trace.start_ns, Trace.trace_id)
+            .limit(bindparam("limit")))

@@ -65,3 +65,24 @@ def test_a_pinned_block_reads_one_snapshot_on_sqlite(engine):
     after = stats()["spans"]
     assert after > before
     assert during == (before if engine.dialect.name == "sqlite" else after)
+
+
+def test_a_pinned_block_looks_the_pair_calls_boundary_up_once(engine):
+    """Where ``pair_calls`` becomes complete is read once a block (every pair exemplar
+    look-up asks it), and again after the block."""
+    from sqlalchemy import delete, insert
+
+    from modalscope.models import PAIR_CALLS_CURSOR, Cursor
+
+    def set_boundary(position: int) -> None:
+        with engine.begin() as conn:
+            conn.execute(delete(Cursor).where(Cursor.name == PAIR_CALLS_CURSOR))
+            conn.execute(insert(Cursor).values(name=PAIR_CALLS_CURSOR, position=position))
+
+    reader = StoreReader(engine)
+    set_boundary(BASE)
+    with reader.context.pinned():
+        assert reader.calls.complete_from() == BASE
+        set_boundary(BASE + HOUR)
+        assert reader.calls.complete_from() == BASE
+    assert reader.calls.complete_from() == BASE + HOUR

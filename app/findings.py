@@ -355,15 +355,31 @@ def add_exemplars(reader: StoreReader, findings: list[Finding], known: Known | N
         findings[i] = f
 
 
+def _early_rows(reader: StoreReader, f: Finding, w: Window) -> dict[int, list[dict]]:
+    """A regression's exemplar rows of its first minute and its first five (``_exemplar_rows``
+    of each, by ``EXEMPLAR_WINDOWS_NS``) read in one statement when its window holds both;
+    empty for the other kinds and windows (each read on its own)."""
+    short, long_ = EXEMPLAR_WINDOWS_NS
+    if f.kind != "baseline_regression" or w.end_ns - w.start_ns <= long_:
+        return {}
+    thr = f.evidence.get("threshold_ms")
+    a, b = reader.calls.slowest_traces_from(w.start_ns, (w.start_ns + short, w.start_ns + long_),
+                                            input_type=f.subject.input_type,
+                                            min_ns=int(thr * 1e6) if thr else None, limit=d.MAX_EXEMPLARS)
+    return {short: a, long_: b}
+
+
 def _with_exemplars(reader: StoreReader, f: Finding) -> Finding:
     """``f`` with the exemplars (and an attribute finding's hint) its look-up found."""
     w = finding_window(f)
     rows: list[dict] = []
     try:
+        early = _early_rows(reader, f, w)
         for first in EXEMPLAR_WINDOWS_NS:
             if w.end_ns - w.start_ns <= first:
                 break
-            rows = _exemplar_rows(reader, f, Window(w.start_ns, w.start_ns + first)) or rows
+            rows = (early[first] if first in early else _exemplar_rows(reader, f, Window(w.start_ns, w.start_ns + first))
+                    ) or rows
             if len(rows) >= d.MAX_EXEMPLARS:
                 break
         if not rows or (len(rows) < d.MAX_EXEMPLARS and w.end_ns - w.start_ns <= EXEMPLAR_WINDOWS_NS[-1]):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 from typing import Iterable
 
-from sqlalchemy import Connection, bindparam, or_, select
+from sqlalchemy import Connection, bindparam, literal, or_, select, union_all
 from sqlalchemy.orm import aliased
 
 from .. import PAIR_CALLS_CURSOR, Cursor, PairCall, Series, Span, Trace
@@ -227,13 +227,44 @@ class CallReader:
         with self._ctx.connect() as conn:
             return dict_rows(conn.execute(stmt, params))
 
+    def slowest_traces_from(self, start_ns: int, ends: tuple[int, int], *, input_type: str | None = None,
+                            min_ns: int | None = None, limit: int = 20) -> tuple[list[dict], list[dict]]:
+        """``slowest_traces`` of the windows ``[start_ns, ends[0])`` and ``[start_ns, ends[1])``
+        in one statement (an exemplar search reads a finding's first minute and its first five:
+        one round trip instead of two)."""
+        walks = {long_window(self._ctx, Trace, start_ns, end, TRACE_WALK_SHARE) for end in ends}
+        if len(walks) > 1:  # (each window its own plan)
+            return tuple(self.slowest_traces(start_ns, end, input_type=input_type, min_ns=min_ns, limit=limit)
+                         for end in ends)
+        stmt = _slowest_traces_pair_statement(walks.pop(), input_type is not None, min_ns is not None)
+        params = {"start": start_ns, "end": ends[0], "end_b": ends[1], "input_type": input_type, "min_ns": min_ns,
+                  "limit": limit}
+        out: tuple[list[dict], list[dict]] = ([], [])
+        with self._ctx.connect() as conn:
+            for row in dict_rows(conn.execute(stmt, params)):
+                out[row.pop("_window")].append(row)
+        for rows in out:  # (a union promises no order: each branch's again)
+            rows.sort(key=lambda r: (-r["duration_ns"], r["start_ns"], r["trace_id"]))
+        return out
+
 
 @functools.cache
-def _slowest_traces_statement(walk: bool, by_input: bool, by_root: bool, has_min: bool, has_max: bool):
+def _slowest_traces_pair_statement(walk: bool, by_input: bool, has_min: bool):
+    """``slowest_traces_from``'s statement: two limited branches, tagged ``_window`` 0 and 1."""
+    arms = []
+    for tag, end in ((0, "end"), (1, "end_b")):
+        one = _slowest_traces_statement(walk, by_input, False, has_min, False, end)
+        arms.append(select(one.subquery(), literal(tag).label("_window")))
+    return union_all(*arms)
+
+
+@functools.cache
+def _slowest_traces_statement(walk: bool, by_input: bool, by_root: bool, has_min: bool, has_max: bool,
+                              end_name: str = "end"):
     """``CallReader.slowest_traces``' statement for one shape of its arguments, built once (an
     evaluation runs it for every regression finding: building it cost more than running it)."""
     cols = [Trace.__table__.c[c] for c in _TRACE_SUMMARY_COLUMNS]
-    start, end = bindparam("start"), bindparam("end")
+    start, end = bindparam("start"), bindparam(end_name)
     if walk:
         # A long window: walk the duration index slowest first ("+ 0": not the start index).
         # The duration bound (always true) is what makes SQLite's planner take that index.

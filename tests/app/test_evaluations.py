@@ -217,10 +217,9 @@ def test_a_new_window_takes_the_exemplars_of_identical_stored_findings_while_the
     marker = "ab" * 16
     _mark_stored_exemplars(filled, marker)
     lookups = []
-    real_rows = fnd._exemplar_rows
-    # (a finding's look-up may read more than once: its first minute, then wider)
-    monkeypatch.setattr(fnd, "_exemplar_rows",
-                        lambda r, f, w: lookups.append(fnd.finding_identity(f)) or real_rows(r, f, w))
+    real_look_up = fnd._with_exemplars
+    monkeypatch.setattr(fnd, "_with_exemplars",
+                        lambda r, f: lookups.append(fnd.finding_identity(f)) or real_look_up(r, f))
     got = ev.find_for(reader, moved, Filters(), th, relative=False)
     assert not got.stored
     assert set(lookups) == {fnd.finding_identity(f) for f in looked_up} - stored_ids
@@ -452,9 +451,9 @@ def test_the_schedule_keeps_the_day_before_the_last_24_h_evaluated(filled, monke
     # A window inside it (an incident's hour, opened the next day) takes its findings'
     # exemplars: no raw look-up for the findings it shares.
     lookups = []
-    real_rows = fnd._exemplar_rows
-    monkeypatch.setattr(fnd, "_exemplar_rows",
-                        lambda r, f, w: lookups.append(fnd.finding_identity(f)) or real_rows(r, f, w))
+    real_look_up = fnd._with_exemplars
+    monkeypatch.setattr(fnd, "_with_exemplars",
+                        lambda r, f: lookups.append(fnd.finding_identity(f)) or real_look_up(r, f))
     inside = Window(now - HOUR + 30 * S, now)
     got = ev.find_for(reader, inside, Filters(), th, relative=False)
     shared = {fnd.finding_identity(f): f for f in stored.findings}

@@ -267,3 +267,24 @@ def test_raw_reads_come_in_postgresqls_binary_format_with_the_same_rows(engine):
                              .where(Series.kind == "pair", Rollup.minute >= first, Rollup.minute < last)).all()
     assert len(rows) > 20 and sorted(rows) == sorted((*r[:4], bytes(r[4]), *r[5:]) for r in plain)
     assert all(isinstance(r[4], bytes) and isinstance(r[0], int) and isinstance(r[5], str) for r in rows)
+
+
+def test_two_windows_slowest_traces_in_one_read_equal_each_read_alone(engine):
+    """``slowest_traces_from`` (a regression's first minute and first five, one statement)
+    gives what ``slowest_traces`` gives for each window: short windows, long ones (walked)
+    and a pair of one short and one long, with and without a bound and an input type."""
+    start, end, _ = _store(engine)
+    reader = StoreReader(engine)
+    durations = sorted(r["duration_ns"] for r in reader.calls.slowest_traces(start, end, limit=1000))
+    median = durations[len(durations) // 2]
+    compared = 0
+    for a, ends in ((start + HOUR, (start + HOUR + HOUR // 6, start + 2 * HOUR)),
+                    (start, (end - HOUR, end)),
+                    (start, (start + HOUR // 6, end))):
+        for kw in ({}, {"input_type": "image"}, {"min_ns": median}, {"input_type": "image", "min_ns": median}):
+            for limit in (3, 40):
+                both = reader.calls.slowest_traces_from(a, ends, limit=limit, **kw)
+                alone = tuple(reader.calls.slowest_traces(a, e, limit=limit, **kw) for e in ends)
+                assert both == alone, (a, ends, kw, limit)
+                compared += sum(len(rows) for rows in alone)
+    assert compared > 100

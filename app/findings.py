@@ -198,17 +198,18 @@ def load_frames(reader: StoreReader, window: Window, th: d.Thresholds, known: Kn
     baselines), long traces from the traces table, and raw spans only around new instances
     that look like cold starts (and that ``known`` did not check before)."""
     data_start = _data_start(window, th)
+    memo = reader.context.memo()  # (the threads below share what this block looked up)
 
     def read_pairs():
         # (read whole: mostly hour packs, models/packs.py; the sketches as flat arrays only,
         # ``Frames.pair_sketches``: a view a row cost more than the few findings that use them)
-        with reader.context.pinned():
+        with reader.context.pinned(memo):
             cols, dims_of = reader.rollups.columns("pair", data_start, window.end_ns, ("caller", "callee"))
         frame = _columns_frame(cols, dims_of, ("caller", "callee"), with_sum=False, sketches=False)
         return frame, (cols.lengths, cols.keys, cols.counts)
 
     def read_births():
-        with reader.context.pinned():
+        with reader.context.pinned(memo):
             new_instances, span_rows, cold_starts_known = _new_instances(reader, data_start, window, th, known)
         return dict(new_instances=new_instances, spans=_spans_frame(span_rows), cold_starts_known=cold_starts_known)
 
@@ -342,8 +343,12 @@ def add_exemplars(reader: StoreReader, findings: list[Finding], known: Known | N
                 findings[i] = findings[i].replace(exemplar_trace_ids=same.exemplar_trace_ids, hint=same.hint)
         todo = left
 
+    memo = reader.context.memo()
+
     def look_up(i: int) -> Finding:
-        with reader.context.pinned():  # (a finding's few reads on one connection, on any thread)
+        # (a finding's few reads on one connection, on any thread, sharing what the
+        # evaluation already looked up once)
+        with reader.context.pinned(memo):
             return _with_exemplars(reader, findings[i])
 
     if len(todo) > 1 and EXEMPLAR_THREADS > 1 and reader.engine.dialect.name in THREADED_DIALECTS:

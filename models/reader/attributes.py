@@ -137,7 +137,7 @@ class AttributeReader:
         with self._ctx.transaction() as conn:  # (a transaction: plan_for_parameters' SET LOCAL)
             plan_for_parameters(conn)
             if service:
-                walks = {service: walk_bucket_list(conn, service, min_ns, None)}
+                walks = {service: walk_bucket_list(self._ctx, conn, service, min_ns, None)}
             elif stage and not root_only:
                 # A stage's spans come from a few services (the services of its ``op`` series,
                 # as the rollups Compare counts from know them): their span indexes, not every
@@ -145,7 +145,7 @@ class AttributeReader:
                 # ten million spans read far more spans than it kept). Past a few services the walks'
                 # seeks (one a duration bucket a service) cost more than the scan they replace.
                 names = services_in(conn, "op", Filters(stage=stage))
-                walks = ({name: walk_bucket_list(conn, name, min_ns, None) for name in names}
+                walks = ({name: walk_bucket_list(self._ctx, conn, name, min_ns, None) for name in names}
                          if len(names) <= STAGE_WALK_SERVICES else None)
             else:
                 walks = None
@@ -257,7 +257,7 @@ class AttributeReader:
                 # the window's (both counted in the indexes alone; the window only that far
                 # while the service's are few: counting all of a half hour's spans cost more
                 # than reading the service's). A scan reads every service's rows.
-                buckets = walk_bucket_list(conn, service, None, None)
+                buckets = walk_bucket_list(self._ctx, conn, service, None, None)
                 walk = walk_entries(conn, {service: buckets}, start_ns, end_ns, None, None,
                                     ATTRIBUTE_WALK_COUNTED)
                 if walk <= ATTRIBUTE_WALK_COUNTED:

@@ -66,28 +66,35 @@ class ReadContext:
         return self.engine.connect()
 
     @contextlib.contextmanager
-    def pinned(self) -> Iterator[None]:
+    def pinned(self, memo: dict | None = None) -> Iterator[None]:
         """Every read on this thread inside the block goes through one connection: an
         evaluation's few hundred reads pay one checkout (and on SQLite one ``BEGIN``) instead
-        of one each, and on SQLite they read one snapshot. Nested blocks share the outer one."""
+        of one each, and on SQLite they read one snapshot. Nested blocks share the outer one.
+        ``memo``: another block's ``memo()``, so a block on a helper thread shares what its
+        evaluation already looked up (``once_per_block``)."""
         if getattr(self._pinned, "conn", None) is not None:
             yield
             return
         with self.reads.connect() as conn:
-            self._pinned.conn, self._pinned.memo = conn, {}
+            self._pinned.conn, self._pinned.memo = conn, ({} if memo is None else memo)
             try:
                 yield
             finally:
                 self._pinned.conn = self._pinned.memo = None
 
-    def once_per_block(self, key, read):
+    def memo(self) -> dict | None:
+        """This thread's pinned block's memo (None outside a block), to hand to ``pinned``."""
+        return getattr(self._pinned, "memo", None)
+
+    def once_per_block(self, key, read, conn: Connection | None = None):
         """``read(conn)``, looked up once per pinned block under ``key`` (every time outside
-        one): for the small facts an evaluation's look-ups each ask again."""
+        one): for the small facts an evaluation's look-ups each ask again. ``conn``: the
+        connection the caller already holds, to read through (none: ``connect``)."""
         memo = getattr(self._pinned, "memo", None)
         if memo is not None and key in memo:
             return memo[key]
-        with self.connect() as conn:
-            found = read(conn)
+        with contextlib.nullcontext(conn) if conn is not None else self.connect() as held:
+            found = read(held)
         if memo is not None:
             memo[key] = found
         return found

@@ -56,7 +56,8 @@ class CallReader:
         ``(series_id, duration_ns, start_ns)`` index slowest first; the walks are merged.
         The flag says whether more rows may exist beyond ``limit``."""
         with self._ctx.connect() as conn:
-            series_ids = conn.execute(select(Series.id).where(series_filter("pair", filters))).scalars().all()
+            series_ids = self._ctx.once_per_block(("pair_series", filters), lambda c: c.execute(
+                select(Series.id).where(series_filter("pair", filters))).scalars().all(), conn)
             # One statement for every series, a limited branch each (each walks the index on its
             # own), as SQL text with the integers inline: a statement built a series cost more
             # in Python than the index walks.
@@ -119,7 +120,7 @@ class CallReader:
                 walk_from = known[cut][0]
                 budget = (len(known) - cut) * PENDING_WALK_ENTRIES_PER_TRACE
                 # each caller's buckets between the bounds, looked up once for the count and the walk
-                buckets = {s: walk_bucket_list(conn, s, min_ns, max_ns) for s in services}
+                buckets = {s: walk_bucket_list(self._ctx, conn, s, min_ns, max_ns) for s in services}
                 if walk_entries(conn, buckets, max(start_ns, walk_from), end_ns, min_ns, max_ns,
                                 budget) > budget:
                     walk_from, cut = None, len(known)  # pending traces sparse among the window's: one by one
@@ -168,7 +169,8 @@ class CallReader:
             # attributes.
             child = aliased(Span)
             calls = Span.span_id.in_(select(child.parent_span_id).where(
-                child.service == may_call, child.duration_bucket.in_(walk_bucket_list(conn, may_call, None, None)),
+                child.service == may_call,
+                child.duration_bucket.in_(walk_bucket_list(self._ctx, conn, may_call, None, None)),
                 child.start_ns >= walk_from, child.kind.in_(CALLEE_KIND_CODES)))
             narrowed = or_(named_in_attributes(self._ctx.engine.dialect.name, may_call), calls)
         for service, theirs in buckets.items():

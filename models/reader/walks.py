@@ -11,7 +11,7 @@ import re
 
 import orjson
 
-from sqlalchemy import Connection, String, and_, func, literal, or_, select
+from sqlalchemy import Connection, String, and_, bindparam, func, literal, or_, select
 
 from .. import Span
 from ..buckets import duration_bucket
@@ -53,20 +53,25 @@ def long_window(ctx: ReadContext, model, start_ns: int, end_ns: int, share: int)
     return (end_ns - start_ns) * share >= (hi - lo)
 
 
-def walk_bucket_list(conn: Connection, service: str, min_ns: int | None, max_ns: int | None) -> list[int]:
+def walk_bucket_list(ctx, conn: Connection, service: str, min_ns: int | None, max_ns: int | None) -> list[int]:
     """The duration buckets a walk of ``service``'s spans between the bounds visits: from
-    its fastest stored span's bucket to its slowest's (two index look-ups). Each bucket
-    is a seek of the walk, and a service's spans fill a few dozen of the ~260 (below its
-    fastest, a walk without ``min_ns`` sought every empty bucket down to 0)."""
-    mine = Span.service == service
-    low, top = conn.execute(select(select(func.min(Span.duration_bucket)).where(mine).scalar_subquery(),
-                                   select(func.max(Span.duration_bucket)).where(mine).scalar_subquery())).one()
+    its fastest stored span's bucket to its slowest's (two index look-ups through ``conn``,
+    once per pinned block of ``ctx``, the ``ReadContext``). Each bucket is a seek of the
+    walk, and a service's spans fill a few dozen of the ~260 (below its fastest, a walk
+    without ``min_ns`` sought every empty bucket down to 0)."""
+    low, top = ctx.once_per_block(("duration_buckets", service),
+                                  lambda c: tuple(c.execute(_BUCKET_RANGE, {"service": service}).one()), conn)
     if top is None:
         return []
     if min_ns is not None:
         low = max(low, duration_bucket(min_ns))
     high = min(top, duration_bucket(max_ns)) if max_ns is not None else top
     return list(range(low, high + 1))
+
+
+_BUCKET_RANGE = select(
+    select(func.min(Span.duration_bucket)).where(Span.service == bindparam("service")).scalar_subquery(),
+    select(func.max(Span.duration_bucket)).where(Span.service == bindparam("service")).scalar_subquery())
 
 
 def walk_conds(service: str, buckets: list[int], lo: int, end_ns: int, min_ns: int | None,

@@ -86,3 +86,48 @@ def test_a_pinned_block_looks_the_pair_calls_boundary_up_once(engine):
         set_boundary(BASE + HOUR)
         assert reader.calls.complete_from() == BASE
     assert reader.calls.complete_from() == BASE + HOUR
+
+
+def test_a_helper_threads_block_shares_the_memo_it_is_handed(engine):
+    """An evaluation's helper threads (exemplar look-ups) pin their own connections but
+    take the facts the evaluation already looked up; a block not handed the memo reads again."""
+    rng = random.Random(5)
+    write_spans(engine, multimodal_trace(rng, BASE))
+    reader = StoreReader(engine)
+    ctx = reader.context
+    seen: dict[str, tuple] = {}
+
+    def helper(name, memo):
+        with ctx.pinned(memo):
+            seen[name] = (ctx.time_range(Span), reader.calls.complete_from())
+
+    with ctx.pinned():
+        first = ctx.time_range(Span)
+        ctx.memo()["pair_calls_complete_from"] = 7  # (as if looked up: the helper must take it)
+        write_spans(engine, multimodal_trace(rng, BASE + HOUR))
+        for name, memo in (("shared", ctx.memo()), ("own", None)):
+            thread = threading.Thread(target=helper, args=(name, memo))
+            thread.start()
+            thread.join(timeout=60)
+    assert seen["shared"] == (first, 7)
+    assert seen["own"][0][1] >= BASE + HOUR and seen["own"][1] != 7
+
+
+def test_a_pinned_block_looks_a_services_duration_buckets_up_once(engine):
+    """The buckets a walk of a service's spans visits are read once a block: a slower span
+    written during the block widens them only for the next block."""
+    from modalscope.core.spans import SpanRecord
+    from modalscope.models.reader.walks import walk_bucket_list
+
+    rng = random.Random(6)
+    write_spans(engine, multimodal_trace(rng, BASE))
+    ctx = StoreReader(engine).context
+    with ctx.pinned():
+        with ctx.connect() as conn:
+            before = walk_bucket_list(ctx, conn, "gateway", None, None)
+        write_spans(engine, [SpanRecord("f" * 32, "e" * 16, None, "gateway", "slow", 2, BASE, BASE + 3600 * 10**9)])
+        with ctx.connect() as conn:
+            assert walk_bucket_list(ctx, conn, "gateway", None, None) == before
+    with ctx.connect() as conn:
+        after = walk_bucket_list(ctx, conn, "gateway", None, None)
+    assert before and after[0] == before[0] and after[-1] > before[-1]

@@ -110,8 +110,10 @@ class CallReader:
         traces whose first start is not known are read one by one."""
         services = list(services)
         with self._ctx.connect() as conn:
-            rows = conn.execute(select(Trace.trace_id, Trace.first_start_ns).where(
-                Trace.pending.is_(True), or_(Trace.first_start_ns.is_(None), Trace.first_start_ns < end_ns))).all()
+            # (every pending trace, once per pinned block: each pair exemplar look-up asks)
+            rows = [(tid, first) for tid, first in self._ctx.once_per_block("pending_traces", lambda c: [
+                tuple(r) for r in c.execute(select(Trace.trace_id, Trace.first_start_ns).where(Trace.pending.is_(True)))
+            ], conn) if first is None or first < end_ns]
             known = sorted((first, tid) for tid, first in rows if first is not None)
             one_by_one = [tid for tid, first in rows if first is None]
             walk_from = None

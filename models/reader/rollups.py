@@ -190,9 +190,9 @@ class RollupReader:
 
     def services_of(self, kind: str, filters: Filters) -> list[str]:
         """Services that have ``kind`` series matching ``filters`` (for a pair: the callers):
-        the candidates an exemplar search walks when no service is named."""
-        with self._ctx.connect() as conn:
-            return services_in(conn, kind, filters)
+        the candidates an exemplar search walks when no service is named; looked up once per
+        pinned block."""
+        return list(self._ctx.once_per_block(("services_of", kind, filters), lambda c: services_in(c, kind, filters)))
 
     # -- findings readers ----------------------------------------------------
     def rows(self, kind: str, start_ns: int, end_ns: int, dims: tuple[str, ...],

@@ -151,7 +151,7 @@ def _new_instances(reader: StoreReader, data_start: int, window: Window, th: d.T
     # One read a service of its minutes after all its births (a week holds ~600 births: a
     # statement each cost more than the rows), over one connection.
     reads = reader.rollups.rows_by_service(
-        SeriesKind.INSTANCE, {service: _merged((b, b + looked_at) for _, b in births) for service, births in by_service.items()},
+        SeriesKind.INSTANCE, {service: [(b, b + looked_at) for _, b in births] for service, births in by_service.items()},
         ("name",), series_ids=ids) if by_service else {}
     for service, births in by_service.items():
         inst = reads[service]
@@ -170,17 +170,6 @@ def _new_instances(reader: StoreReader, data_start: int, window: Window, th: d.T
             rows.extend(reader.attributes.spans(born * d.NS_MIN, end, (), kinds=d.KIND_SERVER_CODES, service=service,
                                                 limit=max(1, th.max_spans)))
     return found, rows, taken
-
-
-def _merged(ranges) -> list[tuple[int, int]]:
-    """``[a, b)`` ranges with overlapping or touching ones joined, in order."""
-    out: list[list[int]] = []
-    for a, b in sorted(ranges):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
 
 
 def _spans_frame(rows: list[tuple]) -> pd.DataFrame:

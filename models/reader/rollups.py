@@ -20,6 +20,17 @@ from .tiers import (_TIER_TIME, RollupGroup, TierPlan, _merge, minute_range, pla
                     series_and_kept_from, series_rows, tier_plan)
 
 
+def merged_ranges(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``[a, b)`` ranges with overlapping or touching ones joined, in order."""
+    out: list[list[int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
 @dataclass(frozen=True)
 class RollupQuery:
     kind: str  # op | pair | trace | tstage
@@ -301,12 +312,7 @@ class RollupReader:
 
     def _service_rollup_rows(self, conn, kind: str, service: str, minute_ranges: Iterable[tuple[int, int]],
                              dims: tuple[str, ...], series_ids: list[int] | None) -> list[tuple]:
-        ranges: list[list[int]] = []
-        for m0, m1 in sorted(minute_ranges):  # (overlapping ranges joined: a row is read once)
-            if ranges and m0 <= ranges[-1][1]:
-                ranges[-1][1] = max(ranges[-1][1], m1)
-            else:
-                ranges.append([m0, m1])
+        ranges = merged_ranges(minute_ranges)  # (a row is read once)
         ids = series_ids if series_ids is not None else list(
             conn.execute(select(Series.id).where(Series.kind == kind, Series.service == service)).scalars())
         if not ids or not ranges:

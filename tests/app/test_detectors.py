@@ -513,8 +513,8 @@ def test_a_services_rollups_over_several_stretches_are_read_at_once(engine):
     assert {r[0] for r in got} == set(range(T0 + 2, T0 + 8)) | set(range(T0 + 20, T0 + 24))
     assert {r[5] for r in got} == {"svc-a-0", "svc-a-2"}  # (svc-a's instances; none of svc-b's)
     assert reader.rollups.rows_by_service("inst", {"svc-a": []}, ("name",)) == {"svc-a": []}
-    from modalscope.app.findings import _merged
-    assert _merged([(5, 9), (1, 3), (3, 4), (8, 12), (20, 21)]) == [(1, 4), (5, 12), (20, 21)]
+    from modalscope.models.reader.rollups import merged_ranges
+    assert merged_ranges([(5, 9), (1, 3), (3, 4), (8, 12), (20, 21)]) == [(1, 4), (5, 12), (20, 21)]
 
 
 def test_counts_past_a_key_per_row_are_the_masked_sums():

@@ -17,6 +17,7 @@ import uuid
 
 import pytest
 
+from modalscope.ingest.runtime import tune_gc
 from modalscope.models.engine import make_engine
 from modalscope.models.migrate import upgrade
 
@@ -45,6 +46,12 @@ def _is_quick(item) -> bool:
         return False
     params = getattr(getattr(item, "callspec", None), "params", {})
     return "postgresql" not in params.values()
+
+
+def pytest_configure(config):
+    # Collect garbage as every ``modalscope`` command's process does (the apps and receivers
+    # tests run in-process would otherwise run at Python's default, unlike in a deployment).
+    tune_gc()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: makes .venv, installs modalscope with its test
 # extra (with uv, else pip), and runs pytest on both cores. Storage tests run on SQLite and
-# on PostgreSQL (MODALSCOPE_TEST_POSTGRES, default the local server); without a reachable PostgreSQL the
-# PostgreSQL half is reported as skipped, with the reason — unless
+# on PostgreSQL (MODALSCOPE_TEST_POSTGRES, default the local server); without a reachable
+# PostgreSQL the PostgreSQL half is reported as skipped, with the reason — unless
 # MODALSCOPE_REQUIRE_POSTGRES=1 (CI), which makes it fail instead.
 # `scripts/test.sh -m quick` runs the inner-loop subset: SQLite only, no browser, no child
 # processes (marked at collection in tests/conftest.py).
@@ -16,9 +16,9 @@ fi
 # uv installs the same releases pip would, several times faster; pip is the fallback where
 # uv cannot be had. Bytecode is compiled at install, as pip does, so that no test process
 # compiles the dependencies again (the machine may set PYTHONDONTWRITEBYTECODE).
-if .venv/bin/python -m pip install --quiet --disable-pip-version-check uv >/dev/null 2>&1; then
-    .venv/bin/python -m uv pip install --quiet --compile-bytecode --python .venv/bin/python -e '.[test]'
-else
+if ! { .venv/bin/python -m pip install --quiet --disable-pip-version-check uv >/dev/null 2>&1 &&
+        .venv/bin/python -m uv pip install --quiet --compile-bytecode --python .venv/bin/python -e '.[test]'; }; then
+    echo "uv could not install the test extra; installing with pip ..." >&2
     .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
     .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 fi

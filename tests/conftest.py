@@ -52,6 +52,11 @@ def pytest_configure(config):
     # Collect garbage as every ``modalscope`` command's process does (the apps and receivers
     # tests run in-process would otherwise run at Python's default, unlike in a deployment).
     tune_gc()
+    # Chromium can take longer than the image renderer's start bound to start on a busy host;
+    # the tests' renderer waits four times as long (still bounded), so a slow start is no failure.
+    from modalscope.app import render
+
+    render.renderer().start_timeout = 4 * render.START_TIMEOUT_S
 
 
 def pytest_collection_modifyitems(config, items):

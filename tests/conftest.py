@@ -17,6 +17,7 @@ import uuid
 
 import pytest
 
+from modalscope.app import render
 from modalscope.ingest.runtime import tune_gc
 from modalscope.models.engine import make_engine
 from modalscope.models.migrate import upgrade
@@ -54,8 +55,6 @@ def pytest_configure(config):
     tune_gc()
     # Chromium can take longer than the image renderer's start bound to start on a busy host;
     # the tests' renderer waits four times as long (still bounded), so a slow start is no failure.
-    from modalscope.app import render
-
     render.renderer().start_timeout = 4 * render.START_TIMEOUT_S
 
 
